@@ -1,0 +1,59 @@
+"""Quiz answers: one letter per item, checked with a message that teaches.
+
+Answer cells hold ``answer_<id> = "c"``. Upper case and stray spaces are accepted;
+anything else fails with a message naming the valid letters. The key and the explanation
+are passed in by the hidden part of a grade cell, so this module carries neither.
+"""
+
+from __future__ import annotations
+
+import builtins
+import textwrap
+
+__all__ = ["check_answer", "normalise_answer"]
+
+# Captured at import: a submission that rebinds builtins later cannot change the verdict.
+_str = builtins.str
+_type = builtins.type
+_isinstance = builtins.isinstance
+_str_eq = _str.__eq__
+_print = builtins.print
+
+
+def normalise_answer(name: str, value: object, choices: str = "abcd") -> str:
+    """Return ``value`` as one lower-case letter from ``choices``, or fail saying why."""
+    valid = ", ".join(f'"{c}"' for c in choices)
+    if _type(value) is not _str:
+        # Exactly str: a subclass could answer True to every comparison.
+        raise AssertionError(
+            f"{name} should be a string holding one letter ({valid}), "
+            f'but it is {_type(value).__name__}: {value!r}. Write for example {name} = "a".'
+        )
+    letter = _str.lower(_str.strip(value))
+    if _str_eq(letter, ""):
+        raise AssertionError(f'{name} is still empty: set it to one of {valid}, e.g. {name} = "a".')
+    if len(letter) != 1 or letter not in choices:
+        raise AssertionError(f"{name} = {value!r} is not one of the valid answers: {valid}.")
+    return letter
+
+
+def check_answer(
+    name: str,
+    value: object,
+    choices: str = "abcd",
+    key: str | None = None,
+    explanation: str | None = None,
+) -> str:
+    """Check the answer's format and, given the ``key``, that it is right; return the letter.
+
+    A right answer prints the explanation; a wrong one raises ``AssertionError`` whose
+    message carries it, so nbgrader's feedback shows why.
+    """
+    letter = normalise_answer(name, value, choices)
+    if key is None:
+        return letter
+    why = "\n\n" + textwrap.dedent(explanation).strip() if explanation else ""
+    if not _str_eq(letter, key):
+        raise AssertionError(f'{name} = "{letter}" is not right.{why}')
+    _print(f'{name} = "{letter}" is right.{why}')
+    return letter

@@ -1,0 +1,318 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: nbgrader,-all
+#     notebook_metadata_filter: kernelspec
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# # Ring all-reduce, measured
+#
+# In synchronous data-parallel training every rank computes gradients on its own slice of the
+# batch, and before the optimizer step all ranks must hold the same **sum** (or average) of
+# those gradients. That operation is an **all-reduce**, and the algorithm behind it in gloo,
+# NCCL and Horovod for large tensors is the **ring**: the tensor is cut into N chunks, and for
+# 2(N-1) steps every rank sends one chunk to its right-hand neighbour while it receives one from
+# its left-hand neighbour.
+#
+# In this notebook you will
+#
+# 1. watch the ring at work, chunk by chunk;
+# 2. answer two questions about its cost, and **measure** each answer on real
+#    `torch.distributed` ranks;
+# 3. write your own `ring_allreduce(tensor)` with point-to-point calls only, test it as you go,
+#    watch *your* run animated, and time it against `dist.all_reduce`.
+#
+# **How the ranks run.** A cell that starts with `%%ranks N` runs on N separate processes,
+# each a real gloo rank on this machine's CPU. In such a cell `rank`, `world_size`, `torch` and
+# `dist` are ready and the default process group is initialised; each rank's output comes back
+# under its own `[rank r]` header. A run that hangs is stopped at its deadline and tells you
+# where each rank was blocked, so nothing you write here can freeze the notebook.
+
+# %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %load_ext course
+import torch
+import torch.distributed as dist
+
+from course import cost, widgets
+from course.grading import check_answer, check_ring_pattern, check_ring_sums
+from course.recorder import record
+from course.trace import bytes_sent, ring_violations, steps
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "meet_ranks", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Meet your ranks
+#
+# Four ranks each hold the number `rank + 1`; one `dist.all_reduce` later they all hold the sum,
+# 1 + 2 + 3 + 4 = 10. This is the result your own ring must reproduce, with `send` and `recv`
+# only.
+
+# %% nbgrader={"grade": false, "grade_id": "meet_ranks_run", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %%ranks 4
+t = torch.tensor([rank + 1.0])
+dist.all_reduce(t)
+print(f"rank {rank} of {world_size} holds {t.item()}")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "watch_ring", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## The ring, step by step
+#
+# Each rank's tensor is cut into N chunks. The widget colours each chunk by how many ranks'
+# contributions it already holds.
+#
+# * **Reduce-scatter** (steps 1 to N-1): at step s rank r sends the chunk it has been summing to
+#   rank r+1, which adds its own copy and passes it on. After N-1 steps every rank holds *one*
+#   chunk that is fully reduced, a different one on each rank.
+# * **All-gather** (steps N to 2(N-1)): the fully reduced chunks travel round the ring once
+#   more, this time copied, not added, until every rank holds all of them.
+#
+# Press play, or step through; change the world size and watch what stays the same.
+
+# %% nbgrader={"grade": false, "grade_id": "watch_ring_widget", "locked": true, "schema_version": 3, "solution": false, "task": false}
+widgets.RingWidget(world_size=4)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ring_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question ring_1: how many steps?
+#
+# *Difficulty 1/3*
+#
+# In ring all-reduce with N ranks, how many communication steps (reduce-scatter plus
+# all-gather) does the algorithm run, whatever the size of the tensor? In one step every rank
+# sends one message and receives one.
+#
+# * a) N steps, one per rank.
+# * b) 2(N-1) steps: N-1 of reduce-scatter, then N-1 of all-gather.
+# * c) log2(N) steps, like a tree reduction.
+# * d) 1 step: a single collective call.
+#
+# Set `answer_ring_1` to your letter and run the cell below it.
+
+# %% nbgrader={"grade": false, "grade_id": "ring_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_ring_1 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_ring_1 = "b"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ring_1_check", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_ring_1", answer_ring_1, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_ring_1",
+    answer_ring_1,
+    choices="abcd",
+    key="b",
+    explanation="""
+    Ring all-reduce is two phases of N-1 point-to-point steps each. Reduce-scatter: at every
+    step each rank passes one partial chunk to its neighbour, which adds its own copy; after
+    N-1 steps each rank owns one fully reduced chunk. All-gather: N-1 more steps pass those
+    finished chunks round until every rank has all N. That is 2(N-1) steps, whatever the
+    tensor size (the measurement above counts 2, 4, 6, ... for N = 2, 3, 4, ...). log2(N)
+    steps belongs to tree and recursive-doubling all-reduces, which send the whole tensor at
+    every step instead of a 1/N chunk.
+    """,
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ring_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it.** The cell below runs the course's reference ring on real ranks, for several
+# world sizes, records every message each rank sends, and counts the steps (the most sends any
+# rank made). Compare the counts with the options above.
+
+# %% nbgrader={"grade": false, "grade_id": "ring_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from course.ring import ring_allreduce as reference_ring
+
+print(" N | steps measured |  N  | 2(N-1) | log2 N")
+for n in (2, 3, 4, 5, 6, 8):
+    trace = record(reference_ring, n, numel=1000)
+    print(f"{n:2} | {steps(trace):14} | {n:3} | {2 * (n - 1):6} | {n.bit_length() - 1 + (n & (n - 1) > 0):6}")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ring_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question ring_2: how many bytes does each rank send?
+#
+# *Difficulty 3/3*
+#
+# You run ring all-reduce to sum gradients across 8 ranks. Each rank's local gradient tensor
+# is 800 MB. Roughly how much data does **each** rank send over the network in total during the
+# ring all-reduce, ignoring protocol overhead?
+#
+# * a) 800 MB, since the tensor is forwarded just once per rank.
+# * b) 6400 MB: a full copy sent to each of the 7 other ranks, plus its own.
+# * c) About 1400 MB, since the 2(N-1)/N factor applies here.
+# * d) 100 MB: no chunk is ever re-sent.
+
+# %% nbgrader={"grade": false, "grade_id": "ring_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_ring_2 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_ring_2 = "c"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ring_2_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_ring_2", answer_ring_2, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_ring_2",
+    answer_ring_2,
+    choices="abcd",
+    key="c",
+    explanation="""
+    Each rank sends one chunk of size S/N per step, for 2(N-1) steps: 2(N-1)/N times S in
+    all. With N = 8 that is 14/8 = 1.75 times the tensor, 1.75 x 800 MB = 1400 MB per rank
+    (the measurement above: 14 sends of 1 MB for an 8 MB tensor). Half of it is the
+    reduce-scatter, half the all-gather. Sending a full copy to each of 7 peers would be
+    5600 MB, four times more, and the ring's cost per rank barely grows with N: it tends to
+    2 S, which is why it is called bandwidth-optimal.
+    """,
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ring_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it.** 800 MB on each of 8 ranks would not fit this machine, so the cell below
+# scales the tensor down 100 times, to 8 MB of float32 per rank, runs the reference ring on 8
+# real ranks, and records what each rank sends. Scale the measured bytes back up by 100 and
+# compare them with the options, and with 2(N-1)/N times the size.
+
+# %% nbgrader={"grade": false, "grade_id": "ring_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %%ranks 8
+from course.recorder import Recorder
+from course.ring import ring_allreduce
+
+tensor = torch.ones(2_000_000)  # 8 MB of float32 on every rank: 800 MB scaled down 100 times
+with Recorder() as recorder:
+    ring_allreduce(tensor)
+
+sends = [m for m in recorder.messages if m.op == "send"]
+megabytes = sum(m.nbytes for m in sends) / 1e6
+formula = 2 * (world_size - 1) / world_size * tensor.numel() * tensor.element_size() / 1e6
+print(
+    f"{len(sends)} sends, {megabytes:.2f} MB sent (x100 = {100 * megabytes:.0f} MB); "
+    f"2(N-1)/N x size = {formula:.2f} MB; correct sum: {bool((tensor == world_size).all())}"
+)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "cost_model", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Why the ring? The alpha-beta cost model
+#
+# A message of n bytes costs about alpha + n * beta: a fixed latency alpha, plus n over the
+# link's bandwidth. The ring pays alpha 2(N-1) times but sends only 2(N-1)/N times the tensor;
+# a tree (recursive doubling) pays alpha only log2 N times but sends the *whole* tensor at every
+# step; the naive exchange sends the whole tensor to every peer. The figure plots the
+# predictions: for small messages latency wins, for gradients (megabytes) bandwidth does.
+
+# %% nbgrader={"grade": false, "grade_id": "cost_model_figure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+cost.cost_figure(world_size=8)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Exercise: your own ring all-reduce
+#
+# Write `ring_allreduce(tensor)`. It must behave like `dist.all_reduce(tensor)`: sum `tensor`
+# **in place** across all ranks of the default process group and return nothing, for any
+# shape, for float and integer dtypes, and for any number of elements, including sizes that N
+# does not divide and tensors with fewer elements than ranks. It may use **point-to-point calls
+# only**: `dist.send`, `dist.recv`, `dist.isend`, `dist.irecv`, `dist.batch_isend_irecv`. No
+# collective (`all_reduce`, `all_gather`, `reduce_scatter`, `broadcast`, ...).
+#
+# It is graded in two parts:
+#
+# * **right sums** (6 points): the result equals `dist.all_reduce` on world sizes 2 to 6, odd
+#   ones included, many sizes, shapes and dtypes;
+# * **a real ring** (4 points): each rank sends only to one neighbour and receives only from
+#   the other, 2(N-1) messages per rank, about 2(N-1)/N times the tensor in bytes.
+#
+# A plan, one step at a time:
+#
+# 1. Work on `flat = tensor.view(-1)` (a view, so writing into it writes into `tensor`).
+# 2. Cut it into N chunks with `torch.tensor_split(flat, world_size)`: always N chunks, the
+#    first ones one element longer when N does not divide the size. (`torch.chunk` can return
+#    *fewer* than N chunks.)
+# 3. Reduce-scatter: for step s = 0 .. N-2, send chunk (rank - s) mod N to rank + 1 and
+#    receive chunk (rank - s - 1) mod N from rank - 1 into a buffer **of the tensor's dtype**,
+#    then add it into that chunk.
+# 4. All-gather: for s = 0 .. N-2, send chunk (rank + 1 - s) mod N and receive chunk
+#    (rank - s) mod N, copying it in.
+# 5. Every rank both sends and receives at each step: if they all call a blocking `send` first
+#    they can deadlock. Post the send with `dist.isend`, then `dist.recv`, then wait for the
+#    send; or order blocking calls by rank parity.
+
+# %% nbgrader={"grade": false, "grade_id": "ring_allreduce", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def ring_allreduce(tensor: torch.Tensor) -> None:
+    """Sum ``tensor`` in place across all ranks, with point-to-point calls only."""
+    ### BEGIN SOLUTION
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    chunks = torch.tensor_split(tensor.view(-1), world_size)
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    buffer = torch.empty_like(chunks[0])
+    for step in range(2 * (world_size - 1)):
+        if step < world_size - 1:  # reduce-scatter: pass partial sums, add
+            send_c, recv_c = (rank - step) % world_size, (rank - step - 1) % world_size
+        else:  # all-gather: pass finished chunks, copy
+            t = step - (world_size - 1)
+            send_c, recv_c = (rank + 1 - t) % world_size, (rank - t) % world_size
+        incoming = buffer[: chunks[recv_c].numel()]
+        request = dist.isend(chunks[send_c], right)
+        dist.recv(incoming, left)
+        request.wait()
+        if step < world_size - 1:
+            chunks[recv_c].add_(incoming)
+        else:
+            chunks[recv_c].copy_(incoming)
+    ### END SOLUTION
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "try_it_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Test as you go
+#
+# First by hand, on 3 ranks: every rank starts with `rank + 1` in each of 7 elements, so every
+# element should end up as 1 + 2 + 3 = 6 on every rank.
+
+# %% nbgrader={"grade": false, "grade_id": "try_it", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %%ranks 3 --timeout 20
+t = torch.full((7,), rank + 1.0)
+ring_allreduce(t)
+print(t.tolist())
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "watch_yours_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# Now watch **your** run: the cell records your `ring_allreduce` on 4 real ranks and animates
+# what each rank really sent. Where your run departs from a ring (a wrong peer, a wrong chunk,
+# extra messages, a rank that never finishes) the widget shows where and says why.
+
+# %% nbgrader={"grade": false, "grade_id": "watch_yours", "locked": true, "schema_version": 3, "solution": false, "task": false}
+widgets.animate(ring_allreduce, world_size=4, numel=10)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "visible_tests_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# The same checks the grader runs, on a smaller set of cases. Each stops within its deadline
+# and says which world size, size, dtype and rank went wrong.
+
+# %% nbgrader={"grade": false, "grade_id": "visible_tests", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(check_ring_sums(ring_allreduce, world_sizes=(2, 3)))
+print(check_ring_pattern(ring_allreduce, world_sizes=(3,)))
+
+# %% nbgrader={"grade": true, "grade_id": "ring_allreduce_sums", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
+# Right sums: world sizes 2 to 6, sizes divisible by N and not, smaller than N, several dtypes.
+print(check_ring_sums(ring_allreduce, world_sizes=(2, 3)))
+### BEGIN HIDDEN TESTS
+print(check_ring_sums(ring_allreduce))
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "ring_allreduce_pattern", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+# A real ring: neighbours only, 2(N-1) messages, 2(N-1)/N of the tensor per rank, no collective.
+print(check_ring_pattern(ring_allreduce, world_sizes=(3,)))
+### BEGIN HIDDEN TESTS
+print(check_ring_pattern(ring_allreduce))
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "benchmark_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### How fast is yours?
+#
+# Bus bandwidth, as nccl-tests reports it: size x 2(N-1)/N / time, the rate at which each
+# rank's link moves data. Yours against gloo's own `dist.all_reduce` on the same ranks. On one
+# machine the "network" is shared memory and the 2 CPU cores do the adding, so expect a few
+# GB/s, not a datacenter's.
+
+# %% nbgrader={"grade": false, "grade_id": "benchmark", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from course.ring import compare_busbw
+
+compare_busbw(ring_allreduce, world_size=2, megabytes=(1, 16))
