@@ -6,10 +6,15 @@ real ``torch.distributed`` ranks (gloo, CPU).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
 __all__ = ["load_ipython_extension"]
 
 
-def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's own hook signature
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     """Register the ``%%ranks`` cell magic (called by ``%load_ext course``)."""
     from course.magics import RanksMagics
 

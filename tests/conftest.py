@@ -1,0 +1,86 @@
+"""Shared fixtures: real ranks that leave nothing behind.
+
+Use ``run_ranks`` to run a function on gloo ranks from any test:
+
+    @pytest.mark.ranks
+    def test_sum(run_ranks):
+        assert run_ranks(my_allreduce_check, 4) == [True] * 4
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import cloudpickle
+import psutil
+import pytest
+
+from course import ranks
+
+
+def _descendants() -> set[int]:
+    """Live processes below this one, except the launcher's long-lived forkserver."""
+    helpers = {ranks._SERVER.pid()}
+    alive = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.pid not in helpers:
+                alive.add(proc.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive - {p.pid for p in _resource_trackers()}
+
+
+def _resource_trackers() -> list[psutil.Process]:
+    """multiprocessing's resource tracker: a per-process helper that outlives runs."""
+    found = []
+    for proc in psutil.Process().children():
+        try:
+            if "resource_tracker" in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _run_dirs() -> set[str]:
+    """This process's run directories (other processes may be running ranks too)."""
+    pattern = f"{ranks.RUN_DIR_PREFIX}{os.getpid()}-*"
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), pattern)))
+
+
+@pytest.fixture
+def no_leftovers() -> Iterator[None]:
+    """Fail the test if it leaves rank processes or run directories behind."""
+    procs, dirs = _descendants(), _run_dirs()
+    yield
+    end = time.monotonic() + 2.0  # the test may have just killed a helper process
+    while (_descendants() - procs) and time.monotonic() < end:
+        time.sleep(0.05)
+    left = [psutil.Process(p).cmdline() for p in _descendants() - procs if psutil.pid_exists(p)]
+    assert not left, f"processes left running: {left}"
+    assert _run_dirs() <= dirs, f"run directories left behind: {_run_dirs() - dirs}"
+
+
+@pytest.fixture
+def by_value(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Send the test module's functions to ranks by value, so ranks need not import it."""
+    cloudpickle.register_pickle_by_value(request.module)
+    yield
+    cloudpickle.unregister_pickle_by_value(request.module)
+
+
+@pytest.fixture
+def run_ranks(no_leftovers: None, by_value: None) -> Callable[..., list[Any]]:
+    """``course.ranks.run`` with a 30 s deadline, checking that nothing is left behind."""
+
+    def _run(fn: Callable[..., Any], world_size: int, *args: Any, **kwargs: Any) -> list[Any]:
+        kwargs.setdefault("timeout", 30.0)
+        return ranks.run(fn, world_size, *args, **kwargs)
+
+    return _run
