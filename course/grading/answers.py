@@ -43,17 +43,17 @@ def check_answer(
     choices: str = "abcd",
     key: str | None = None,
     explanation: str | None = None,
-) -> str:
-    """Check the answer's format and, given the ``key``, that it is right; return the letter.
+) -> None:
+    """Check the answer's format and, given the ``key``, that it is right.
 
     A right answer prints the explanation; a wrong one raises ``AssertionError`` whose
-    message carries it, so nbgrader's feedback shows why.
+    message carries it, so nbgrader's feedback shows why. Nothing is returned: a grade cell
+    whose last value is a number would count as partial credit in nbgrader.
     """
     letter = normalise_answer(name, value, choices)
     if key is None:
-        return letter
+        return
     why = "\n\n" + textwrap.dedent(explanation).strip() if explanation else ""
     if not _str_eq(letter, key):
         raise AssertionError(f'{name} = "{letter}" is not right.{why}')
     _print(f'{name} = "{letter}" is right.{why}')
-    return letter

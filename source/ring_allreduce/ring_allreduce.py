@@ -74,7 +74,7 @@ print(f"rank {rank} of {world_size} holds {t.item()}")
 # Press play, or step through; change the world size and watch what stays the same.
 
 # %% nbgrader={"grade": false, "grade_id": "watch_ring_widget", "locked": true, "schema_version": 3, "solution": false, "task": false}
-widgets.RingWidget(world_size=4)
+widgets.ring_widget(world_size=4)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question ring_1: how many steps?
@@ -111,7 +111,7 @@ check_answer(
     step each rank passes one partial chunk to its neighbour, which adds its own copy; after
     N-1 steps each rank owns one fully reduced chunk. All-gather: N-1 more steps pass those
     finished chunks round until every rank has all N. That is 2(N-1) steps, whatever the
-    tensor size (the measurement above counts 2, 4, 6, ... for N = 2, 3, 4, ...). log2(N)
+    tensor size (the measuring cell counts 2, 4, 6, ... for N = 2, 3, 4, ...). log2(N)
     steps belongs to tree and recursive-doubling all-reduces, which send the whole tensor at
     every step instead of a 1/N chunk.
     """,
@@ -126,10 +126,10 @@ check_answer(
 # %% nbgrader={"grade": false, "grade_id": "ring_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.ring import ring_allreduce as reference_ring
 
-print(" N | steps measured |  N  | 2(N-1) | log2 N")
+print(" N | steps measured |  N  | 2(N-1) | ceil(log2 N)")
 for n in (2, 3, 4, 5, 6, 8):
     trace = record(reference_ring, n, numel=1000)
-    print(f"{n:2} | {steps(trace):14} | {n:3} | {2 * (n - 1):6} | {n.bit_length() - 1 + (n & (n - 1) > 0):6}")
+    print(f"{n:2} | {steps(trace):14} | {n:3} | {2 * (n - 1):6} | {(n - 1).bit_length():12}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question ring_2: how many bytes does each rank send?
@@ -162,7 +162,7 @@ check_answer(
     explanation="""
     Each rank sends one chunk of size S/N per step, for 2(N-1) steps: 2(N-1)/N times S in
     all. With N = 8 that is 14/8 = 1.75 times the tensor, 1.75 x 800 MB = 1400 MB per rank
-    (the measurement above: 14 sends of 1 MB for an 8 MB tensor). Half of it is the
+    (the measuring cell: 14 sends of 1 MB for an 8 MB tensor). Half of it is the
     reduce-scatter, half the all-gather. Sending a full copy to each of 7 peers would be
     5600 MB, four times more, and the ring's cost per rank barely grows with N: it tends to
     2 S, which is why it is called bandwidth-optimal.
@@ -204,6 +204,71 @@ print(
 
 # %% nbgrader={"grade": false, "grade_id": "cost_model_figure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 cost.cost_figure(world_size=8)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ring_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question ring_3: who waits for whom?
+#
+# *Difficulty 2/3*
+#
+# At every ring step each rank sends to its right-hand neighbour and receives from its
+# left-hand one. Suppose every rank does it in the most obvious order, with blocking calls:
+#
+# ```python
+# dist.send(out, (rank + 1) % world_size)
+# dist.recv(into, (rank - 1) % world_size)
+# ```
+#
+# On 3 gloo ranks, with a tensor of a **single element**, what happens?
+#
+# * a) It works: a message that small is buffered, so `send` returns at once and every rank
+#   moves on to its `recv`.
+# * b) Every rank waits in `dist.send` forever: a gloo send completes only once the peer has
+#   posted the matching receive, and every peer is itself sending.
+# * c) gloo raises an error at once, because a rank may not send to a peer that is sending.
+# * d) It works on 3 ranks, since an odd ring cannot pair up; it would only hang on 2.
+
+# %% nbgrader={"grade": false, "grade_id": "ring_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_ring_3 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_ring_3 = "b"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "ring_3_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_ring_3", answer_ring_3, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_ring_3",
+    answer_ring_3,
+    choices="abcd",
+    key="b",
+    explanation="""
+    gloo's send is a rendezvous: it completes when the neighbour's matching receive has been
+    posted and the data has moved, even for one element (many MPI libraries would buffer a
+    small message "eagerly"; gloo does not). If every rank sends first, every rank waits for
+    a receive that its neighbour will only post after its own send completes: a cycle of
+    waits, a deadlock, on 2 ranks and on 3 alike. The measuring cell shows every rank stuck
+    in dist.send until the deadline, and two orders that work: even ranks send first while
+    odd ranks receive first, or post the send with dist.isend, receive, then wait for the
+    send. Your ring needs one of them at every step.
+    """,
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ring_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it.** `course.p2p` holds the three orders as small functions (read them with
+# `course.p2p.send_first??`). The cell runs each on 2 and 3 real ranks with a one-element
+# tensor and an 8-second deadline, and prints how each rank ended. The hanging runs take
+# their full deadline.
+
+# %% nbgrader={"grade": false, "grade_id": "ring_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from course import p2p
+from course.ranks import launch
+
+for order in (p2p.send_first, p2p.parity_ordered, p2p.isend_then_recv):
+    for n in (2, 3):
+        result = launch(order, n, 1, timeout=8)
+        ends = [str(result.failures[r]) if r in result.failures else f"rank {r} {result.results[r]}" for r in range(n)]
+        print(f"{order.__name__} on {n} ranks, {result.elapsed:.1f} s:\n  " + "\n  ".join(ends))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise: your own ring all-reduce
@@ -313,6 +378,6 @@ print(check_ring_pattern(ring_allreduce))
 # GB/s, not a datacenter's.
 
 # %% nbgrader={"grade": false, "grade_id": "benchmark", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.ring import compare_busbw
+from course.bandwidth import compare_busbw
 
-compare_busbw(ring_allreduce, world_size=2, megabytes=(1, 16))
+rows = compare_busbw(ring_allreduce, world_size=2, megabytes=(1, 16))

@@ -48,8 +48,8 @@ def test_a_str_subclass_that_equals_everything_is_refused() -> None:
 
 
 def test_right_answer_prints_the_explanation(capsys: pytest.CaptureFixture[str]) -> None:
-    """Does a right answer return its letter and print why it is right?"""
-    assert check_answer("answer_x", "C", key="c", explanation="Two phases.") == "c"
+    """Does a right answer pass, return nothing a grade cell could count, and print why?"""
+    assert check_answer("answer_x", "C", key="c", explanation="Two phases.") is None
     out = capsys.readouterr().out
     assert 'answer_x = "c" is right.' in out
     assert "Two phases." in out
@@ -65,7 +65,9 @@ def test_wrong_answer_fails_with_the_explanation() -> None:
 
 def test_format_only_check_needs_no_key() -> None:
     """Without a key, is only the format checked?"""
-    assert check_answer("answer_x", "d") == "d"
+    check_answer("answer_x", "d")
+    with pytest.raises(AssertionError):
+        check_answer("answer_x", "z")
 
 
 def test_choices_can_be_narrower() -> None:

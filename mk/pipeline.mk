@@ -1,0 +1,23 @@
+# The instructor's pipeline (course/pipeline.py), included by the main Makefile, which
+# defines PY (the venv's python) and the phony `setup` target that builds the venv.
+
+PIPELINE := $(PY) -m course.pipeline
+
+.PHONY: release demo autograde selfstudy
+
+## release: source/<a>/<a>.py -> .ipynb (course.authoring), then nbgrader generate_assignment into release/ (commit both)
+release: setup
+	$(PY) -m course.authoring
+	$(PIPELINE) release
+
+## demo: the whole course end to end in build/demo: release, run, submit, autograde, grades
+demo: setup
+	$(PIPELINE) demo
+
+## autograde: autograde submitted/ with nbgrader, then feedback, export and the grade table
+autograde: setup
+	$(PIPELINE) autograde
+
+## selfstudy: build selfstudy/<a>/<a>.ipynb, with instant feedback on every quiz item
+selfstudy: setup
+	$(PIPELINE) selfstudy

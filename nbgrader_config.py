@@ -1,0 +1,42 @@
+"""nbgrader configuration for the course (nbgrader 0.9.6).
+
+The course root is the directory of this file, so ``nbgrader <cmd>`` works from anywhere
+that finds this config, and a copy of the course (tests, CI) is self-contained. Run the
+whole instructor workflow with ``make demo``; see autograde/README.md.
+"""
+
+import os
+
+c = get_config()  # noqa: F821 - injected by traitlets when it loads this file
+
+c.CourseDirectory.course_id = "sync-data-parallel"
+c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
+
+# The source notebooks are authored as jupytext percent scripts (source/<a>/<a>.py) beside
+# the generated .ipynb: release the notebook only, never the script that holds the answers.
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.py"]
+
+# Released answer cells stay valid Python (no raise), so "Run all" goes on past an unanswered
+# item and every check reports its own clear message instead of a NotImplementedError.
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE"}
+
+# Multi-rank cells and checks carry their own deadlines (at most 30 s each); nbgrader's cell
+# timeout is only the last resort that interrupts a cell nothing else stopped.
+c.Execute.timeout = 120
+c.Execute.interrupt_on_timeout = True
+
+# Grading an instructor can trust (README, "What grading defends"). The kernel runs confined
+# by bubblewrap (course.sandbox: no network, no source/ or gradebook, unprivileged, limited),
+# and every grade cell's score is capped by a fresh, sandboxed re-run of its check on the
+# student's definitions only (course.integrity.Rejudge), so code that attacks the kernel
+# gains nothing. COURSE_RECHECK=0 skips the re-check: the dry run (make demo) does, to stay
+# within minutes; `make autograde` never does.
+from course import sandbox  # noqa: E402 - the config above must not depend on the course
+from course.integrity import autograde_preprocessors  # noqa: E402
+
+if os.environ.get("COURSE_RECHECK", "1") != "0":
+    c.Autograde.autograde_preprocessors = autograde_preprocessors()
+if sandbox.available():
+    c.Execute.kernel_manager_class = "course.sandbox.SandboxKernelManager"
+else:
+    c.Rejudge.sandbox = False

@@ -1,0 +1,101 @@
+"""Nothing a student can read (release/, the course package) gives a quiz answer away."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course.selfstudy import grade_id, hidden_region, quiz_items
+
+REPO = Path(__file__).resolve().parent.parent
+SOURCES = sorted(p for p in (REPO / "source").glob("*/*.ipynb") if p.stem == p.parent.name)
+KEY_ARGUMENT = re.compile(r"""\bkey\s*=\s*["'][a-z]["']""")
+_SOLUTION = re.compile(r"### BEGIN SOLUTION\n(.*?)\n\s*### END SOLUTION", re.S)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _readable_text(path: Path) -> str:
+    """What a student can read in a file: for a notebook, its cells' sources and outputs."""
+    if path.suffix != ".ipynb":
+        return path.read_text(errors="replace")
+    nb = nbformat.read(path, as_version=4)
+    parts = []
+    for cell in nb.cells:
+        parts.append(cell.source)
+        for out in cell.get("outputs", []):
+            parts.append(str(out.get("text", "")) + str(out.get("data", "")))
+    return "\n".join(parts)
+
+
+def _student_readable() -> dict[str, str]:
+    files = [p for p in (REPO / "release").rglob("*") if p.is_file()]
+    files += [p for p in (REPO / "course").rglob("*.py")]
+    return {str(p.relative_to(REPO)): _readable_text(p) for p in sorted(files)}
+
+
+READABLE = _student_readable()
+FLAT = {name: _flat(text) for name, text in READABLE.items()}
+
+
+def _sentences(text: str) -> list[str]:
+    """The explanation's sentences long enough to be a giveaway if quoted anywhere."""
+    return [s for s in re.split(r"(?<=[.:;!?])\s+", _flat(text)) if len(s) >= 30]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_source_notebook_has_keys_to_protect(path):
+    """Does each source notebook key its quiz items (so the checks below are not vacuous)?"""
+    items = quiz_items(nbformat.read(path, as_version=4))
+    assert items, f"{path.name}: no keyed check_answer call found in a hidden test region"
+    assert all(item.explanation for item in items), "every key should come with its explanation"
+
+
+def test_no_key_argument_anywhere_a_student_can_read():
+    """Is there no `key="x"` (a keyed check_answer call) in release/ or course/?"""
+    found = {name: KEY_ARGUMENT.findall(text) for name, text in READABLE.items()}
+    assert not {k: v for k, v in found.items() if v}
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_no_explanation_sentence_in_release_or_package(path):
+    """Does no sentence of any hidden explanation appear in release/ or course/?"""
+    leaks = [
+        (item.item_id, sentence[:50], name)
+        for item in quiz_items(nbformat.read(path, as_version=4))
+        for sentence in _sentences(item.explanation)
+        for name, text in FLAT.items()
+        if sentence in text
+    ]
+    assert not leaks
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_no_answer_assignment_or_hidden_test_in_release(path):
+    """Are the answer lines (answer_x = "c") and hidden test blocks absent from release/?"""
+    source = nbformat.read(path, as_version=4)
+    release = FLAT.get(f"release/{path.parent.name}/{path.name}", "")
+    assert release, f"no release notebook for {path.name}: run `make release`"
+    for item in quiz_items(source):
+        for quote in "\"'":
+            assert f"{item.name} = {quote}{item.key}{quote}" not in release, item.item_id
+    for cell in source.cells:
+        hidden = _flat(hidden_region(cell.source))
+        assert not hidden or hidden not in release, grade_id(cell)
+        for solution in _SOLUTION.findall(cell.source):
+            body = _flat(solution)
+            assert len(body) < 20 or body not in release, grade_id(cell)
+
+
+def test_the_checks_would_catch_a_leak():
+    """Would a quoted explanation sentence, a key argument or a hidden block be caught?"""
+    sentence = "Each rank sends one chunk of size S/N per step, for 2(N-1) steps in all."
+    leaky = _flat(f'print("{sentence}")\ncheck_answer("answer_x", answer_x, key="c")')
+    assert KEY_ARGUMENT.search(leaky)
+    assert all(s in leaky for s in _sentences(sentence))
+    assert _flat(hidden_region("a\n### BEGIN HIDDEN TESTS\nb = 1\n### END HIDDEN TESTS")) == "b = 1"
