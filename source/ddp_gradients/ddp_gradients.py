@@ -401,8 +401,12 @@ torch.manual_seed(0)
 nn.init.normal_(model.weight)
 ddp = DDP(model)
 loss_per_sample = ((ddp(x[lo:hi]) - y[lo:hi]) ** 2).mean(dim=1)
-weighted_loss(loss_per_sample).backward()
-print([round(v, 3) for v in model.weight.grad.flatten().tolist()])
+loss = weighted_loss(loss_per_sample)
+if isinstance(loss, torch.Tensor):
+    loss.backward()
+    print([round(v, 3) for v in model.weight.grad.flatten().tolist()])
+else:
+    print(f"weighted_loss returned {type(loss).__name__}, not a tensor: implement it above")
 
 # %% nbgrader={"grade": true, "grade_id": "weighted_loss_pooled_mean", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # After DDP's backward, .grad equals the pooled per-sample mean gradient, with uneven batches.
