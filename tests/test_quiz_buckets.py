@@ -6,26 +6,15 @@ asserted on (2 shared cores); the tests decide on call counts, sizes and event o
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
 import pytest
+from quiz import keys, supported
 
 from course import buckets
-from course.selfstudy import quiz_items
 
 pytestmark = pytest.mark.ranks
 
-SOURCE = Path(__file__).resolve().parent.parent / "source/buckets/buckets.ipynb"
-KEYS = {item.item_id: item.key for item in quiz_items(nbformat.read(SOURCE, as_version=4))}
+KEYS = keys("buckets")
 MODEL_BYTES = [p.numel() * p.element_size() for p in buckets.many_params_model().parameters()]
-
-
-def supported(options: dict[str, bool]) -> str:
-    """The one option the measurement supports (fails if none or several are)."""
-    letters = [letter for letter, ok in options.items() if ok]
-    assert len(letters) == 1, f"measurement supports {letters}, expected exactly one"
-    return letters[0]
 
 
 def test_buckets_1_why_buckets(run_ranks) -> None:

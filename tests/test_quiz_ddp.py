@@ -6,26 +6,15 @@ decides, for each option, whether the measurement supports it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
 import pytest
 import torch.distributed as dist
+from quiz import keys, supported
 
 from course import ddp
-from course.selfstudy import quiz_items
 
 pytestmark = pytest.mark.ranks
 
-SOURCE = Path(__file__).resolve().parent.parent / "source/ddp_gradients/ddp_gradients.ipynb"
-KEYS = {item.item_id: item.key for item in quiz_items(nbformat.read(SOURCE, as_version=4))}
-
-
-def supported(options: dict[str, bool]) -> str:
-    """The one option the measurement supports (fails if none or several are)."""
-    letters = [letter for letter, ok in options.items() if ok]
-    assert len(letters) == 1, f"measurement supports {letters}, expected exactly one"
-    return letters[0]
+KEYS = keys("ddp_gradients")
 
 
 def test_ddp_1_grad_after_backward(run_ranks) -> None:

@@ -6,31 +6,20 @@ real ranks and decides, for each option, whether the measurement supports it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
+from quiz import keys, supported
 
 from course import p2p
 from course.ranks import launch
 from course.recorder import Recorder, record
 from course.ring import ring_allreduce
-from course.selfstudy import quiz_items
 from course.trace import steps
 
 pytestmark = pytest.mark.ranks
 
-SOURCE = Path(__file__).resolve().parent.parent / "source/ring_allreduce/ring_allreduce.ipynb"
-KEYS = {item.item_id: item.key for item in quiz_items(nbformat.read(SOURCE, as_version=4))}
-
-
-def supported(options: dict[str, bool]) -> str:
-    """The one option the measurement supports (fails if none or several are)."""
-    letters = [letter for letter, ok in options.items() if ok]
-    assert len(letters) == 1, f"measurement supports {letters}, expected exactly one"
-    return letters[0]
+KEYS = keys("ring_allreduce")
 
 
 def test_ring_1_steps() -> None:
