@@ -3,8 +3,10 @@
 It plays ``course.schedule`` step by step (reduce-scatter, then all-gather; Patarasuk & Yuan
 2009), so a recorded run of it and the simulator's ``ring_trace`` agree by construction:
 one ``isend`` and one ``irecv`` per step, posted together so sending and receiving overlap.
-Reduce-scatter receives into one preallocated buffer and adds in place into the chunk view;
-all-gather receives straight into the chunk view, so no step copies a chunk.
+Reduce-scatter receives into one buffer kept between calls and adds in place into the chunk
+view; all-gather receives straight into the chunk view, so no step copies a chunk. Keeping
+the buffer matters: fresh pages cost a fault each, and with a new buffer per call the ring
+reached 0.58x of gloo's bus bandwidth at 64 MB on 2 ranks, against about 1x now.
 
 Try it on four ranks (in a notebook: ``%load_ext course``, then ``%%ranks 4``)::
 
@@ -37,7 +39,7 @@ def ring_allreduce(tensor: torch.Tensor) -> None:
 def _ring(flat: torch.Tensor, rank: int, world_size: int) -> None:
     """The ``2(N-1)`` steps on a flat contiguous tensor."""
     chunks = [flat[lo:hi] for lo, hi in chunk_bounds(flat.numel(), world_size)]
-    scratch = torch.empty(max(c.numel() for c in chunks), dtype=flat.dtype)
+    scratch = _scratch(max(c.numel() for c in chunks), flat.dtype)
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     for step in range(num_steps(world_size)):
         out = chunks[send_chunk(rank, step, world_size)]
@@ -49,3 +51,14 @@ def _ring(flat: torch.Tensor, rank: int, world_size: int) -> None:
         if adding:
             torch.add(into, landing, out=into)
         sent.wait()
+
+
+_SCRATCH: dict[torch.dtype, torch.Tensor] = {}
+
+
+def _scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A receive buffer kept between calls: fresh pages would cost a page fault each."""
+    buffer = _SCRATCH.get(dtype)
+    if buffer is None or buffer.numel() < numel:
+        buffer = _SCRATCH[dtype] = torch.empty(numel, dtype=dtype)
+    return buffer[:numel]
