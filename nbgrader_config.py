@@ -26,17 +26,17 @@ c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
 
 # Grading an instructor can trust (README, "What grading defends"). The kernel runs confined
-# by bubblewrap (course.sandbox: no network, no source/ or gradebook, unprivileged, limited),
+# by bubblewrap (sandbox.py: no network, no source/ or gradebook, unprivileged, limited),
 # and every grade cell's score is capped by a fresh, sandboxed re-run of its check on the
-# student's definitions only (course.integrity.Rejudge), so code that attacks the kernel
+# student's definitions only (course.instructor.integrity.Rejudge), so code that attacks the kernel
 # gains nothing. COURSE_RECHECK=0 skips the re-check: the dry run (make demo) does, to stay
 # within minutes; `make autograde` never does.
-from course import sandbox  # noqa: E402 - the config above must not depend on the course
-from course.integrity import autograde_preprocessors  # noqa: E402
+from course.instructor import sandbox  # noqa: E402 - the config above must not depend on the course
+from course.instructor.integrity import autograde_preprocessors  # noqa: E402
 
 if os.environ.get("COURSE_RECHECK", "1") != "0":
     c.Autograde.autograde_preprocessors = autograde_preprocessors()
 if sandbox.available():
-    c.Execute.kernel_manager_class = "course.sandbox.SandboxKernelManager"
+    c.Execute.kernel_manager_class = "course.instructor.sandbox.SandboxKernelManager"
 else:
     c.Rejudge.sandbox = False

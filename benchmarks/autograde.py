@@ -1,4 +1,5 @@
-"""How long does a class-sized autograde take? 50 mixed submissions through course.classrun.
+"""How long does a class-sized autograde take? 50 mixed submissions through
+course.instructor.classrun.
 
     .venv/bin/python benchmarks/autograde.py [--students 50] [--workers 2] [--no-sandbox]
 
@@ -18,8 +19,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from course import sandbox
-from course.classrun import autograde_class
+from course.instructor import sandbox
+from course.instructor.classrun import autograde_class
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location(

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/ring.py [--iters 5]
 
-busbw = size x 2(N-1)/N / time, as nccl-tests reports it (see course.bandwidth, which does
+busbw = size x 2(N-1)/N / time, as nccl-tests reports it (see course.ring.bandwidth, which does
 the timing). Ranks run one compute thread each (course.ranks), as in class.
 """
 
@@ -13,9 +13,9 @@ import time
 
 import torch.distributed as dist
 
-from course.bandwidth import measure_busbw
-from course.ring import ring_allreduce
-from course.schedule import simulate
+from course.ring.bandwidth import measure_busbw
+from course.ring.reference import ring_allreduce
+from course.ring.schedule import simulate
 
 SIZES_MB = (1, 16, 64)
 WORLD_SIZES = (2, 4)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from course.schedule import ring_trace
-from course.widgets import RingWidget
+from course.pictures.widgets import RingWidget
+from course.ring.schedule import ring_trace
 
 
 def per_step_ms(widget: RingWidget, clock=time.process_time) -> list[float]:

@@ -16,6 +16,6 @@ __all__ = ["load_ipython_extension"]
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
     """Register the ``%%ranks`` cell magic (called by ``%load_ext course``)."""
-    from course.magics import RanksMagics
+    from course.ranks.magics import RanksMagics
 
     ipython.register_magics(RanksMagics)

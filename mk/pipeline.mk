@@ -1,13 +1,13 @@
-# The instructor's pipeline (course/pipeline.py), included by the main Makefile, which
+# The instructor's pipeline (course/instructor/pipeline.py), included by the main Makefile, which
 # defines PY (the venv's python) and the phony `setup` target that builds the venv.
 
-PIPELINE := $(PY) -m course.pipeline
+PIPELINE := $(PY) -m course.instructor.pipeline
 
 .PHONY: release demo autograde selfstudy
 
-## release: source/<a>/<a>.py -> .ipynb (course.authoring), then nbgrader generate_assignment into release/ (commit both)
+## release: source/<a>/<a>.py -> .ipynb (course.instructor.authoring), then nbgrader generate_assignment into release/ (commit both)
 release: setup
-	$(PY) -m course.authoring
+	$(PY) -m course.instructor.authoring
 	$(PIPELINE) release
 
 ## demo: the whole course end to end in build/demo: release, run, submit, autograde, grades

@@ -21,11 +21,12 @@ import psutil
 import pytest
 
 from course import ranks
+from course.ranks import forkserver
 
 
 def _descendants() -> set[int]:
     """Live processes below this one, except the launcher's long-lived forkserver."""
-    helpers = {ranks._SERVER.pid()}
+    helpers = {forkserver.SERVER.pid()}
     alive = set()
     for proc in psutil.Process().children(recursive=True):
         try:
@@ -50,7 +51,7 @@ def _resource_trackers() -> list[psutil.Process]:
 
 def _run_dirs() -> set[str]:
     """This process's run directories (other processes may be running ranks too)."""
-    pattern = f"{ranks.RUN_DIR_PREFIX}{os.getpid()}-*"
+    pattern = f"{forkserver.RUN_DIR_PREFIX}{os.getpid()}-*"
     return set(glob.glob(os.path.join(tempfile.gettempdir(), pattern)))
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import nbformat
 
-from course.selfstudy import quiz_items
+from course.instructor.selfstudy import quiz_items
 
 SOURCE = Path(__file__).resolve().parent.parent / "source"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course.selfstudy import grade_id, hidden_region, quiz_items
+from course.instructor.selfstudy import grade_id, hidden_region, quiz_items
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = sorted(p for p in (REPO / "source").glob("*/*.ipynb") if p.stem == p.parent.name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from quiz import keys, supported
 
-from course import buckets
+from course.experiments import buckets
 
 pytestmark = pytest.mark.ranks
 

@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 from quiz import keys, supported
 
-from course import ddp
+from course.experiments import ddp
 
 pytestmark = pytest.mark.ranks
 

@@ -11,11 +11,11 @@ import torch
 import torch.distributed as dist
 from quiz import keys, supported
 
-from course import p2p
 from course.ranks import launch
-from course.recorder import Recorder, record
-from course.ring import ring_allreduce
-from course.trace import steps
+from course.ring import p2p
+from course.ring.recorder import Recorder, record
+from course.ring.reference import ring_allreduce
+from course.ring.trace import steps
 
 pytestmark = pytest.mark.ranks
 

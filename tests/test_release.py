@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course import pipeline
+from course.instructor import pipeline
 
 REPO = Path(__file__).resolve().parent.parent
 

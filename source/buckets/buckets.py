@@ -36,8 +36,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course import buckets
-from course.grading import check_answer, check_bucketed_allreduce, check_overlapping_ddp
+from course.experiments import buckets
+from course.checks import check_answer, check_bucketed_allreduce, check_overlapping_ddp
 from course.ranks import run
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -288,7 +288,7 @@ print(f"calls of {calls} elements; values {sorted({v for g in grads for v in g.t
 # Averages, number of calls and bucket sizes, on fresh ranks with fresh random gradients.
 print(check_bucketed_allreduce(bucketed_allreduce, world_sizes=(2, 3)))
 ### BEGIN HIDDEN TESTS
-from course.grading.buckets import HIDDEN_CASES
+from course.checks.buckets import HIDDEN_CASES
 
 print(check_bucketed_allreduce(bucketed_allreduce, world_sizes=(2, 3, 4), cases=HIDDEN_CASES))
 ### END HIDDEN TESTS

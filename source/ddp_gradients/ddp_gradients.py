@@ -39,8 +39,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course import ddp
-from course.grading import check_answer, check_average_hook, check_weighted_loss
+from course.experiments import ddp
+from course.checks import check_answer, check_average_hook, check_weighted_loss
 from course.ranks import run
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -155,14 +155,14 @@ check_answer(
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** First one step on 4 ranks, rank r holding input `r + 1`, with DDP's default
-# and with the SUM hook below (`course.ddp.sum_hook`). Then a short training run (linear
+# and with the SUM hook below (`course.experiments.ddp.sum_hook`). Then a short training run (linear
 # regression, 64 samples split over 4 ranks, full-batch SGD, 30 steps, fixed seed): DDP's
 # default, the SUM hook at the same learning rate, the SUM hook at lr / 4, and the same model
 # trained in one process on all 64 samples.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 def sum_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The team's hook: all-reduce with SUM, no division (the same as course.ddp.sum_hook)."""
+    """The team's hook: all-reduce with SUM, no division (the same as course.experiments.ddp.sum_hook)."""
     dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.SUM)
     done = torch.futures.Future()
     done.set_result(bucket.buffer())
@@ -229,7 +229,7 @@ check_answer(
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** One DDP step of a 3-input linear model with an MSE loss, rank 0 on sample 0
-# and rank 1 on samples 1 to 3 (`course.ddp.uneven_step`). Beside DDP's `.grad`, two
+# and rank 1 on samples 1 to 3 (`course.experiments.ddp.uneven_step`). Beside DDP's `.grad`, two
 # single-process oracles on the same 4 samples: the pooled per-sample mean gradient, and the
 # flat average of the two local means.
 
@@ -282,7 +282,7 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** Three ranks, seeds 1000, 1001 and 1002 (`course.ddp.broadcast_step`).
+# **Measure it.** Three ranks, seeds 1000, 1001 and 1002 (`course.experiments.ddp.broadcast_step`).
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for rank, r in enumerate(run(ddp.broadcast_step, 3)):
@@ -333,7 +333,7 @@ def average_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.T
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course.grading.ddp import guard_hook
+from course.checks.ddp import guard_hook
 
 torch.manual_seed(0)
 m = nn.Linear(2, 1, bias=False)
@@ -392,7 +392,7 @@ def weighted_loss(loss_per_sample: torch.Tensor) -> torch.Tensor:
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course.ddp import regression_data
+from course.experiments.ddp import regression_data
 
 x, y = regression_data(samples=4, features=3, seed=0)
 lo, hi = [(0, 1), (1, 4)][rank]

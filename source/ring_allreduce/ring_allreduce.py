@@ -41,10 +41,11 @@
 import torch
 import torch.distributed as dist
 
-from course import cost, widgets
-from course.grading import check_answer, check_ring_pattern, check_ring_sums
-from course.recorder import record
-from course.trace import bytes_sent, ring_violations, steps
+from course.checks import check_answer, check_ring_pattern, check_ring_sums
+from course.pictures import widgets
+from course.ring import cost
+from course.ring.recorder import record
+from course.ring.trace import bytes_sent, ring_violations, steps
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "meet_ranks", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Meet your ranks
@@ -124,7 +125,7 @@ check_answer(
 # rank made). Compare the counts with the options above.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.ring import ring_allreduce as reference_ring
+from course.ring.reference import ring_allreduce as reference_ring
 
 print(" N | steps measured |  N  | 2(N-1) | ceil(log2 N)")
 for n in (2, 3, 4, 5, 6, 8):
@@ -178,8 +179,8 @@ check_answer(
 
 # %% nbgrader={"grade": false, "grade_id": "ring_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 8
-from course.recorder import Recorder
-from course.ring import ring_allreduce
+from course.ring.recorder import Recorder
+from course.ring.reference import ring_allreduce
 
 tensor = torch.ones(2_000_000)  # 8 MB of float32 on every rank: 800 MB scaled down 100 times
 with Recorder() as recorder:
@@ -255,13 +256,13 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.p2p` holds the three orders as small functions (read them with
-# `course.p2p.send_first??`). The cell runs each on 2 and 3 real ranks with a one-element
+# **Measure it.** `course.ring.p2p` holds the three orders as small functions (read them with
+# `course.ring.p2p.send_first??`). The cell runs each on 2 and 3 real ranks with a one-element
 # tensor and an 8-second deadline, and prints how each rank ended. The hanging runs take
 # their full deadline.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course import p2p
+from course.ring import p2p
 from course.ranks import launch
 
 for order in (p2p.send_first, p2p.parity_ordered, p2p.isend_then_recv):
@@ -378,6 +379,6 @@ print(check_ring_pattern(ring_allreduce))
 # GB/s, not a datacenter's.
 
 # %% nbgrader={"grade": false, "grade_id": "benchmark", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.bandwidth import compare_busbw
+from course.ring.bandwidth import compare_busbw
 
 rows = compare_busbw(ring_allreduce, world_size=2, megabytes=(1, 16))

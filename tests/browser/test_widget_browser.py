@@ -10,7 +10,7 @@ import pytest
 pytestmark = pytest.mark.browser
 
 REFERENCE = """\
-from course.widgets import ring_widget
+from course.pictures.widgets import ring_widget
 w4 = ring_widget(world_size=4, numel=13)
 w4.speed.value = "4x"
 w4"""
@@ -20,8 +20,8 @@ w8.slider.value = 3
 w8"""
 WRONG = """\
 import dataclasses
-from course.schedule import ring_trace
-from course.widgets import show_trace
+from course.ring.schedule import ring_trace
+from course.pictures.widgets import show_trace
 ref = ring_trace(4, 13)
 # rank 1 sends its step-1 chunk to rank 3 instead of its neighbour rank 2
 bad = dataclasses.replace(ref, messages=tuple(
@@ -73,8 +73,8 @@ def test_exported_figure_plays_offline(browser, artifact, tmp_path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell(
-            "from course.figures import ring_figure\n"
-            "from course.schedule import ring_trace\n"
+            "from course.pictures.figures import ring_figure\n"
+            "from course.ring.schedule import ring_trace\n"
             'ring_figure(ring_trace(8, 25)).show(renderer="notebook")'
         )
     ]

@@ -1,0 +1,23 @@
+"""Checks for hidden test cells: each grades one thing and fails with a message that teaches.
+
+Every check runs the student's code on fresh ranks (``course.ranks``) and computes its
+verdict in the caller, from what the ranks send back; none trusts the kernel's state.
+"""
+
+from __future__ import annotations
+
+from course.checks.answers import check_answer
+from course.checks.buckets import check_bucketed_allreduce, check_overlapping_ddp
+from course.checks.ddp import check_average_hook, check_weighted_loss
+from course.checks.ring import check_ring_allreduce, check_ring_pattern, check_ring_sums
+
+__all__ = [
+    "check_answer",
+    "check_average_hook",
+    "check_bucketed_allreduce",
+    "check_overlapping_ddp",
+    "check_ring_allreduce",
+    "check_ring_pattern",
+    "check_ring_sums",
+    "check_weighted_loss",
+]

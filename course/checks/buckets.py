@@ -1,0 +1,292 @@
+"""Graded checks for the buckets assignment: bucketed all-reduce, and overlap with backward.
+
+The checks record every ``dist.all_reduce`` the student's code makes on each rank (size,
+``async_op``, when), compare the gradients with the average over ranks of each rank's own
+gradient (what DDP gives), and compare the calls with the bucket rule of
+:func:`course.experiments.buckets.bucket_assignment` (the rule the question states).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from course.checks.ddp import close, fresh_seed, near, on_ranks, ratio, user_traceback
+from course.experiments.buckets import MB, bucket_assignment
+
+__all__ = ["check_bucketed_allreduce", "check_overlapping_ddp"]
+
+# (shapes, dtype, bucket_cap_mb): tensors of 4-byte floats, caps of a few tensors each
+VISIBLE_CASES: list[tuple[list[tuple[int, ...]], str, float]] = [
+    ([(300,), (3000,), (40, 50), (1000,), (5000,), (10,), (2500,)], "float32", 0.02),
+]
+HIDDEN_CASES: list[tuple[list[tuple[int, ...]], str, float]] = [
+    ([(300,), (3000,), (40, 50), (1000,), (5000,), (10,), (2500,)], "float32", 0.02),
+    ([(7, 300), (20000,), (5,), (64, 64), (1,), (900,)], "float32", 0.015),  # one over the cap
+    ([(100,), (200,), (300,)], "float32", 25.0),  # everything in one bucket
+    ([(1500,), (700,), (3, 4, 5), (2600,)], "float64", 0.01),
+]
+
+
+@contextlib.contextmanager
+def recording_all_reduce(calls: list[dict[str, Any]]) -> Iterator[None]:
+    """Record each ``dist.all_reduce`` made on this rank: numel, async_op, time."""
+    real = dist.all_reduce
+
+    def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        is_async = kwargs.get("async_op", args[2] if len(args) > 2 else False)
+        now = time.perf_counter()
+        calls.append({"numel": tensor.numel(), "async_op": bool(is_async), "t": now})
+        return real(tensor, *args, **kwargs)
+
+    dist.all_reduce = all_reduce
+    try:
+        yield
+    finally:
+        dist.all_reduce = real
+
+
+def _average(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The oracle: the average over ranks, with one plain all-reduce of everything."""
+    flat = torch.cat([t.flatten() for t in tensors])
+    sizes = [t.numel() for t in tensors]
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    return [part.view_as(t) for part, t in zip(flat.split(sizes), tensors, strict=True)]
+
+
+# --- exercise (a): bucketed_allreduce(grads, bucket_cap_mb) ----------------------
+
+
+def _bucketed_trial(
+    fn: Any, shapes: list[tuple[int, ...]], dtype: str, cap: float, seed: int
+) -> dict[str, Any]:
+    """On each rank: random gradients, the student's call (recorded), the oracle."""
+    rank = dist.get_rank()
+    gen = torch.Generator().manual_seed(seed * 1009 + rank)
+    grads = [torch.randn(s, generator=gen, dtype=getattr(torch, dtype)) for s in shapes]
+    before = [g.clone() for g in grads]
+    expected = _average(before)
+    given = list(grads)
+    calls: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"rank": rank, "calls": calls, "problem": None}
+    with recording_all_reduce(calls):
+        try:
+            fn(given, cap)
+        except Exception as exc:
+            out["problem"] = f"bucketed_allreduce raised an exception:\n{user_traceback(exc)}"
+            return out
+    out["replaced"] = [i for i, (a, b) in enumerate(zip(given, grads, strict=True)) if a is not b]
+    out.update(result=grads, before=before, expected=expected)
+    return out
+
+
+def check_bucketed_allreduce(
+    bucketed_allreduce: Callable[[list[torch.Tensor], float], None],
+    world_sizes: Sequence[int] = (2, 3),
+    cases: Sequence[tuple[list[tuple[int, ...]], str, float]] = tuple(VISIBLE_CASES),
+    seed: int | None = None,
+) -> str:
+    """Check results, call count and bucket sizes of ``bucketed_allreduce`` on fresh ranks."""
+    for world_size in world_sizes:
+        for shapes, dtype, cap in cases:
+            s = fresh_seed(seed)
+            args = (bucketed_allreduce, shapes, dtype, cap, s)
+            results = on_ranks("bucketed_allreduce", _bucketed_trial, world_size, *args)
+            case = f"{len(shapes)} {dtype} tensors {shapes}, bucket_cap_mb={cap}, seed {s}"
+            for r in results:
+                _diagnose_bucketed(r, world_size, shapes, cap, case)
+    return f"bucketed_allreduce: right averages and buckets on {list(world_sizes)} ranks."
+
+
+def _diagnose_bucketed(
+    r: dict[str, Any], world_size: int, shapes: list[tuple[int, ...]], cap: float, case: str
+) -> None:
+    where = f"rank {r['rank']} of {world_size} ({case})"
+    if r["problem"]:
+        raise AssertionError(f"On {where}: {r['problem']}")
+    calls = [c["numel"] for c in r["calls"]]
+    unchanged = all(torch.equal(a, b) for a, b in zip(r["result"], r["before"], strict=True))
+    if unchanged and not calls:
+        raise AssertionError(
+            "bucketed_allreduce left the gradients unchanged and made no dist.all_reduce call: "
+            "implement it above."
+        )
+    if r["replaced"]:
+        raise AssertionError(
+            f"bucketed_allreduce replaced grads[{r['replaced'][0]}] in the list instead of "
+            "writing into the tensor: the caller's tensors must hold the result (use "
+            "grad.copy_(...)), as they would for a model's .grad."
+        )
+    _check_results(r, world_size, unchanged, where)
+    _check_calls(calls, shapes, r["result"][0].element_size(), cap, where)
+
+
+def _check_results(r: dict[str, Any], world_size: int, unchanged: bool, where: str) -> None:
+    for i, (got, want) in enumerate(zip(r["result"], r["expected"], strict=True)):
+        if close(got, want):
+            continue
+        k = ratio(got, want)
+        if unchanged:
+            hint = (
+                "the gradients are unchanged: copy each bucket's all-reduced values back into "
+                "its gradients (in place)."
+            )
+        elif torch.equal(got, r["before"][i]):
+            hint = (
+                "this gradient is unchanged while others were averaged: every gradient must "
+                "be in a bucket (the last, smaller one too) and get its values copied back."
+            )
+        elif near(k, world_size):
+            hint = f"it is the SUM over ranks; divide by world_size ({world_size}) to average."
+        else:
+            err = (got - want).abs().max().item()
+            hint = f"it differs from the average over ranks (max error {err:.3g})."
+        raise AssertionError(f"grads[{i}] (shape {tuple(want.shape)}) on {where}: {hint}")
+
+
+def _check_calls(
+    calls: list[int], shapes: list[tuple[int, ...]], itemsize: int, cap: float, where: str
+) -> None:
+    numels = [int(torch.Size(s).numel()) for s in shapes]
+    buckets = bucket_assignment([n * itemsize for n in numels], cap)
+    want = [sum(numels[i] for i in b) for b in buckets]
+    if calls == want:
+        return
+    rule = (
+        f"go through the gradients from the LAST to the first, adding each to the current "
+        f"bucket, and close the bucket as soon as it holds at least bucket_cap_mb={cap} MiB "
+        f"({cap * MB:.0f} bytes). Expected buckets (gradient indices): {buckets}, so "
+        f"{len(want)} all-reduce calls of {want} elements."
+    )
+    if len(calls) == len(numels) and len(numels) > len(want):
+        got = f"one all-reduce per gradient ({len(calls)} calls): pack gradients into buckets"
+    elif sorted(calls) == sorted(want):
+        got = f"the right buckets in the wrong order (calls of {calls} elements)"
+    else:
+        got = f"{len(calls)} all-reduce calls of {calls} elements"
+    raise AssertionError(f"On {where}: bucketed_allreduce made {got}. The rule: {rule}")
+
+
+# --- exercise (b): OverlappingDDP(module, bucket_cap_mb) with .finish() ----------
+
+
+def _overlap_model(seed: int, layers: int = 6, width: int = 48) -> nn.Module:
+    torch.manual_seed(seed)
+    mods: list[nn.Module] = []
+    for _ in range(layers):
+        mods += [nn.Linear(width, width), nn.Tanh()]
+    return nn.Sequential(*mods)
+
+
+def _overlap_trial(cls: Any, cap: float, seed: int, steps: int) -> dict[str, Any]:
+    """On each rank: ``steps`` training steps through the student's wrapper, recorded."""
+    rank = dist.get_rank()
+    model = _overlap_model(seed)
+    plain = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed * 1009 + rank)
+    inputs = [torch.randn(8, 48, generator=gen) for _ in range(steps)]
+    expected = []
+    for x in inputs:
+        plain.zero_grad()
+        plain(x).square().mean().backward()
+        expected.append(_average([p.grad for p in plain.parameters()]))
+    out: dict[str, Any] = {"rank": rank, "problem": None, "steps": []}
+    calls: list[dict[str, Any]] = []
+    ready: list[float] = []
+    with recording_all_reduce(calls):
+        try:
+            wrapper = cls(model, cap)
+        except Exception as exc:
+            out["problem"] = f"OverlappingDDP(module, bucket_cap_mb) raised:\n{user_traceback(exc)}"
+            return out
+        for p in model.parameters():  # after the student's hooks, so they fire first
+            p.register_post_accumulate_grad_hook(lambda p: ready.append(time.perf_counter()))
+        for x, want in zip(inputs, expected, strict=True):
+            calls.clear()
+            ready.clear()
+            model.zero_grad()
+            loss = model(x).square().mean()
+            try:
+                loss.backward()
+                returned = time.perf_counter()
+                wrapper.finish()
+            except Exception as exc:
+                out["problem"] = f"backward or finish() raised:\n{user_traceback(exc)}"
+                return out
+            grads = [p.grad.clone() if p.grad is not None else None for p in model.parameters()]
+            out["steps"].append(
+                {"calls": list(calls), "ready": list(ready), "returned": returned}
+                | {"grads": grads, "expected": want}
+            )
+    out["nbytes"] = [p.numel() * p.element_size() for p in model.parameters()]
+    return out
+
+
+def check_overlapping_ddp(
+    OverlappingDDP: type,
+    world_sizes: Sequence[int] = (2,),
+    bucket_cap_mb: float = 0.01,
+    seed: int | None = None,
+) -> str:
+    """Check the wrapper on fresh ranks: DDP's averaged gradients, buckets started in backward."""
+    for world_size in world_sizes:
+        s = fresh_seed(seed)
+        args = (OverlappingDDP, bucket_cap_mb, s, 2)
+        for r in on_ranks("OverlappingDDP", _overlap_trial, world_size, *args):
+            where = f"rank {r['rank']} of {world_size} (bucket_cap_mb={bucket_cap_mb}, seed {s})"
+            if r["problem"]:
+                raise AssertionError(f"On {where}: {r['problem']}")
+            buckets = bucket_assignment(r["nbytes"], bucket_cap_mb)
+            for i, step in enumerate(r["steps"]):
+                _diagnose_overlap(step, buckets, world_size, f"{where}, step {i + 1}")
+    return f"OverlappingDDP averages like DDP, overlapping backward, on {list(world_sizes)} ranks."
+
+
+def _diagnose_overlap(
+    step: dict[str, Any], buckets: list[list[int]], world_size: int, where: str
+) -> None:
+    calls, ready = step["calls"], sorted(step["ready"])
+    if not calls:
+        raise AssertionError(
+            f"On {where}: no dist.all_reduce call was made. Register a hook on each parameter "
+            "(p.register_post_accumulate_grad_hook) that launches its bucket's all-reduce "
+            "once the bucket is full, and wait for them in finish()."
+        )
+    for i, (got, want) in enumerate(zip(step["grads"], step["expected"], strict=True)):
+        if got is None or not close(got, want):
+            if got is None:
+                hint = "it is None"
+            elif near(ratio(got, want), world_size):
+                hint = f"it is the SUM over ranks; divide by world_size ({world_size})"
+            else:
+                hint = "it differs from the average over ranks (what DDP gives)"
+            raise AssertionError(f"On {where}, parameter {i}'s .grad after finish(): {hint}.")
+    if not all(c["async_op"] for c in calls):
+        raise AssertionError(
+            f"On {where}: call dist.all_reduce(..., async_op=True) so backward goes on while "
+            "the bucket is reduced; keep the returned Work and wait() for it in finish()."
+        )
+    if len(calls) != len(buckets):
+        raise AssertionError(
+            f"On {where}: {len(calls)} all-reduce calls for {len(buckets)} buckets. Use the "
+            f"rule of bucketed_allreduce (parameters from last to first, close at >= "
+            f"bucket_cap_mb): buckets {buckets}."
+        )
+    done = 0
+    for k, (call, bucket) in enumerate(zip(calls, buckets, strict=True)):
+        done += len(bucket)
+        seen = sum(t < call["t"] for t in ready)
+        if seen > done or call["t"] > step["returned"]:
+            raise AssertionError(
+                f"On {where}: bucket {k} was full once {done} gradients were ready, but its "
+                f"all-reduce started only after {seen} were (of {len(ready)}). Start each "
+                "bucket's all-reduce from the gradient hook that completes it, during backward."
+            )

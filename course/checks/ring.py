@@ -1,0 +1,358 @@
+"""Grade a student's ``ring_allreduce(tensor)``: right sums, and really a ring.
+
+    from course.checks import check_ring_allreduce
+    print(check_ring_allreduce(ring_allreduce))     # raises AssertionError that teaches
+
+The student's function runs on fresh ranks (``course.ranks``) for world sizes 2 to 6, on
+many tensors per launch (sizes divisible by N and not, smaller than N, a single element;
+float32, float64, int32, int64; 1-D to 3-D shapes). The verdict is computed here, in the
+caller, from the tensors the ranks send back, against a float64 sum of the inputs made here:
+nothing the student's code or kernel state can change. The ring pattern is judged from a
+recorded run on encoded inputs (``course.ring.recorder``, ``course.ring.trace.ring_violations``).
+``check_ring_sums`` and ``check_ring_pattern`` are the two halves, for partial credit.
+Every launch has a deadline, so a deadlock or an endless loop fails within seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from course.ring.recorder import (
+    Recorder,
+    _scratch_dir,
+    describe_failure,
+    encoded_tensor,
+    is_secondary,
+    log_path,
+    read_trace,
+    student_traceback,
+)
+from course.ring.trace import ring_violations
+
+__all__ = ["RingReport", "check_ring_allreduce", "check_ring_pattern", "check_ring_sums"]
+
+WORLD_SIZES = (2, 3, 4, 5, 6)
+DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
+LAUNCH_TIMEOUT = 10.0  # seconds per world size, start-up included: one deadlock costs this
+SHOWN = 4  # violations quoted in a failure message
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call of the student's function: a tensor shape and dtype, or a recorded run."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    recorded: bool = False
+
+    def __str__(self) -> str:
+        dtype = str(self.dtype).removeprefix("torch.")
+        kind = " (recorded, encoded inputs)" if self.recorded else ""
+        return f"a {dtype} tensor of shape {tuple(self.shape)}{kind}"
+
+
+@dataclass(frozen=True)
+class RingReport:
+    """What a passing check covered; ``str()`` is a one-paragraph summary."""
+
+    world_sizes: tuple[int, ...]
+    sums_checked: int  # (world size, tensor) pairs whose sums matched on every rank
+    patterns_checked: int  # recorded runs that were a ring
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    def __str__(self) -> str:
+        plural = "s" if len(self.world_sizes) > 1 else ""
+        sizes = f"world size{plural} {', '.join(map(str, self.world_sizes))}"
+        parts = []
+        if self.sums_checked:
+            parts.append(
+                f"correct in-place sums for {self.sums_checked} tensors on {sizes} "
+                f"({', '.join(self.dtypes)}; shapes such as "
+                f"{', '.join(str(s) for s in self.shapes[:4])})"
+            )
+        if self.patterns_checked:
+            parts.append(f"a ring pattern in {self.patterns_checked} recorded runs on {sizes}")
+        return "ring_allreduce passed: " + "; ".join(parts) + "."
+
+
+def check_ring_sums(
+    fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int] = WORLD_SIZES
+) -> RingReport:
+    """Check that ``fn`` sums in place like ``dist.all_reduce`` (communication not judged)."""
+    return _check(fn, world_sizes, sums=True, pattern=False)
+
+
+def check_ring_pattern(
+    fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int] = WORLD_SIZES
+) -> RingReport:
+    """Check that ``fn`` communicates as a ring all-reduce (sums not judged)."""
+    return _check(fn, world_sizes, sums=False, pattern=True)
+
+
+def check_ring_allreduce(
+    fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int] = WORLD_SIZES
+) -> RingReport:
+    """Check both: right sums on every rank, and a real ring pattern."""
+    return _check(fn, world_sizes, sums=True, pattern=True)
+
+
+# --- the cases --------------------------------------------------------------------------
+
+
+def sum_cases(world_size: int) -> list[Case]:
+    """Tensors for one world size: each shape in two dtypes, every dtype in several shapes."""
+    n = world_size
+    shapes = [(1,), (n - 1 or 1,), (4 * n,), (4 * n + 3,), (3, n + 1), (2, 3, 5), (5, 1, 7)]
+    return [
+        Case(shape, DTYPES[(i + k) % len(DTYPES)]) for i, shape in enumerate(shapes) for k in (0, 1)
+    ]
+
+
+def pattern_cases(world_size: int) -> list[Case]:
+    """Recorded runs: uneven, fewer elements than ranks, even."""
+    n = world_size
+    return [Case((numel,), torch.float64, True) for numel in (3 * n + 1, n - 1 or 1, 4 * n)]
+
+
+def _inputs(case: Case, world_size: int, seed: int) -> list[torch.Tensor]:
+    """Each rank's input for a sums case, made here so the ranks cannot change the oracle."""
+    g = torch.Generator().manual_seed(seed)
+    if case.dtype.is_floating_point:
+        return [torch.randn(case.shape, generator=g).to(case.dtype) for _ in range(world_size)]
+    return [
+        torch.randint(-99, 100, case.shape, generator=g, dtype=case.dtype)
+        for _ in range(world_size)
+    ]
+
+
+# --- the rank side ---------------------------------------------------------------------
+
+
+def _run_cases(
+    fn: Callable[[torch.Tensor], Any],
+    cases: Sequence[Case],
+    inputs: Sequence[Sequence[torch.Tensor] | None],
+    directory: str,
+) -> list[tuple[torch.Tensor, str | None]]:
+    """On each rank: call ``fn`` on a fresh tensor per case; return (tensor, returned type)."""
+    rank = dist.get_rank()
+    _refuse_the_reference()
+    out = []
+    with open(log_path(directory, rank, "progress"), "a", buffering=1) as progress:
+        for i, case in enumerate(cases):
+            progress.write(json.dumps({"case": i}) + "\n")
+            out.append(_run_case(fn, case, inputs[i], directory, i, rank))
+            progress.write(json.dumps({"done": i}) + "\n")
+    return out
+
+
+def _refuse_the_reference() -> None:
+    """On a grading rank, make the course's own ring fail: the student's ring is graded."""
+    import course.ring.reference
+
+    def refuse(*args: Any) -> None:
+        raise AssertionError(
+            "this calls the course's reference course.ring.reference.ring_allreduce: "
+            "the exercise is to write the ring yourself, with dist.isend/irecv/send/recv"
+        )
+
+    course.ring.reference._ring = refuse
+
+
+def _run_case(
+    fn: Callable, case: Case, inputs: Any, directory: str, i: int, rank: int
+) -> tuple[torch.Tensor, str | None]:
+    if not case.recorded:
+        tensor = inputs[rank].clone()
+        return tensor, _call(fn, tensor)
+    tensor = encoded_tensor(rank, case.shape[0], dist.get_world_size())
+    with Recorder(log_path(directory, rank, f"case{i}")):
+        returned = _call(fn, tensor)
+    return tensor, returned
+
+
+def _call(fn: Callable, tensor: torch.Tensor) -> str | None:
+    returned = fn(tensor)
+    return None if returned is None else type(returned).__name__
+
+
+# --- the caller side -------------------------------------------------------------------
+
+
+def _check(
+    fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int], *, sums: bool, pattern: bool
+) -> RingReport:
+    if not callable(fn):
+        raise AssertionError(
+            f"expected your ring_allreduce function, got {type(fn).__name__}: run its cell first"
+        )
+    world_sizes = tuple(world_sizes)
+    if not world_sizes or any(type(n) is not int or n < 2 for n in world_sizes):
+        raise ValueError(f"world_sizes must be integers of at least 2, got {world_sizes}")
+    n_sums = n_patterns = 0
+    shapes: dict[tuple[int, ...], None] = {}
+    for world_size in world_sizes:
+        cases = (sum_cases(world_size) if sums else []) + (
+            pattern_cases(world_size) if pattern else []
+        )
+        inputs = [
+            None if c.recorded else _inputs(c, world_size, seed=1000 * world_size + i)
+            for i, c in enumerate(cases)
+        ]
+        with _scratch_dir() as directory:
+            results = _launch(fn, world_size, cases, inputs, directory)
+            for i, case in enumerate(cases):
+                got = [r[i] for r in results]
+                if case.recorded:
+                    _judge_pattern(world_size, case, directory, i, got)
+                    n_patterns += 1
+                else:
+                    _judge_sums(world_size, case, inputs[i], got)
+                    n_sums += 1
+                    shapes[case.shape] = None
+    dtypes = tuple(str(d).removeprefix("torch.") for d in DTYPES) if sums else ("float64",)
+    return RingReport(world_sizes, n_sums, n_patterns, dtypes, tuple(shapes))
+
+
+def _launch(fn: Callable, world_size: int, cases: list[Case], inputs: list, directory: str) -> list:
+    from course.ranks import launch
+
+    result = launch(_run_cases, world_size, fn, cases, inputs, directory, timeout=LAUNCH_TIMEOUT)
+    if result.ok:
+        return result.results
+    raise AssertionError(_failure_message(world_size, cases, result.failures, directory))
+
+
+def _failure_message(world_size: int, cases: list[Case], failures: dict, directory: str) -> str:
+    """Which case was running, what each rank did, and the cause's own traceback."""
+    running = {r: _running_case(directory, r) for r in range(world_size)}
+    case_index = min((i for i in running.values() if i is not None), default=None)
+    case = f" while summing {cases[case_index]}" if case_index is not None else ""
+    lines = [f"ring_allreduce failed on {world_size} ranks{case}:"]
+    lines += [f"  rank {r} {describe_failure(f)}" for r, f in sorted(failures.items())]
+    causes = [f for f in failures.values() if not is_secondary(f)]
+    if not causes:
+        lines.append(
+            "Every rank was waiting for a message no rank had sent: a deadlock. Make sure each "
+            "send has a matching receive on the neighbour, and that not every rank blocks in "
+            "a receive (or a blocking send) first: post the send with dist.isend and the "
+            "receive with dist.irecv, then wait on both (or order blocking calls by rank parity)."
+        )
+    if any("SIGABRT" in getattr(f, "message", "") for f in causes):
+        lines.append(
+            "gloo aborts a rank when a message does not fit the buffer posted to receive it: "
+            "check that each step's send and the neighbour's receive use the same chunk "
+            "(same number of elements, same dtype)."
+        )
+    for f in causes[:1]:
+        text = student_traceback(getattr(f, "traceback", ""))
+        if text.strip():
+            lines += [f"Rank {f.rank}'s traceback:", text]
+    return "\n".join(lines)
+
+
+def _running_case(directory: str, rank: int) -> int | None:
+    """The case a rank had started but not finished, from its progress log."""
+    current = None
+    try:
+        with open(log_path(directory, rank, "progress")) as f:
+            for line in f:
+                entry = json.loads(line)
+                current = entry.get("case", current if "done" not in entry else None)
+    except (FileNotFoundError, json.JSONDecodeError):
+        pass
+    return current
+
+
+def _judge_sums(world_size: int, case: Case, inputs: list[torch.Tensor], got: list) -> None:
+    """Every rank's tensor equals the float64 sum of the inputs (exactly for integers)."""
+    expected64 = torch.stack([t.to(torch.float64) for t in inputs]).sum(0)
+    expected = expected64.to(case.dtype)
+    for rank, (tensor, returned) in enumerate(got):
+        problem = _compare(tensor, expected, case)
+        if problem is None:
+            continue
+        head = f"ring_allreduce gave a wrong result on {world_size} ranks for {case}, rank {rank}:"
+        hints = _hints(tensor, inputs[rank], expected64, world_size, returned)
+        raise AssertionError("\n".join([head, "  " + problem, *hints]))
+
+
+def _compare(tensor: Any, expected: torch.Tensor, case: Case) -> str | None:
+    if not isinstance(tensor, torch.Tensor):
+        return f"the tensor came back as a {type(tensor).__name__}"
+    if tensor.shape != expected.shape or tensor.dtype != expected.dtype:
+        return (
+            f"the tensor changed to shape {tuple(tensor.shape)}, dtype {tensor.dtype}; "
+            f"it must keep shape {tuple(expected.shape)}, dtype {expected.dtype}"
+        )
+    if case.dtype.is_floating_point:
+        rtol = 1e-5 if case.dtype == torch.float32 else 1e-12
+        wrong = ~torch.isclose(tensor, expected, rtol=rtol, atol=rtol * 10)
+    else:
+        wrong = tensor != expected
+    count = int(wrong.sum())
+    if not count:
+        return None
+    flat = int(wrong.reshape(-1).nonzero()[0])
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(tensor.shape)))
+    return (
+        f"{count} of {tensor.numel()} elements wrong; the first at index {list(index)}: "
+        f"expected {expected.reshape(-1)[flat].item()}, got {tensor.reshape(-1)[flat].item()}"
+    )
+
+
+def _hints(
+    tensor: torch.Tensor,
+    own: torch.Tensor,
+    expected64: torch.Tensor,
+    world_size: int,
+    returned: str | None,
+) -> list[str]:
+    """Name the likely mistake where the numbers say it plainly."""
+    hints = []
+    if returned is not None:
+        hints.append(
+            f"  your function returned a {returned}: it should change `tensor` in place"
+            " and return None"
+        )
+    if isinstance(tensor, torch.Tensor) and tensor.shape == own.shape:
+        values = tensor.to(torch.float64)
+        if torch.equal(tensor, own):
+            hints.append(
+                "  the tensor is unchanged: write the sum into it in place (chunk views, "
+                "`torch.add(..., out=chunk)`, `chunk.copy_(...)`), do not rebind the name"
+            )
+        elif torch.allclose(values * world_size, expected64, rtol=1e-4, atol=1e-4):
+            hints.append(
+                "  that is the average: all_reduce's SUM does not divide by world_size"
+                f" ({world_size})"
+            )
+    return hints
+
+
+def _judge_pattern(world_size: int, case: Case, directory: str, i: int, got: list) -> None:
+    """The recorded run is a ring: ``course.ring.trace.ring_violations`` finds nothing."""
+    trace = read_trace(directory, world_size, case.shape[0], 8, tag=f"case{i}")
+    found = ring_violations(trace)
+    if not found:
+        return
+    lines = [
+        f"ring_allreduce is not a ring all-reduce on {world_size} ranks "
+        f"(tensor of {case.shape[0]} elements, recorded):"
+    ]
+    lines += [f"  {v}" for v in found[:SHOWN]]
+    if len(found) > SHOWN:
+        lines.append(f"  ... and {len(found) - SHOWN} more")
+    lines.append(
+        f"A ring on N ranks sends to one neighbour and receives from the other, 2(N-1) times "
+        f"(N-1 reduce-scatter steps, then N-1 all-gather steps), one chunk of about "
+        f"1/N of the tensor each time; see course.ring.schedule.plan(rank, {world_size})."
+    )
+    raise AssertionError("\n".join(lines))

@@ -1,0 +1,235 @@
+"""Gradient buckets and overlap: why DDP packs gradients, and when their all-reduces start.
+
+The pure core is :func:`bucket_assignment`, the rule DDP's reducer uses
+(``compute_bucket_assignment_by_size`` in ``torch/csrc/distributed/c10d/reducer.cpp``): walk the
+parameters in the order backward produces their gradients (reverse registration order) and
+close a bucket as soon as it holds at least the cap. The rest are experiments that run on
+every rank of an initialised gloo process group and return plain data::
+
+    torchrun --nproc-per-node 2 -m course.experiments.buckets
+
+Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training", VLDB 2020
+(https://arxiv.org/abs/2006.15704), sections 3.2.3 (bucketing) and 3.2.4 (overlap).
+"""
+
+# No "from __future__ import annotations": DDP.register_comm_hook compares the hook's
+# annotations with dist.GradBucket and Future[Tensor] as objects, not strings.
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+__all__ = [
+    "MB",
+    "allreduce_timing",
+    "bucket_assignment",
+    "ddp_buckets",
+    "many_params_model",
+    "overlap_timeline",
+    "timeline_figure",
+]
+
+MB = 1024 * 1024  # DDP's bucket_cap_mb counts mebibytes
+
+
+def bucket_assignment(
+    nbytes: Sequence[int], bucket_cap_mb: float, first_bucket_mb: float | None = None
+) -> list[list[int]]:
+    """Group tensor indices into buckets, last tensor first; a bucket closes at >= the cap.
+
+    ``first_bucket_mb`` caps the first bucket alone, as DDP does (1 MiB,
+    ``dist._DEFAULT_FIRST_BUCKET_BYTES``) when ``bucket_cap_mb`` is left at its default.
+    """
+    if bucket_cap_mb <= 0:
+        raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i in reversed(range(len(nbytes))):
+        current.append(i)
+        size += nbytes[i]
+        cap = first_bucket_mb if (first_bucket_mb is not None and not buckets) else bucket_cap_mb
+        if size >= cap * MB:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def many_params_model(layers: int = 8, width: int = 256, seed: int = 0) -> nn.Sequential:
+    """A stack of ``layers`` Linear(width, width) layers with ReLU: 2 * layers parameters."""
+    torch.manual_seed(seed)
+    mods: list[nn.Module] = []
+    for _ in range(layers):
+        mods += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*mods[:-1])
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def allreduce_timing(
+    params: int = 200, numel: int = 1000, bucket_cap_mb: float = 25.0, repeats: int = 5
+) -> dict[str, Any]:
+    """Time one all-reduce per gradient against one per bucket, for ``params`` small tensors.
+
+    Like DDP, the bucket buffers are allocated once up front; the copy of each gradient into
+    its bucket (which DDP does as gradients become ready) is left out of the timing.
+    """
+    grads = [torch.randn(numel) for _ in range(params)]
+    buckets = bucket_assignment([_nbytes(g) for g in grads], bucket_cap_mb)
+    flats = [torch.cat([grads[i] for i in b]) for b in buckets]  # same values, packed
+
+    def timed(tensors: list[torch.Tensor]) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        for t in tensors:
+            dist.all_reduce(t)
+        return time.perf_counter() - start
+
+    per_param = statistics.median(timed(grads) for _ in range(repeats))
+    bucketed = statistics.median(timed(flats) for _ in range(repeats))
+    unpacked = {}
+    for bucket, flat in zip(buckets, flats, strict=True):
+        unpacked |= dict(zip(bucket, flat.split(numel), strict=True))
+    same = all(torch.allclose(g, unpacked[i], rtol=1e-5) for i, g in enumerate(grads))
+    return {
+        "params": params,
+        "nbytes": sum(_nbytes(g) for g in grads),
+        "per_param": {"calls": len(grads), "seconds": per_param},
+        "bucketed": {"calls": len(flats), "seconds": bucketed, "bucket_cap_mb": bucket_cap_mb},
+        "same_result": same,
+    }
+
+
+def _recording_hook(log: list[dict[str, Any]], index: dict[int, int], t0: list[float]) -> Any:
+    """A comm hook that averages like DDP's default and logs each bucket's start and finish."""
+    world_size = dist.get_world_size()
+
+    def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        entry = {
+            "bucket": bucket.index(),
+            "nbytes": _nbytes(bucket.buffer()),
+            "params": [index[id(p)] for p in bucket.parameters()],
+            "start": time.perf_counter() - t0[0],
+        }
+        log.append(entry)
+        work = dist.all_reduce(bucket.buffer(), async_op=True)
+
+        def done(fut: torch.futures.Future) -> torch.Tensor:
+            entry["done"] = time.perf_counter() - t0[0]
+            return fut.value()[0].div_(world_size)
+
+        return work.get_future().then(done)
+
+    return hook
+
+
+def ddp_buckets(
+    bucket_cap_mb: float | None = None, iterations: int = 3, layers: int = 8, width: int = 256
+) -> list[list[dict[str, Any]]]:
+    """DDP's buckets, as its comm hook sees them, in each of the first ``iterations`` steps.
+
+    Each bucket is ``{"bucket", "nbytes", "params", "start", "done"}``; ``params`` are indices
+    in ``model.parameters()`` (registration) order; times are seconds from backward's start.
+    """
+    model = many_params_model(layers, width)
+    kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    ddp = DDP(model, **kwargs)
+    log: list[dict[str, Any]] = []
+    t0 = [0.0]
+    ddp.register_comm_hook(None, _recording_hook(log, _param_index(model), t0))
+    steps = []
+    for _ in range(iterations):
+        log.clear()
+        loss = ddp(torch.randn(4, width)).sum()
+        t0[0] = time.perf_counter()
+        loss.backward()
+        steps.append([dict(e) for e in log])
+    return steps
+
+
+def _param_index(model: nn.Module) -> dict[int, int]:
+    return {id(p): i for i, p in enumerate(model.parameters())}
+
+
+def overlap_timeline(
+    bucket_cap_mb: float = 1.0, layers: int = 8, width: int = 512, batch: int = 256
+) -> dict[str, Any]:
+    """When each gradient became ready and when each bucket's all-reduce ran, in one DDP step.
+
+    The step measured is the second one: DDP puts every parameter in one bucket for the first
+    backward and rebuilds its buckets, in the order gradients became ready, before the second.
+    """
+    model = many_params_model(layers, width)
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    log: list[dict[str, Any]] = []
+    ready: list[tuple[int, float]] = []
+    t0 = [0.0]
+    index = _param_index(model)
+    ddp.register_comm_hook(None, _recording_hook(log, index, t0))
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(
+            lambda p: ready.append((index[id(p)], time.perf_counter() - t0[0]))
+        )
+    x = torch.randn(batch, width)
+    for _ in range(2):  # the first step only builds the buckets
+        log.clear()
+        ready.clear()
+        ddp.zero_grad()
+        loss = ddp(x).square().mean()
+        t0[0] = time.perf_counter()
+        loss.backward()
+        returned = time.perf_counter() - t0[0]
+    return {
+        "grad_ready": ready,
+        "buckets": log,
+        "backward_returned": returned,
+        "nbytes": [_nbytes(p) for p in model.parameters()],
+    }
+
+
+def timeline_figure(timeline: dict[str, Any], title: str = "Backward against communication") -> Any:
+    """A plotly timeline: gradient-ready ticks for backward, one bar per bucket's all-reduce."""
+    import plotly.graph_objects as go
+
+    ms = 1000.0
+    ready = timeline["grad_ready"]
+    fig = go.Figure()
+    fig.add_scatter(
+        x=[t * ms for _, t in ready],
+        y=["backward"] * len(ready),
+        mode="markers",
+        marker={"symbol": "line-ns-open", "size": 18},
+        text=[f"param {i} grad ready" for i, _ in ready],
+        name="gradient ready",
+    )
+    for b in timeline["buckets"]:
+        fig.add_bar(
+            base=[b["start"] * ms],
+            x=[(b.get("done", b["start"]) - b["start"]) * ms],
+            y=[f"bucket {b['bucket']}"],
+            orientation="h",
+            name=f"bucket {b['bucket']}: params {b['params']}",
+            text=[f"{b['nbytes'] / MB:.2f} MiB"],
+        )
+    end = max((t for _, t in ready), default=0.0) * ms
+    fig.add_vline(x=end, line_dash="dash", annotation_text="last gradient ready")
+    fig.update_layout(
+        title=title, xaxis_title="ms since backward started", barmode="overlay", showlegend=True
+    )
+    return fig
+
+
+if __name__ == "__main__":  # torchrun --nproc-per-node 2 -m course.experiments.buckets
+    dist.init_process_group("gloo")
+    print(allreduce_timing())
+    dist.destroy_process_group()

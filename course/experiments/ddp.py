@@ -1,0 +1,187 @@
+"""What DDP does to your gradients: experiments that run on real gloo ranks.
+
+Each function named ``*_step`` or ``train`` runs on every rank of an initialised default
+process group and returns plain data (lists of floats), so the same code runs from a notebook
+(``course.ranks.run(seed_step, 2)``), from a test, or under ``torchrun``::
+
+    torchrun --nproc-per-node 2 -m course.experiments.ddp
+
+PyTorch docs: https://pytorch.org/docs/stable/notes/ddp.html (DDP averages gradients across
+ranks during backward) and https://pytorch.org/docs/stable/ddp_comm_hooks.html (comm hooks).
+"""
+
+# No "from __future__ import annotations": DDP.register_comm_hook compares the hook's
+# annotations with dist.GradBucket and Future[Tensor] as objects, not strings.
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+__all__ = [
+    "CommHook",
+    "broadcast_step",
+    "loss_figure",
+    "regression_data",
+    "seed_step",
+    "sum_hook",
+    "train",
+    "train_single",
+    "uneven_step",
+]
+
+CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
+
+
+def sum_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """A comm hook that sums the bucket across ranks and does not divide by world_size."""
+    buffer = bucket.buffer()
+    dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(buffer)
+    return done
+
+
+def seed_step(hook: CommHook | None = None) -> dict[str, Any]:
+    """One DDP step of ``nn.Linear(2, 1)`` on input ``rank + 1``: local, all-reduced and .grad."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    m = nn.Linear(2, 1, bias=False)
+    ddp = DDP(m)
+    if hook is not None:
+        ddp.register_comm_hook(None, hook)
+    x = torch.full((1, 2), float(rank + 1))
+    ddp(x).sum().backward()
+    local = x.sum(dim=0)  # d(sum(w . x))/dw: what this rank alone would hold
+    summed = local.clone()
+    dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+    return {
+        "rank": rank,
+        "local": local.tolist(),
+        "all_reduce_sum": summed.tolist(),
+        "grad": m.weight.grad.flatten().tolist(),
+        "torch": torch.__version__,
+        "backend": dist.get_backend(),
+    }
+
+
+def broadcast_step() -> dict[str, list[float]]:
+    """Build a differently seeded model on each rank; its weights before and after ``DDP(m)``."""
+    torch.manual_seed(1000 + dist.get_rank())
+    m = nn.Linear(2, 1, bias=False)
+    before = m.weight.flatten().tolist()
+    DDP(m)
+    return {"before": before, "after": m.weight.flatten().tolist()}
+
+
+def regression_data(
+    samples: int = 64, features: int = 8, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed linear-regression data set ``(X, y)``, the same on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, features, generator=g)
+    w = torch.randn(features, 1, generator=g)
+    return x, x @ w + 0.1 * torch.randn(samples, 1, generator=g)
+
+
+def _model(features: int, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Linear(features, 1)
+
+
+def train(lr: float, hook: CommHook | None = None, steps: int = 30, seed: int = 0) -> list[float]:
+    """Full-batch SGD under DDP, each rank on its shard; the pooled loss before each step."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    x, y = regression_data(seed=seed)
+    x, y = x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
+    ddp = DDP(_model(x.shape[1], seed))
+    if hook is not None:
+        ddp.register_comm_hook(None, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        pooled = loss.detach().clone()
+        dist.all_reduce(pooled)  # equal shards: the mean of the shard means is the pooled mean
+        losses.append(pooled.item() / world_size)
+        opt.step()
+    return losses
+
+
+def train_single(lr: float, steps: int = 30, seed: int = 0) -> list[float]:
+    """The same run in one process on the whole data set: the single-GPU baseline."""
+    x, y = regression_data(seed=seed)
+    model = _model(x.shape[1], seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+    return losses
+
+
+def _split(n: int, sizes: Sequence[int]) -> list[slice]:
+    ends = torch.tensor(list(sizes)).cumsum(0).tolist()
+    return [slice(end - size, end) for size, end in zip(sizes, ends, strict=True)]
+
+
+def _mean_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[float]:
+    """The gradient of the per-sample-mean loss on ``(x, y)``, in one process."""
+    model.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    return model.weight.grad.flatten().tolist()
+
+
+def uneven_step(local_batch_sizes: Sequence[int] = (1, 3), seed: int = 0) -> dict[str, Any]:
+    """One DDP step where rank r holds ``local_batch_sizes[r]`` samples (mean loss per rank).
+
+    Returns the synced ``.grad`` beside two single-process oracles that every rank computes
+    on the whole data: the pooled per-sample mean, and the flat average of the local means.
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if len(local_batch_sizes) != world_size:
+        raise ValueError(f"need one local batch size per rank, got {list(local_batch_sizes)}")
+    x, y = regression_data(samples=sum(local_batch_sizes), features=3, seed=seed)
+    shards = _split(len(x), local_batch_sizes)
+    model = nn.Linear(3, 1, bias=False)
+    torch.manual_seed(seed)
+    nn.init.normal_(model.weight)
+    oracle = nn.Linear(3, 1, bias=False)
+    oracle.load_state_dict(model.state_dict())
+    ddp = DDP(model)
+    nn.functional.mse_loss(ddp(x[shards[rank]]), y[shards[rank]]).backward()
+    local_means = [_mean_grad(oracle, x[s], y[s]) for s in shards]
+    return {
+        "rank": rank,
+        "local_batch_sizes": list(local_batch_sizes),
+        "grad": model.weight.grad.flatten().tolist(),
+        "pooled_mean": _mean_grad(oracle, x, y),
+        "flat_average": [sum(c) / world_size for c in zip(*local_means, strict=True)],
+        "local_means": local_means,
+    }
+
+
+def loss_figure(curves: dict[str, Sequence[float]], title: str = "Loss per step") -> Any:
+    """A plotly figure of loss curves on a log axis, one line per run."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for name, losses in curves.items():
+        fig.add_scatter(y=list(losses), mode="lines+markers", name=name)
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title="loss (pooled mean)")
+    fig.update_yaxes(type="log")
+    return fig
+
+
+if __name__ == "__main__":  # torchrun --nproc-per-node 2 -m course.experiments.ddp
+    dist.init_process_group("gloo")
+    print(seed_step())
+    dist.destroy_process_group()

@@ -1,0 +1,7 @@
+"""The instructor's tools: author, release, grade and hand out the course.
+
+``authoring`` (jupytext scripts -> notebooks), ``pipeline`` (release, demo, autograde,
+feedback, grades: ``python -m course.instructor.pipeline``), ``classrun`` (a class graded in
+parallel), ``integrity`` and ``sandbox`` (grading that does not trust the kernel),
+``selfstudy`` (notebooks with instant feedback).
+"""

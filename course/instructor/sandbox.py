@@ -1,0 +1,235 @@
+"""A confined kernel for grading: student code runs with no network, no view of the course.
+
+nbgrader runs a submission's code as the instructor. Here the kernel runs instead inside
+bubblewrap (https://github.com/containers/bubblewrap) with:
+
+* its own network namespace (only its own loopback: no internet, no host ports);
+  the kernel talks to nbgrader over ZMQ ``ipc`` (unix sockets in a private dir), not TCP;
+* a read-only view of the system, the Python install and the ``course`` package only:
+  ``source/``, ``gradebook.db`` and other students' folders are not in its file system;
+* write access to its own working dir (the submission's autograded folder) and a private
+  ``/tmp`` (tmpfs, size-capped);
+* its own PID namespace (it cannot see or signal nbgrader or other kernels);
+* an unprivileged uid (``nobody`` by default) and resource limits (prlimit): address space
+  per process, number of processes, open files, file size.
+
+Multi-rank checks still work inside: ``course.ranks`` uses unix sockets, a FileStore in
+``/tmp`` and gloo over the sandbox's own loopback.
+
+Use it from nbgrader (``nbgrader_config.py``)::
+
+    c.Execute.kernel_manager_class = "course.instructor.sandbox.SandboxKernelManager"
+
+or confine any command: ``python -m course.instructor.sandbox --rw DIR -- python script.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import Unicode, default
+
+__all__ = [
+    "SANDBOX_UID",
+    "Limits",
+    "SandboxKernelManager",
+    "SandboxUnavailable",
+    "available",
+    "confine",
+]
+
+SANDBOX_UID = 65534  # nobody
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt")
+ENV_KEEP = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "NBGRADER_EXECUTION", "OMP_NUM_THREADS")
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap or setpriv is missing, or this user cannot drop to the sandbox uid."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits applied with prlimit to every process in the sandbox."""
+
+    address_space: int = 6 * 2**30  # bytes per process (torch + gloo reserve ~1.5 GB virtual)
+    processes: int = 256  # per uid, threads included: bounds a fork bomb
+    open_files: int = 1024
+    file_size: int = 512 * 2**20  # largest file a process may write
+    tmp_size: int = 512 * 2**20  # the private /tmp (tmpfs)
+
+
+def available() -> bool:
+    """Can this machine confine a kernel (bwrap and setpriv present, running as root)?"""
+    return bool(shutil.which("bwrap") and shutil.which("setpriv") and shutil.which("prlimit"))
+
+
+def _ro_paths() -> list[str]:
+    """What the sandbox may read: system dirs, the Python install, the ``course`` package."""
+    import course
+
+    paths = [p for p in SYSTEM_DIRS if os.path.exists(p) and not os.path.islink(p)]
+    paths += [sys.base_prefix, sys.prefix, str(Path(course.__file__).parent)]
+    # Other sys.path entries (editable installs) but never the cwd or a course checkout root.
+    for entry in sys.path:
+        if entry and os.path.isdir(entry) and not os.path.exists(os.path.join(entry, "source")):
+            paths.append(entry)
+    return _outermost(paths)
+
+
+def _outermost(paths: Sequence[str]) -> list[str]:
+    """Drop paths already covered by another one (binding both would be redundant)."""
+    real = sorted({os.path.realpath(p) for p in paths})
+    kept: list[str] = []
+    for p in real:
+        if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(p)
+    return kept
+
+
+def _dirs_args(paths: Sequence[str]) -> list[str]:
+    """Create every parent of ``paths`` world-traversable (bwrap makes them 0700)."""
+    parents: set[str] = set()
+    for p in paths:
+        for parent in Path(p).parents:
+            if str(parent) not in ("/", "", "/tmp"):  # /tmp is the sandbox's own tmpfs
+                parents.add(str(parent))
+    args: list[str] = []
+    for parent in sorted(parents, key=lambda s: s.count("/")):
+        args += ["--perms", "0755", "--dir", parent]
+    return args
+
+
+def confine(
+    cmd: Sequence[str],
+    *,
+    rw: Sequence[str] = (),
+    ro: Sequence[str] = (),
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+    limits: Limits = Limits(),
+    uid: int = SANDBOX_UID,
+) -> list[str]:
+    """Return the argv that runs ``cmd`` confined (bwrap + prlimit + setpriv)."""
+    if not available():
+        raise SandboxUnavailable(
+            "bubblewrap (bwrap), setpriv and prlimit are needed to confine grading: "
+            "install them (Debian: apt-get install bubblewrap util-linux) or grade unconfined."
+        )
+    ro_paths = _ro_paths() + [os.path.realpath(p) for p in ro]
+    rw_paths = [os.path.realpath(p) for p in rw]
+    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-net", "--unshare-pid"]
+    argv += ["--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "grader"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(limits.tmp_size), "--perms", "1777", "--tmpfs", "/tmp"]
+    argv += _dirs_args(ro_paths + rw_paths + ([cwd] if cwd else []))
+    for p in ro_paths:
+        argv += ["--ro-bind", p, p]
+    for p in SYSTEM_DIRS:  # merged-/usr systems: /bin -> usr/bin, /lib64 -> usr/lib64
+        if os.path.islink(p):
+            argv += ["--symlink", os.readlink(p), p]
+    for p in rw_paths:
+        argv += ["--bind", p, p]
+    argv += ["--chdir", os.path.realpath(cwd) if cwd else "/tmp", "--clearenv"]
+    for key, value in _sandbox_env(env).items():
+        argv += ["--setenv", key, value]
+    argv += ["prlimit", f"--as={limits.address_space}", f"--nproc={limits.processes}"]
+    argv += [f"--nofile={limits.open_files}", f"--fsize={limits.file_size}", "--core=0", "--"]
+    if os.geteuid() == 0:
+        argv += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        argv += ["--no-new-privs", "--"]
+    return argv + list(cmd)
+
+
+def _sandbox_env(extra: dict[str, str] | None) -> dict[str, str]:
+    """A clean environment: a whitelist of the caller's, plus writable homes in /tmp."""
+    env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
+    env["PATH"] = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+    env.update(HOME="/tmp", TMPDIR="/tmp", IPYTHONDIR="/tmp/.ipython", MPLCONFIGDIR="/tmp")
+    env.update(JUPYTER_RUNTIME_DIR="/tmp/.jupyter", GLOO_SOCKET_IFNAME="lo")
+    env.update(PYTHONDONTWRITEBYTECODE="1")
+    env.update(extra or {})
+    return env
+
+
+def give_to_sandbox(path: str, uid: int = SANDBOX_UID) -> None:
+    """Let the sandbox uid write ``path`` (and what is in it): chown when running as root."""
+    if os.geteuid() != 0:
+        return
+    for root, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            os.lchown(os.path.join(root, name), uid, uid)
+    os.chown(path, uid, uid)
+
+
+class SandboxKernelManager(AsyncKernelManager):
+    """A kernel manager whose kernels run confined (see the module docstring)."""
+
+    sandbox_uid = SANDBOX_UID
+
+    @default("transport")
+    def _transport_default(self) -> str:
+        return "ipc"  # unix sockets: the kernel has no network of its own to talk TCP on
+
+    ipc_dir = Unicode(help="Private dir holding the kernel's ipc sockets and connection file")
+
+    @default("ipc_dir")
+    def _ipc_dir_default(self) -> str:
+        path = tempfile.mkdtemp(prefix="course-kernel-")
+        give_to_sandbox(path, self.sandbox_uid)
+        return path
+
+    @default("ip")
+    def _ip_default(self) -> str:
+        return os.path.join(self.ipc_dir, "kernel") if self.transport == "ipc" else "127.0.0.1"
+
+    async def _async_pre_start_kernel(self, **kw: Any) -> tuple[list[str], dict[str, Any]]:
+        """Wrap the kernel command in :func:`confine`, binding only the ipc dir and the cwd."""
+        if self.transport != "ipc":
+            raise SandboxUnavailable("the sandboxed kernel needs KernelManager.transport = 'ipc'")
+        cmd, kw = await super()._async_pre_start_kernel(**kw)
+        cwd = str(kw.get("cwd") or os.getcwd())
+        conn = os.path.join(self.ipc_dir, "connection.json")
+        shutil.copyfile(self.connection_file, conn)  # the original is 0600 in root's runtime dir
+        os.chmod(conn, 0o644)
+        cmd = [conn if arg == self.connection_file else arg for arg in cmd]
+        give_to_sandbox(cwd, self.sandbox_uid)
+        env = {k: v for k, v in (kw.get("env") or {}).items() if k.startswith("JPY_")}
+        return confine(cmd, rw=[self.ipc_dir, cwd], cwd=cwd, env=env, uid=self.sandbox_uid), kw
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        if not restart:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+    cleanup_resources = _async_cleanup_resources
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m course.instructor.sandbox [--rw DIR]... [--cwd DIR] -- CMD``: confine CMD"""
+    parser = argparse.ArgumentParser(
+        prog="python -m course.instructor.sandbox", description=main.__doc__
+    )
+    parser.add_argument("--rw", action="append", default=[], help="dir the command may write")
+    parser.add_argument("--ro", action="append", default=[], help="extra dir it may read")
+    parser.add_argument("--cwd", default=None)
+    parser.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error("give a command after --")
+    argv_ = confine(cmd, rw=args.rw, ro=args.ro, cwd=args.cwd)
+    os.execvp(argv_[0], argv_)
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

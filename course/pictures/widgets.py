@@ -1,0 +1,167 @@
+"""The ring widget: play, step and scrub through a ring all-reduce, the reference or your own.
+
+    from course.pictures.widgets import ring_widget, animate
+    ring_widget(world_size=8, numel=20)          # the reference schedule, from the simulator
+    animate(ring_allreduce, world_size=4)        # your function, recorded on 4 real ranks
+
+The only module of the package that imports ipywidgets. The picture is
+``figures.RingView`` (the same drawing as the kernel-free ``ring_figure``) in a plotly
+``FigureWidget``; a step only pushes the properties that change, in one ``batch_update``.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from course.pictures.figures import RingView
+from course.ring.schedule import ring_trace
+from course.ring.trace import Trace, bytes_sent
+
+__all__ = ["RingWidget", "animate", "ring_widget", "show_trace"]
+
+STEP_MS = 900  # one ring step per 0.9 s at 1x: slow enough to follow a chunk round the ring
+SPEEDS = {"0.25x": 4.0, "0.5x": 2.0, "1x": 1.0, "2x": 0.5, "4x": 0.25}
+MAX_WORLD_SIZE = 32
+
+
+class RingWidget(widgets.VBox):
+    """Play/step/scrub controls, a step counter and a deviation report around one trace."""
+
+    def __init__(self, trace: Trace, label: str = "reference ring", simulate: bool = False):
+        self.label, self.itemsize = label, trace.itemsize
+        self.play = widgets.Play(interval=STEP_MS, description="play", show_repeat=False)
+        self.slider = widgets.IntSlider(description="step", continuous_update=True)
+        widgets.jslink((self.play, "value"), (self.slider, "value"))
+        self.back = _button("step-backward", "one step back", lambda _: self.step_by(-1))
+        self.forward = _button("step-forward", "one step forward", lambda _: self.step_by(1))
+        self.speed = widgets.SelectionSlider(options=list(SPEEDS), value="1x", description="speed")
+        self.speed.observe(self._on_speed, "value")
+        self.status = widgets.HTML().add_class("ring-status")
+        self.report = widgets.HTML().add_class("ring-report")
+        rows: list[widgets.Widget] = [
+            widgets.HBox([self.play, self.back, self.forward, self.slider, self.speed])
+        ]
+        if simulate:
+            self.world_size = widgets.IntSlider(
+                value=trace.world_size, min=2, max=MAX_WORLD_SIZE, description="world_size"
+            )
+            self.numel = widgets.BoundedIntText(
+                value=trace.numel, min=0, max=1 << 16, description="numel"
+            )
+            for control in (self.world_size, self.numel):
+                control.observe(self._on_size, "value")
+            rows.append(widgets.HBox([self.world_size, self.numel]))
+        self.figure = self._figure(trace)
+        super().__init__([*rows, self.status, self.figure, self.report])
+        self.slider.observe(lambda change: self.show(change["new"]), "value")
+        self.show(0)
+
+    def _figure(self, trace: Trace) -> go.FigureWidget:
+        """A FigureWidget already at step 0, so nothing is sent before the browser draws it."""
+        self.view = RingView(trace, self.label)
+        self.play.playing = False
+        self.play.value = self.slider.value = 0
+        self.play.max = self.slider.max = self.view.last
+        fig = self.view.base()
+        self.view.apply(fig, self.view.frame(0))
+        fig.update_layout(height=570, margin_b=45)  # no play button or slider inside
+        return go.FigureWidget(fig)
+
+    def load(self, trace: Trace) -> None:
+        """Show another trace from its first step (a new world size redraws every trace)."""
+        self.figure = self._figure(trace)
+        self.children = [*self.children[:-2], self.figure, self.report]
+        self.show(0)
+
+    def show(self, step: int) -> None:
+        """Draw the ring after ``step`` steps: restyle only the traces and leaves that change."""
+        frame = self.view.frame(step)
+        # One restyle per trace, not one batch_update: a batch merges every trace's keys into
+        # one restyle and fills the gaps with "undefined", which plotly.js in JupyterLab
+        # turned into resetting the markers of the other traces (bars and ranks lost colour).
+        for index, props in frame.data.items():
+            data = {key.replace("marker_", "marker."): [value] for key, value in props.items()}
+            self.figure.plotly_restyle(data, trace_indexes=[index])
+        self.figure.plotly_relayout({"title.text": frame.title})
+        self.status.value = self._status(step)
+        self.report.value = self._report(step)
+
+    def step_by(self, delta: int) -> None:
+        """Move the slider (and so the picture) ``delta`` steps, within the trace."""
+        self.play.playing = False
+        self.slider.value = min(max(self.slider.value + delta, 0), self.view.last)
+
+    def _on_speed(self, change: dict[str, Any]) -> None:
+        self.play.interval = round(STEP_MS * SPEEDS[change["new"]])
+
+    def _on_size(self, _change: dict[str, Any]) -> None:
+        self.load(ring_trace(self.world_size.value, self.numel.value, self.itemsize))
+
+    def _status(self, step: int) -> str:
+        view = self.view
+        sent = max(bytes_sent(view.trace, upto_step=step), default=0)
+        return (
+            f"<b class='ring-step'>{html.escape(view.counter(step))}</b> &nbsp;|&nbsp; "
+            f"most bytes sent by one rank so far: {sent:,} B "
+            f"(a whole ring: 2(N-1)/N x {view.trace.nbytes:,} B = {view.formula:,.0f} B)"
+        )
+
+    def _report(self, step: int) -> str:
+        view = self.view
+        if not view.deviations:
+            return "<p>No deviations: every message is where a ring all-reduce puts it.</p>"
+        here = set(map(id, view.at(step)))
+        head = f"<b style='color:#d62728'>{len(view.deviations)} deviation(s) from the ring"
+        if view.trace.unfinished:
+            stuck = ", ".join(map(str, view.trace.unfinished))
+            head += (
+                f"; the run did not finish (rank(s) {stuck}), the animation ends where it stopped"
+            )
+        items = [
+            f"<li style='{'font-weight:bold;color:#d62728' if id(v) in here else 'color:#555'}'>"
+            f"{'&#9654; ' if id(v) in here else ''}{html.escape(v.text)}</li>"
+            for v in view.deviations
+        ]
+        return f"{head}</b> (bold: shown at this step)<ul>{''.join(items)}</ul>"
+
+
+def _button(icon: str, tooltip: str, on_click: Callable[[Any], None]) -> widgets.Button:
+    button = widgets.Button(icon=icon, tooltip=tooltip, layout=widgets.Layout(width="40px"))
+    button.on_click(on_click)
+    return button
+
+
+def show_trace(trace: Trace, label: str = "your run") -> RingWidget:
+    """Animate any trace (the reference's, a recorded run's, one read back from JSON)."""
+    return RingWidget(trace, label)
+
+
+def ring_widget(world_size: int = 4, numel: int | None = None, itemsize: int = 4) -> RingWidget:
+    """The reference ring from the simulator, with world_size and numel controls."""
+    if not 2 <= world_size <= MAX_WORLD_SIZE:
+        raise ValueError(
+            f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, got world_size={world_size}"
+        )
+    numel = 3 * world_size + 1 if numel is None else numel
+    return RingWidget(ring_trace(world_size, numel, itemsize), "reference ring", simulate=True)
+
+
+def animate(
+    fn: Callable[[Any], Any], world_size: int = 4, numel: int | None = None, timeout: float = 20.0
+) -> RingWidget:
+    """Run ``fn(tensor)`` on ``world_size`` real ranks, record every message and animate it;
+    a run that deadlocks or crashes is animated up to where it stopped."""
+    from course.ring.recorder import record  # torch only when a real run is asked for
+
+    if not 2 <= world_size <= MAX_WORLD_SIZE:
+        raise ValueError(
+            f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, got world_size={world_size}"
+        )
+    numel = 3 * world_size + 1 if numel is None else numel
+    trace = record(fn, world_size, numel=numel, timeout=timeout)
+    return RingWidget(trace, f"your {getattr(fn, '__name__', 'function')}")

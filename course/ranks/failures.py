@@ -1,0 +1,104 @@
+"""What a run of ranks reports: per-rank failures, the run's result, and the error it raises.
+
+Plain data, no processes and no torch: the launcher fills these in (``course.ranks.report``
+decides each failure's kind and which frames are the user's) and every check turns a
+:class:`RankError` into its teaching message with ``course.checks.failures``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CAUSES", "CELL_NAME", "RankError", "RankFailure", "RunResult", "format_report"]
+
+CELL_NAME = "<cell>"  # the filename of run_source() code in tracebacks
+# Kinds that start a failure; the others (blocked, aborted, deadlock, timeout) follow from one.
+CAUSES = frozenset({"raised", "exited", "killed", "spin"})
+# gloo's words for "my peer went away": a rank that raised this only followed another's failure
+PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|ECONNRESET|EPIPE", re.I)
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What went wrong on one rank: ``kind``, a one-line ``message``, ``where``, ``traceback``.
+
+    Kinds. Causes: ``raised`` (an exception, or a value that cannot be sent back),
+    ``exited`` (sys.exit or os._exit), ``killed`` (a signal: segfault, OOM killer),
+    ``spin`` (still running outside any dist call at the deadline). Consequences:
+    ``blocked`` (waiting in a dist call on a rank that failed), ``aborted`` (stopped
+    after another rank failed), ``deadlock`` (every unfinished rank waiting in a dist
+    call, no cause), ``timeout`` (did not finish and did not say where it was).
+    """
+
+    rank: int
+    kind: str
+    message: str
+    where: str | None = None
+    traceback: str = ""
+    exitcode: int | None = None
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} {self.message}"
+
+    @property
+    def is_cause(self) -> bool:
+        """Whether this rank failed by itself, not only because a peer it waited on failed."""
+        return self.kind in CAUSES and not (
+            self.kind == "raised" and PEER_GONE.search(self.message)
+        )
+
+
+@dataclass
+class RunResult:
+    """Everything a run left behind: per-rank values, output and failures."""
+
+    world_size: int
+    results: list[Any]
+    stdout: list[str]
+    stderr: list[str]
+    failures: dict[int, RankFailure] = field(default_factory=dict)
+    elapsed: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Whether every rank returned normally."""
+        return not self.failures
+
+    def check(self) -> list[Any]:
+        """The per-rank values, or raise :class:`RankError` if any rank failed."""
+        if self.failures:
+            raise RankError(self)
+        return self.results
+
+
+class RankError(RuntimeError):
+    """One or more ranks failed; ``failures`` maps rank -> :class:`RankFailure`."""
+
+    def __init__(self, result: RunResult) -> None:
+        self.result = result
+        self.failures = result.failures
+        super().__init__(format_report(result))
+
+    def __reduce__(self) -> tuple:
+        return (RankError, (self.result,))
+
+    def _render_traceback_(self) -> list[str]:
+        """Show the ranks' own tracebacks in IPython, not the launcher's frames."""
+        return [f"RankError: {self}"]
+
+
+def format_report(result: RunResult) -> str:
+    """The RankError message: one line per failed rank, causes first, then tracebacks."""
+    failures = sorted(result.failures.values(), key=lambda f: (not f.is_cause, f.rank))
+    lines = [f"{len(failures)} of {result.world_size} ranks failed:"]
+    lines += [f"  {f}" for f in failures]
+    shown: dict[str, list[int]] = {}
+    for f in failures:
+        if f.traceback and f.is_cause:
+            shown.setdefault(f.traceback, []).append(f.rank)
+    for text, ranks in shown.items():
+        who = "rank " + ", ".join(map(str, ranks)) if len(ranks) == 1 else f"ranks {ranks}"
+        lines += ["", f"{who}:", text]
+    return "\n".join(lines)

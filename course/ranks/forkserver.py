@@ -1,0 +1,153 @@
+"""The launcher's own forkserver: ranks are forked from a warm process that imported torch.
+
+Private API, on purpose and in one place. ``multiprocessing``'s public forkserver is one
+global server per interpreter, preloads only at its first start, and re-imports the caller's
+``__main__`` (a notebook kernel, a pytest run) in every child. A private server needs
+``forkserver.ForkServer``'s attributes (``_forkserver_pid``, ``_forkserver_alive_fd``,
+``_forkserver_address``) and a ``popen_forkserver.Popen`` whose ``_launch`` sends no
+preparation data: stable from Python 3.8 to 3.13 (this project runs 3.11).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import io
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing import forkserver, popen_forkserver, reduction, util
+from multiprocessing.context import set_spawning_popen
+from multiprocessing.process import BaseProcess
+from typing import ClassVar
+
+import psutil
+
+__all__ = ["RUN_DIR_PREFIX", "SERVER", "RankProcess", "kill", "sweep_stale_run_dirs"]
+
+RUN_DIR_PREFIX = "course-ranks-"  # + the caller's pid: whose run left it, if one did
+
+
+class _Server:
+    """A private multiprocessing forkserver with torch preloaded, restarted if it dies."""
+
+    # torch._dynamo is what DDP's first forward imports: 1-5 s per rank if every rank pays.
+    PRELOAD: ClassVar = ["course.ranks.worker", "course.ranks.launcher", "torch._dynamo"]
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._server: forkserver.ForkServer | None = None
+
+    def get(self) -> forkserver.ForkServer:
+        """The running forkserver, starting a fresh one if there is none or it died."""
+        with self._lock:
+            if self._server is not None and not self._alive(self._server):
+                self._discard()
+            if self._server is None:
+                sweep_stale_run_dirs()
+                self._server = forkserver.ForkServer()
+                self._server.set_forkserver_preload(self.PRELOAD)
+                self._server.ensure_running()
+            return self._server
+
+    def pid(self) -> int | None:
+        """The forkserver's pid, if one was started."""
+        return self._server._forkserver_pid if self._server else None
+
+    def stop(self) -> None:
+        """Ask the forkserver to exit (closing its "alive" pipe) and reap it."""
+        with self._lock:
+            if self._server is not None:
+                pid = self._server._forkserver_pid
+                self._discard()
+                _reap(pid)
+
+    @staticmethod
+    def _alive(server: forkserver.ForkServer) -> bool:
+        try:  # multiprocessing internals: stable from Python 3.8 to 3.13
+            return os.waitpid(server._forkserver_pid, os.WNOHANG)[0] == 0
+        except ChildProcessError:
+            return False
+
+    def _discard(self) -> None:
+        server, self._server = self._server, None
+        if server is not None and server._forkserver_alive_fd is not None:
+            os.close(server._forkserver_alive_fd)
+        address = server and server._forkserver_address
+        if isinstance(address, str) and os.path.exists(address):
+            os.unlink(address)
+
+
+def _reap(pid: int | None, timeout: float = 5.0) -> None:
+    """Wait (bounded) for a child process to exit, then SIGKILL it."""
+    end = time.monotonic() + timeout
+    while pid is not None and time.monotonic() < end:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.01)
+    if pid is not None:
+        kill(os.kill, pid)
+        _reap(pid, 1.0)
+
+
+SERVER = _Server()
+
+
+def sweep_stale_run_dirs() -> None:
+    """Remove run directories left by callers that died (SIGKILL, a crash) mid-run."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), RUN_DIR_PREFIX + "*")):
+        pid = os.path.basename(path)[len(RUN_DIR_PREFIX) :].split("-")[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class _Popen(popen_forkserver.Popen):
+    """Start a process through our forkserver, without re-importing the caller's __main__.
+
+    multiprocessing would send the caller's __main__ module to be re-imported in every
+    child (a notebook kernel, a pytest run, a script...): slow, and pointless here.
+    """
+
+    def _launch(self, process_obj: BaseProcess) -> None:
+        buf = io.BytesIO()
+        set_spawning_popen(self)
+        try:
+            reduction.dump({}, buf)  # no preparation data: ranks set cwd and sys.path
+            reduction.dump(process_obj, buf)
+        finally:
+            set_spawning_popen(None)
+        self.sentinel, w = SERVER.get().connect_to_new_process(self._fds)
+        _parent_w = os.dup(w)  # keeps the child's parent_sentinel open while we live
+        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class RankProcess(BaseProcess):
+    """One rank; ``run`` imports the rank side lazily so the caller never imports torch."""
+
+    _start_method = "forkserver"
+
+    @staticmethod
+    def _Popen(process_obj: BaseProcess) -> _Popen:
+        return _Popen(process_obj)
+
+    def run(self) -> None:
+        from course.ranks.worker import rank_main
+
+        rank_main(*self._args)
+
+
+def kill(kill: Callable[[int, int], None], pid: int | None) -> None:
+    """Send SIGKILL with ``kill`` (os.kill or os.killpg), ignoring processes already gone."""
+    if pid:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)

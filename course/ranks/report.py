@@ -1,0 +1,192 @@
+"""Turn what the ranks of a run reported into a :class:`course.ranks.RunResult`.
+
+Pure bookkeeping, no processes: each rank's raw outcome (its final message, how its
+process ended, or the stack it was stopped in) becomes a ``RankFailure`` whose kind
+separates causes from consequences. A rank that raised, exited, was killed or spun
+is a cause; a rank stuck in a ``dist`` call because of it is ``blocked``; when no rank
+is a cause and all are stuck in ``dist`` calls, they are ``deadlock``.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import pickle
+import re
+import signal
+import sys
+import sysconfig
+from typing import Any
+
+from course.ranks.failures import CAUSES, PEER_GONE, RankFailure, RunResult
+
+# gloo's words for "my peer never answered"
+_TIMED_OUT = re.compile(r"Timed out|timeout", re.I)
+_LIBRARY_DIRS = tuple(
+    {os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "purelib", "platlib")}
+)
+
+
+def build_result(
+    ranks: list, outputs: list, reason: str, timeout: float, elapsed: float
+) -> RunResult:
+    """Collect values and outputs, then classify every rank that did not return."""
+    results: list[Any] = [None] * len(ranks)
+    raw: dict[int, dict[str, Any]] = {}
+    for r in ranks:
+        outcome = r.outcome or ("stopped",)
+        if outcome[0] == "ok":
+            try:
+                results[r.rank] = pickle.loads(outcome[1])
+                continue
+            except Exception as exc:  # any load failure is this rank's failure
+                outcome = ("raised", _load_error(exc))
+        raw[r.rank] = _observe(r, outcome, reason, timeout)
+    failures = _resolve(raw)
+    stdout = [out for out, _ in outputs]
+    stderr = [err for _, err in outputs]
+    return RunResult(len(ranks), results, stdout, stderr, failures, elapsed)
+
+
+def _observe(r: Any, outcome: tuple, reason: str, timeout: float) -> dict[str, Any]:
+    """Describe one rank's raw outcome as kind, message, where and traceback."""
+    kind = outcome[0]
+    if kind == "raised":
+        info = outcome[1]
+        where, in_dist = locate(info["frames"])
+        tb = format_traceback(info["frames"], info["text"])
+        comm = None
+        if in_dist and PEER_GONE.search(info["text"]):
+            comm = "peer"
+        elif in_dist and _TIMED_OUT.search(info["text"]):
+            comm = "timeout"
+        at = f" at {where}" if where else ""
+        summary = info["text"].splitlines()[-1] if info["text"] else info["type"]
+        message = f"raised {summary}{at}"
+        return {"kind": "raised", "comm": comm, "message": message, "where": where, "tb": tb}
+    if kind == "sys_exit":
+        where, _ = locate(outcome[2])
+        message = f"called sys.exit({outcome[1]}) at {where}" if where else "called sys.exit()"
+        tb = format_traceback(outcome[2], f"SystemExit: {outcome[1]}")
+        return {"kind": "exited", "message": message, "where": where, "tb": tb, "code": outcome[1]}
+    if kind == "ended":
+        return _ended(r, outcome[1])
+    where, in_dist = locate(r.stack) if r.stack else (None, False)
+    tb = format_traceback(r.stack, "(still running here when stopped)") if r.stack else ""
+    return {"kind": "stopped", "reason": reason, "where": where, "in_dist": in_dist, "tb": tb,
+            "answered": r.stack is not None, "timeout": timeout}  # fmt: skip
+
+
+def _ended(r: Any, code: int | None) -> dict[str, Any]:
+    """A rank whose process ended without reporting: os._exit, a signal, a crash."""
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        message = f"was killed by {name} (a crash in native code, or out of memory?)"
+        return {"kind": "killed", "message": message, "where": None, "tb": "", "code": code}
+    if r.exit_note:
+        exit_code, frames = r.exit_note
+        where, _ = locate(frames)
+        message = f"called os._exit({exit_code}) at {where}"
+        tb = format_traceback(frames, f"(the process ended here with code {exit_code})")
+        return {"kind": "exited", "message": message, "where": where, "tb": tb, "code": exit_code}
+    message = f"exited with code {code} without reporting (os._exit, or a crash in native code?)"
+    return {"kind": "exited", "message": message, "where": None, "tb": "", "code": code}
+
+
+def _resolve(raw: dict[int, dict[str, Any]]) -> dict[int, RankFailure]:
+    """Name causes and consequences now that every rank's raw outcome is known."""
+    for obs in raw.values():
+        if obs["kind"] == "stopped" and obs["reason"] == "deadline" and not obs["in_dist"]:
+            obs["kind"] = "spin" if obs["answered"] else "timeout"
+    causes = sorted(r for r, obs in raw.items() if obs["kind"] in CAUSES and not obs.get("comm"))
+    deadlocked = any(obs.get("comm") == "timeout" for obs in raw.values())
+    failures = {}
+    for rank, obs in sorted(raw.items()):
+        kind, message = _final_kind(obs, causes, deadlocked)
+        failures[rank] = RankFailure(rank, kind, message, obs["where"], obs["tb"], obs.get("code"))
+    return failures
+
+
+def _final_kind(obs: dict[str, Any], causes: list[int], deadlocked: bool) -> tuple[str, str]:
+    """The failure kind and message of one rank, given which ranks caused the failure."""
+    kind, where = obs["kind"], obs["where"] or "an unknown place"
+    waiting = "rank " + ", ".join(map(str, causes)) if causes else ""
+    if kind == "raised" and obs["comm"]:
+        if causes:
+            return "blocked", f"was blocked in {where}, waiting on {waiting}, which failed"
+        if obs["comm"] == "timeout":
+            return "deadlock", f"deadlocked in {where}: gloo gave up waiting for its peer"
+        if deadlocked:
+            return "deadlock", f"deadlocked in {where}: its peer gave up first"
+        return "blocked", f"was blocked in {where}, and its peer rank finished without answering"
+    if kind == "spin":
+        late = f"after the {obs['timeout']:g} s deadline (an endless loop?)"
+        return kind, f"was still running at {where}, outside any dist call, {late}"
+    if kind == "timeout":
+        return kind, f"did not finish within {obs['timeout']:g} s and did not say where it was"
+    if kind != "stopped":
+        return kind, obs["message"]
+    if obs["in_dist"] and causes:
+        return "blocked", f"was blocked in {where}, waiting on {waiting}, which failed"
+    if obs["in_dist"]:
+        return "deadlock", f"deadlocked in {where}: no rank could make progress before the deadline"
+    return "aborted", f"was stopped at {where} after {waiting or 'another rank'} failed"
+
+
+def locate(frames: list | None) -> tuple[str | None, bool]:
+    """Where in the user's code a stack is, and whether it is inside a torch.distributed call."""
+    if not frames:
+        return None, False
+    user = [i for i, f in enumerate(frames) if not _is_library(f[0])]
+    i = user[-1] if user else -1
+    inner = [f for f in frames[i + 1 :] if f"{os.sep}torch{os.sep}distributed{os.sep}" in f[0]]
+    if not user:  # failed before reaching user code: start-up
+        api = next((f[2] for f in inner if f[2] != "wrapper"), None)
+        return (f"dist.{api} during start-up" if api else "start-up"), bool(inner)
+    filename, lineno, _, line = frames[i]
+    api = next((f[2] for f in inner if f[2] != "wrapper"), None)
+    # Work.wait() blocks in C++ with no Python frame of its own: go by the source line.
+    line = line or source_line(filename, lineno)
+    in_dist = bool(inner) or bool(re.search(r"\bwait\(|\bdist\.", line))
+    place = f"{display_name(filename)} line {lineno}"
+    return (f"dist.{api} at {place}" if api else place), in_dist
+
+
+def format_traceback(frames: list, last_line: str) -> str:
+    """A Python-style traceback of the user's frames (no launcher frames)."""
+    lines = ["Traceback (most recent call last):"] if frames else []
+    for filename, lineno, name, line in frames:
+        lines.append(f'  File "{display_name(filename)}", line {lineno}, in {name}')
+        line = line or source_line(filename, lineno)
+        if line:
+            lines.append(f"    {line.strip()}")
+    if last_line:
+        lines.append(last_line)
+    return "\n".join(lines)
+
+
+def display_name(filename: str) -> str:
+    """A short name for a code file: IPython's "Cell In[3]", else the file's basename."""
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    label = getattr(getattr(shell, "compile", None), "format_code_name", lambda _: None)(filename)
+    if label:
+        return " ".join(label)
+    return filename if filename.startswith("<") else os.path.basename(filename)
+
+
+def source_line(filename: str, lineno: int) -> str:
+    """A source line from the caller's linecache, where IPython keeps notebook cells."""
+    return linecache.getline(filename, lineno).strip()
+
+
+def _is_library(filename: str) -> bool:
+    """Whether a frame belongs to Python, torch or another installed package."""
+    if filename.startswith("<frozen"):
+        return True
+    return os.path.realpath(filename).startswith(_LIBRARY_DIRS)
+
+
+def _load_error(exc: Exception) -> dict[str, Any]:
+    """Describe a return value the caller could not unpickle."""
+    text = f"TypeError: the return value cannot be loaded by the caller: {exc}"
+    return {"type": "TypeError", "text": text, "frames": []}

@@ -1,0 +1,157 @@
+"""One run of ranks: start them, watch them until done or failed, kill them all, collect.
+
+The caller's side of the launcher (``course.ranks.launcher`` checks the inputs and builds
+the job; ``course.ranks.worker`` is the rank's side). Ranks report on a pipe; after the first
+failure the others get ``ABORT_GRACE`` seconds, then every still-running rank is asked where
+it is (its stack) and every rank's process group is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing import Pipe
+from multiprocessing.connection import Connection, wait
+
+from course.ranks.failures import RunResult
+from course.ranks.forkserver import RUN_DIR_PREFIX, RankProcess, kill
+from course.ranks.report import build_result
+
+__all__ = ["ABORT_GRACE", "STACK_WAIT", "Supervisor"]
+
+ABORT_GRACE = 0.5  # seconds the other ranks get after one rank fails
+STACK_WAIT = 0.5  # seconds to wait for stuck ranks to report where they are
+
+
+@dataclass
+class _Rank:
+    """The caller's view of one rank while the run is in progress."""
+
+    rank: int
+    proc: RankProcess
+    conn: Connection
+    outcome: tuple | None = None  # the rank's final message, or how its process ended
+    stack: list | None = None  # where it was when stopped
+    exit_note: tuple | None = None  # (code, frames) from an os._exit call
+    conn_open: bool = True
+
+
+class Supervisor:
+    """Start the ranks, watch them until done or failed, kill them all, collect results."""
+
+    def __init__(self, world_size: int, payload: bytes, timeout: float, pg_timeout: float) -> None:
+        self.world_size, self.payload = world_size, payload
+        self.timeout, self.pg_timeout = timeout, pg_timeout
+        self.ranks: list[_Rank] = []
+
+    def execute(self) -> RunResult:
+        start = time.monotonic()
+        self.dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
+        try:
+            for rank in range(self.world_size):
+                self.ranks.append(self._start(rank))
+            reason = self._supervise(start + self.timeout)
+            if reason != "done":
+                self._collect_stacks()
+            self._kill()
+            outputs = [self._read(r.rank) for r in self.ranks]
+        finally:
+            self._kill()
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return build_result(self.ranks, outputs, reason, self.timeout, time.monotonic() - start)
+
+    def _start(self, rank: int) -> _Rank:
+        parent, child = Pipe()
+        args = (child, rank, self.world_size, self.dir, os.getcwd(), list(sys.path))
+        proc = RankProcess(args=(*args, self.payload, self.pg_timeout), name=f"rank-{rank}")
+        proc.daemon = True
+        try:
+            proc.start()
+        finally:
+            child.close()
+        return _Rank(rank, proc, parent)
+
+    def _supervise(self, deadline: float) -> str:
+        """Wait for every rank to report; return "done", "deadline" or "abort"."""
+        abort_at = None
+        while True:
+            live = [r for r in self.ranks if r.outcome is None]
+            if not live:
+                return "done"
+            stop_at = deadline if abort_at is None else min(deadline, abort_at)
+            now = time.monotonic()
+            if now >= stop_at:
+                return "deadline" if stop_at == deadline else "abort"
+            # Short slices: a KeyboardInterrupt (Ctrl-C, a Jupyter interrupt) is only
+            # raised between Python bytecodes, so never block for long in wait().
+            self._poll(live, min(stop_at - now, 0.1))
+            if abort_at is None and any(r.outcome and r.outcome[0] != "ok" for r in self.ranks):
+                abort_at = time.monotonic() + ABORT_GRACE
+
+    def _poll(self, live: list[_Rank], timeout: float) -> None:
+        """Handle whatever the live ranks sent or how they ended, waiting up to timeout."""
+        waitables = {r.conn: r for r in live if r.conn_open}
+        waitables |= {r.proc.sentinel: r for r in live}
+        for ready in wait(list(waitables), timeout):
+            rank = waitables[ready]
+            if ready is rank.conn:
+                self._receive(rank)
+            elif rank.outcome is None:
+                while rank.conn_open and rank.conn.poll():
+                    self._receive(rank)  # its last words may still be in the pipe
+                if rank.outcome is None:
+                    rank.outcome = ("ended", rank.proc.exitcode)
+
+    def _receive(self, rank: _Rank) -> None:
+        try:
+            message = pickle.loads(rank.conn.recv_bytes())
+        except (EOFError, OSError):
+            rank.conn_open = False
+            return
+        if message[0] == "stack":
+            rank.stack = message[1]
+        elif message[0] == "os_exit":
+            rank.exit_note = message[1:]
+        elif rank.outcome is None:
+            rank.outcome = message
+
+    def _collect_stacks(self) -> None:
+        """Ask every still-running rank where it is, and wait briefly for the answers."""
+        live = [r for r in self.ranks if r.outcome is None and r.conn_open]
+        for rank in live:
+            try:
+                rank.conn.send_bytes(b"stack")
+            except OSError:
+                rank.conn_open = False
+        end = time.monotonic() + STACK_WAIT
+        while time.monotonic() < end:
+            waiting = [r for r in live if r.stack is None and r.outcome is None and r.conn_open]
+            if not waiting:
+                return
+            self._poll(waiting, end - time.monotonic())
+
+    def _kill(self) -> None:
+        """SIGKILL every rank's process group, then reap the ranks and close our ends."""
+        for rank in self.ranks:
+            kill(os.killpg, rank.proc.pid)
+            kill(os.kill, rank.proc.pid)
+        for rank in self.ranks:
+            rank.proc.join(2.0)
+            rank.conn.close()
+
+    def _read(self, rank: int) -> tuple[str, str]:
+        """The rank's captured stdout and stderr."""
+        texts = []
+        for suffix in ("out", "err"):
+            path = os.path.join(self.dir, f"{rank}.{suffix}")
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    texts.append(f.read())
+            except FileNotFoundError:
+                texts.append("")
+        return texts[0], texts[1]

@@ -1,0 +1,7 @@
+"""The ring: a pure schedule, trace and cost model first, then the torch side.
+
+``schedule`` (chunk bounds, who sends what at each step, a simulator), ``trace`` (one
+message format for the checks, the widget and the simulator), ``cost`` (alpha-beta model),
+then on real ranks: ``recorder`` (every point-to-point message and collective a rank makes),
+``reference`` (the course's ring all-reduce), ``p2p`` (blocking orders) and ``bandwidth``.
+"""

@@ -1,0 +1,97 @@
+"""Bus bandwidth of an all-reduce on real ranks: yours, the reference ring, gloo's own.
+
+    from course.ring.bandwidth import compare_busbw
+    compare_busbw(ring_allreduce, world_size=2, megabytes=(1, 16))
+
+busbw = size x 2(N-1)/N / time, as nccl-tests reports it (course.ring.cost.busbw): the bytes each
+rank's link must move, per second, so a perfect ring scores the link speed whatever N.
+The contenders run in one launch, alternating, on the same float32 tensors, each call
+started together on every rank; the figure is the median over calls of the slowest rank.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from course.ranks import run
+from course.ring.cost import busbw
+
+__all__ = ["BusbwRow", "compare_busbw", "measure_busbw"]
+
+AllReduce = Callable[[torch.Tensor], object]
+
+
+@dataclass(frozen=True)
+class BusbwRow:
+    """One contender at one size: median seconds per call and bus bandwidth in GB/s."""
+
+    name: str
+    world_size: int
+    megabytes: float
+    seconds: float
+    gbps: float
+
+
+def _time_rank(
+    contenders: dict[str, AllReduce], megabytes: Sequence[float], iters: int
+) -> dict[tuple[str, float], list[float]]:
+    """On each rank: one warm-up call, then ``iters`` timed calls per contender and size."""
+    times: dict[tuple[str, float], list[float]] = {}
+    for mb in megabytes:
+        tensor = torch.ones(int(mb * 2**20) // 4)
+        for name, fn in contenders.items():
+            fn(tensor)
+            times[name, mb] = []
+            for _ in range(iters):
+                dist.barrier()
+                start = time.perf_counter()
+                fn(tensor)
+                times[name, mb].append(time.perf_counter() - start)
+    return times
+
+
+def measure_busbw(
+    contenders: dict[str, AllReduce],
+    world_size: int,
+    megabytes: Sequence[float] = (1, 16),
+    iters: int = 5,
+    timeout: float = 300.0,
+) -> list[BusbwRow]:
+    """Time each all-reduce on ``world_size`` fresh ranks at each size."""
+    per_rank = run(_time_rank, world_size, contenders, tuple(megabytes), iters, timeout=timeout)
+    rows = []
+    for mb in megabytes:
+        for name in contenders:
+            slowest = [max(ts) for ts in zip(*(r[name, mb] for r in per_rank), strict=True)]
+            seconds = statistics.median(slowest)
+            rows.append(
+                BusbwRow(
+                    name,
+                    world_size,
+                    mb,
+                    seconds,
+                    busbw(int(mb * 2**20) // 4 * 4, world_size, seconds) / 1e9,
+                )
+            )
+    return rows
+
+
+def compare_busbw(
+    fn: AllReduce, world_size: int = 2, megabytes: Sequence[float] = (1, 16), iters: int = 5
+) -> list[BusbwRow]:
+    """Print your all-reduce's bus bandwidth beside ``dist.all_reduce``'s, size by size."""
+    rows = measure_busbw(
+        {"yours": fn, "dist.all_reduce": dist.all_reduce}, world_size, megabytes, iters
+    )
+    print(f"{world_size} ranks   {'size':>6} {'yours GB/s':>11} {'gloo GB/s':>10} {'ratio':>6}")
+    for mb in megabytes:
+        yours, gloo = (r for r in rows if r.megabytes == mb)
+        ratio = yours.gbps / gloo.gbps
+        print(f"{'':9} {mb:>4g}MB {yours.gbps:>11.2f} {gloo.gbps:>10.2f} {ratio:>5.2f}x")
+    return rows

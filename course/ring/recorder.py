@@ -1,0 +1,430 @@
+"""Record what a rank really sends: every point-to-point message, and any collective call.
+
+    from course.ring.recorder import record
+    trace = record(ring_allreduce, 4, numel=10)   # a course.ring.trace.Trace, even if it deadlocks
+
+Each rank runs the code under :class:`Recorder`, which wraps the process group's own
+``send``/``recv``/``recv_anysource`` methods. Every point-to-point path in
+``torch.distributed`` ends there exactly once: ``send`` calls ``isend``, ``recv`` calls
+``irecv``, ``batch_isend_irecv`` calls whatever op its ``P2POp`` holds, and each of those calls
+``group.send``/``group.recv`` once. Wrapping that one layer (instead of the module functions)
+counts each message once however the code imported ``send`` (``from torch.distributed import
+send`` included) and leaves ``P2POp``'s check of its op untouched. Collectives are flagged the
+same way, at the process group's methods, plus the ``_functional_collectives`` functions.
+``barrier`` is recorded as a collective too; whether it breaks a ring is for the verdict
+(``course.ring.trace.ring_violations`` lets it pass: it moves no tensor data).
+
+A send's payload is read when it is posted; a receive's when its ``Work`` completes (``wait``
+or ``is_completed``), or at the rank's next point-to-point call or exit if the code waited some
+other way. Each message is appended to a per-rank JSON-lines file as it happens, so a rank that
+deadlocks or is killed still leaves its messages for the caller to assemble a partial trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup
+
+from course.ring.trace import Message, Trace
+
+__all__ = [
+    "Recorder",
+    "check_encodable",
+    "decode_tensor",
+    "describe_failure",
+    "encoded_tensor",
+    "log_path",
+    "read_log",
+    "read_trace",
+    "record",
+    "student_location",
+    "student_traceback",
+]
+
+# ProcessGroup method -> the torch.distributed name a student would recognise
+_COLLECTIVES = {
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce_coalesced",
+    "allgather": "all_gather",
+    "allgather_coalesced": "all_gather_coalesced",
+    "allgather_into_tensor_coalesced": "all_gather_into_tensor",
+    "_allgather_base": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+    "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter_tensor",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "scatter": "scatter",
+    "gather": "gather",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all_single",
+    "all_to_all_single": "all_to_all_single",
+    "barrier": "barrier",
+    "monitored_barrier": "monitored_barrier",
+}
+_FUNCTIONAL = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather_tensor",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all_single",
+    "broadcast",
+)
+_active: list[Recorder] = []
+
+
+def encoded_tensor(rank: int, numel: int, world_size: int) -> torch.Tensor:
+    """Rank ``rank``'s encoded float64 input (``trace.encoded_value`` in every element)."""
+    scale = float(1 << world_size)
+    return (1 + torch.arange(numel, dtype=torch.float64) * scale) * float(1 << rank)
+
+
+def decode_tensor(payload: torch.Tensor, world_size: int) -> tuple[int | None, int | None]:
+    """``course.ring.trace.decode`` of a whole payload, vectorised: ``(offset, holds)`` or Nones."""
+    flat = payload.detach().reshape(-1)
+    if flat.numel() == 0 or flat.is_complex() or flat.dtype == torch.bool:
+        return None, None
+    values = flat.to(torch.float64)
+    first = values[0].item()
+    scale = 1 << world_size
+    if first == 0:
+        return (None, 0) if not values.any() else (None, None)
+    if first < 0 or first != int(first) or first >= 2**53:
+        return None, None
+    mask = int(first) % scale
+    if mask == 0 or (int(first) - mask) % (mask * scale):
+        return None, None
+    offset = (int(first) - mask) // (mask * scale)
+    index = torch.arange(offset, offset + flat.numel(), dtype=torch.float64)
+    expected = (1 + index * float(scale)) * float(mask)
+    return (offset, mask) if torch.equal(values, expected) else (None, None)
+
+
+def log_path(directory: str | os.PathLike, rank: int, tag: str = "") -> Path:
+    """Where rank ``rank`` streams its messages (one file per rank and ``tag``)."""
+    return Path(directory) / f"rank{rank}{'-' + tag if tag else ''}.jsonl"
+
+
+class _RecvWork:
+    """A receive's ``Work`` that records the payload once the receive has completed."""
+
+    def __init__(self, work: Any, done: Callable[[], None]) -> None:
+        self._work, self._done = work, done
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._work.wait(*args, **kwargs)
+        self._done()
+        return result
+
+    def is_completed(self) -> bool:
+        completed = self._work.is_completed()
+        if completed:
+            self._done()
+        return completed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+    def __bool__(self) -> bool:
+        return True
+
+
+class Recorder:
+    """Context manager, on one rank: record every message this rank sends or receives."""
+
+    def __init__(self, path: str | os.PathLike | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.messages: list[Message] = []
+        self.collectives: list[str] = []
+        self._file: Any = None
+        self._orders = {"send": 0, "recv": 0}
+        self._pending: list[tuple[int, Any, list[torch.Tensor], Any]] = []
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> Recorder:
+        if _active:
+            raise RuntimeError("a Recorder is already active on this rank; nest them not")
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        if self.path is not None:
+            self._file = open(self.path, "a", buffering=1)
+        self._patch(ProcessGroup, "send", self._wrap_send)
+        self._patch(ProcessGroup, "recv", self._wrap_recv)
+        self._patch(ProcessGroup, "recv_anysource", self._wrap_recv_anysource)
+        for method, name in _COLLECTIVES.items():
+            if hasattr(ProcessGroup, method):
+                self._patch(ProcessGroup, method, functools.partial(self._wrap_coll, name))
+        with contextlib.suppress(ImportError):
+            import torch.distributed._functional_collectives as fc
+
+            for name in _FUNCTIONAL:
+                if hasattr(fc, name):
+                    self._patch(fc, name, functools.partial(self._wrap_coll, name))
+        _active.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.flush()
+        finally:
+            for owner, name, original in reversed(self._saved):
+                setattr(owner, name, original)
+            self._saved.clear()
+            _active.remove(self)
+            if self._file is not None:
+                self._file.close()
+
+    def flush(self) -> None:
+        """Record every receive that has completed but was never waited on through its Work."""
+        for entry in list(self._pending):
+            if entry[3].is_completed():
+                self._complete(entry)
+
+    # --- the wrappers -----------------------------------------------------------------
+
+    def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        original = getattr(owner, name)
+        self._saved.append((owner, name, original))
+        setattr(owner, name, make(original))
+
+    def _wrap_send(self, original: Callable) -> Callable:
+        def send(group: Any, tensors: list[torch.Tensor], dst: int, *args: Any, **kw: Any) -> Any:
+            self.flush()
+            for t in tensors:
+                self._emit("send", self._global(group, dst), t, *decode_tensor(t, self.world_size))
+            return original(group, tensors, dst, *args, **kw)
+
+        return send
+
+    def _wrap_recv(self, original: Callable) -> Callable:
+        def recv(group: Any, tensors: list[torch.Tensor], src: int, *args: Any, **kw: Any) -> Any:
+            self.flush()
+            work = original(group, tensors, src, *args, **kw)
+            return self._post(self._global(group, src), tensors, work)
+
+        return recv
+
+    def _wrap_recv_anysource(self, original: Callable) -> Callable:
+        def recv_anysource(group: Any, tensors: list[torch.Tensor], *args: Any, **kw: Any) -> Any:
+            self.flush()
+            return self._post(None, tensors, original(group, tensors, *args, **kw))
+
+        return recv_anysource
+
+    def _wrap_coll(self, name: str, original: Callable) -> Callable:
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            self.collectives.append(name)
+            self._write({"op": "collective", "name": name})
+            return original(*args, **kwargs)
+
+        return collective
+
+    # --- bookkeeping --------------------------------------------------------------------
+
+    def _global(self, group: Any, peer: int) -> int:
+        if group is None or group is dist.GroupMember.WORLD:
+            return peer
+        with contextlib.suppress(Exception):
+            return dist.get_global_rank(group, peer)
+        return peer
+
+    def _post(self, peer: int | None, tensors: list[torch.Tensor], work: Any) -> Any:
+        order = self._orders["recv"]
+        for t in tensors:
+            self._emit("recv", -1 if peer is None else peer, t, None, None, final=False)
+        entry = (order, peer, tensors, work)
+        self._pending.append(entry)
+        return _RecvWork(work, lambda: self._complete(entry))
+
+    def _complete(self, entry: tuple[int, Any, list[torch.Tensor], Any]) -> None:
+        if entry not in self._pending:
+            return
+        self._pending.remove(entry)
+        order, peer, tensors, work = entry
+        if peer is None:
+            with contextlib.suppress(Exception):
+                peer = work._source_rank()
+        for i, t in enumerate(tensors):
+            holds = decode_tensor(t, self.world_size)
+            self._emit("recv", -1 if peer is None else peer, t, *holds, order=order + i)
+
+    def _emit(
+        self,
+        op: str,
+        peer: int,
+        t: torch.Tensor,
+        offset: int | None,
+        holds: int | None,
+        *,
+        order: int | None = None,
+        final: bool = True,
+    ) -> None:
+        if order is None:
+            order = self._orders[op]
+            self._orders[op] += 1
+        numel, nbytes = t.numel(), t.numel() * t.element_size()
+        message = Message(self.rank, peer, op, order, numel, nbytes, offset, holds)  # type: ignore[arg-type]
+        if final:
+            self.messages.append(message)
+        self._write({"op": op, "message": _as_list(message), "final": final})
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+
+
+def _as_list(m: Message) -> list[Any]:
+    return [m.rank, m.peer, m.op, m.order, m.numel, m.nbytes, m.offset, m.holds]
+
+
+def read_log(path: str | os.PathLike) -> tuple[list[Message], list[str]]:
+    """One rank's streamed messages (the last word on each) and collective names."""
+    latest: dict[tuple[str, int], Message] = {}
+    collectives: list[str] = []
+    with contextlib.suppress(FileNotFoundError), open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+            if record["op"] == "collective":
+                collectives.append(record["name"])
+            else:
+                m = Message(*record["message"])
+                latest[m.op, m.order] = m
+    return sorted(latest.values(), key=lambda m: (m.op, m.order)), collectives
+
+
+def read_trace(
+    directory: str | os.PathLike,
+    world_size: int,
+    numel: int,
+    itemsize: int,
+    failures: dict[int, Any] | None = None,
+    tag: str = "",
+) -> Trace:
+    """Assemble a :class:`Trace` from the ranks' logs; ``failures`` come from ``course.ranks``."""
+    messages: list[Message] = []
+    collectives: list[tuple[int, str]] = []
+    for rank in range(world_size):
+        rank_messages, names = read_log(log_path(directory, rank, tag))
+        messages += rank_messages
+        collectives += [(rank, name) for name in dict.fromkeys(names)]
+    failures = failures or {}
+    blocked = {r: describe_failure(f) for r, f in sorted(failures.items())}
+    unfinished = tuple(sorted(failures))
+    return Trace(
+        world_size, numel, itemsize, tuple(messages), tuple(collectives), unfinished, blocked
+    )
+
+
+# --- failures, in the student's terms ------------------------------------------------------
+
+_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+), in (?P<fn>\S+)$')
+_TORCH_FILES = ("c10d_logger.py", "distributed_c10d.py")
+_PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|ECONNRESET|EPIPE", re.I)
+INTERNAL_FUNCTIONS = {"_record_rank", "_run_cases", "_run_case", "_call"}  # course's rank-side
+
+
+def student_traceback(text: str) -> str:
+    """A rank's traceback without the course's own frames (the recorder, the grader)."""
+    kept: list[str] = []
+    skipping = False
+    for line in text.splitlines():
+        frame = _FRAME.match(line)
+        if frame:
+            skipping = frame["file"] == "recorder.py" or frame["fn"] in INTERNAL_FUNCTIONS
+        elif not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def student_location(text: str) -> str | None:
+    """Where in the student's code a traceback stands: ``dist.recv at Cell In[3] line 7``."""
+    frames = [m for line in text.splitlines() if (m := _FRAME.match(line))]
+    frames = [f for f in frames if f["file"] != "recorder.py" and f["fn"] not in INTERNAL_FUNCTIONS]
+    if not frames:
+        return None
+    first_torch = next((i for i, f in enumerate(frames) if f["file"] in _TORCH_FILES), len(frames))
+    user = frames[max(first_torch - 1, 0)]
+    api = next((f["fn"] for f in frames[first_torch:] if f["fn"] != "wrapper"), None)
+    place = f"{user['file']} line {user['line']}"
+    return f"dist.{api} at {place}" if api else place
+
+
+def is_secondary(failure: Any) -> bool:
+    """Whether a rank failed only because another rank did (it was waiting on it)."""
+    kind = getattr(failure, "kind", "")
+    return kind in {"blocked", "aborted", "deadlock", "timeout"} or (
+        kind == "raised" and bool(_PEER_GONE.search(getattr(failure, "message", "")))
+    )
+
+
+def describe_failure(failure: Any) -> str:
+    """One line on what happened to a rank, located in the student's code."""
+    kind = getattr(failure, "kind", "")
+    message = str(getattr(failure, "message", failure))
+    where = student_location(getattr(failure, "traceback", "")) or getattr(failure, "where", None)
+    if kind == "deadlock":
+        return f"blocked in {where}: deadlock, no rank could make progress"
+    if is_secondary(failure):
+        return f"blocked in {where}, waiting on a rank that failed"
+    if kind == "raised" and where:
+        return re.sub(r" at \S+ line \d+$", "", message) + f" at {where}"
+    return message
+
+
+def _record_rank(fn: Callable[[torch.Tensor], Any], numel: int, directory: str) -> None:
+    """Rank side of :func:`record`: run ``fn`` once on this rank's encoded input."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    tensor = encoded_tensor(rank, numel, world_size)
+    with Recorder(log_path(directory, rank)):
+        fn(tensor)
+
+
+@contextlib.contextmanager
+def _scratch_dir() -> Iterator[str]:
+    directory = tempfile.mkdtemp(prefix="course-trace-")
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def record(
+    fn: Callable[[torch.Tensor], Any], world_size: int, numel: int = 24, timeout: float = 20.0
+) -> Trace:
+    """Run ``fn(tensor)`` once on ``world_size`` fresh ranks with encoded float64 inputs and
+    return what they sent; a deadlocked or crashed run still gives a (partial) trace."""
+    from course.ranks import launch
+
+    check_encodable(world_size, numel)
+    with _scratch_dir() as directory:
+        result = launch(_record_rank, world_size, fn, numel, directory, timeout=timeout)
+        return read_trace(directory, world_size, numel, 8, result.failures)
+
+
+def check_encodable(world_size: int, numel: int) -> None:
+    """Refuse sizes whose encoded values would not be exact in float64."""
+    if numel and (1 << world_size) * (1 + (numel - 1) * (1 << world_size)) >= 2**53:
+        raise ValueError(
+            f"numel={numel} on {world_size} ranks is too large to record exactly: the encoded "
+            "values need 2**N * (1 + numel * 2**N) < 2**53. Use fewer elements or ranks."
+        )

@@ -1,0 +1,349 @@
+"""The trace: who sent which chunk to whom, in one format for the simulator, the recorder,
+the grader and the widget.
+
+A trace is plain data (no torch). The simulator in ``course.ring.schedule`` writes the reference
+ring's trace; ``course.ring.recorder`` writes the trace of real code on real ranks. Both fill the
+same :class:`Message` records, so "is this a ring?" and "animate this run" are questions about
+a trace, whoever made it.
+
+What a payload carried is read off its values. Rank ``r`` starts with
+``2**r * (1 + i * 2**N)`` in element ``i`` (see :func:`encoded_value`). Any sum of such
+tensors, element by element, is ``mask * (1 + i * 2**N)`` where bit ``r`` of ``mask`` says
+that rank ``r``'s contribution is in it; so the first element of a payload tells which ranks
+it holds *and* where in the tensor it starts, whatever slicing or copies the code made. The
+values are exact in float64 while ``mask * (1 + i * 2**N) < 2**53``, for example for
+N <= 16 and up to 2**21 elements.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from course.ring.schedule import chunk_bounds
+
+__all__ = [
+    "Message",
+    "Trace",
+    "Violation",
+    "bytes_sent",
+    "chunk_states",
+    "decode",
+    "encoded_value",
+    "expected_holds",
+    "full_mask",
+    "ranks_in",
+    "ring_direction",
+    "ring_violations",
+    "steps",
+]
+
+Op = Literal["send", "recv"]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One point-to-point call made by one rank, as the caller saw it."""
+
+    rank: int  # the rank that made the call
+    peer: int  # the rank at the other end
+    op: Op  # "send" or "recv"
+    order: int  # position among this rank's calls of the same op: 0, 1, ... (the ring step)
+    numel: int  # elements in the payload
+    nbytes: int  # bytes in the payload (numel * element size of the buffer actually used)
+    offset: int | None  # where the payload starts in the flattened tensor; None if unreadable
+    holds: int | None  # bitmask of the ranks whose contributions it carries; None if unreadable
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """Every point-to-point message of one all-reduce over ``world_size`` ranks."""
+
+    world_size: int
+    numel: int  # elements in the tensor being reduced
+    itemsize: int  # bytes per element of that tensor
+    messages: tuple[Message, ...]
+    collectives: tuple[tuple[int, str], ...] = ()  # (rank, name) of each collective called
+    unfinished: tuple[int, ...] = ()  # ranks that never returned (deadlocked or crashed)
+    blocked: dict[int, str] = field(default_factory=dict)  # rank -> where it was stuck
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the tensor being reduced, in bytes."""
+        return self.numel * self.itemsize
+
+    def of(self, rank: int, op: Op) -> list[Message]:
+        """This rank's messages of one kind, in call order."""
+        return sorted(
+            (m for m in self.messages if m.rank == rank and m.op == op), key=lambda m: m.order
+        )
+
+    def to_json(self) -> str:
+        """Serialise for a feedback page or a file; :meth:`from_json` reads it back."""
+        data = asdict(self)
+        data["blocked"] = {str(k): v for k, v in self.blocked.items()}
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> Trace:
+        """Inverse of :meth:`to_json`."""
+        data = json.loads(text)
+        return cls(
+            world_size=data["world_size"],
+            numel=data["numel"],
+            itemsize=data["itemsize"],
+            messages=tuple(Message(**m) for m in data["messages"]),
+            collectives=tuple((int(r), str(n)) for r, n in data["collectives"]),
+            unfinished=tuple(data["unfinished"]),
+            blocked={int(k): v for k, v in data["blocked"].items()},
+        )
+
+
+def full_mask(world_size: int) -> int:
+    """The mask of a fully reduced value: every rank's bit set."""
+    return (1 << world_size) - 1
+
+
+def ranks_in(mask: int) -> list[int]:
+    """The ranks whose bits are set in ``mask``, ascending."""
+    return [r for r in range(mask.bit_length()) if mask >> r & 1]
+
+
+def encoded_value(rank: int, index: int, world_size: int) -> int:
+    """The starting value of element ``index`` on ``rank``: ``2**rank * (1 + index * 2**N)``."""
+    return (1 << rank) * (1 + index * (1 << world_size))
+
+
+def decode(values: Sequence[float], world_size: int) -> tuple[int | None, int | None]:
+    """Read ``(offset, holds)`` off a payload's values; ``(None, None)`` if they are not a
+    consistent sum of encoded contributions (scaled, corrupted, or from another slice)."""
+    if not values:
+        return None, None
+    scale = 1 << world_size
+    first = values[0]
+    if first != int(first) or first <= 0:
+        return (None, 0) if first == 0 and all(v == 0 for v in values) else (None, None)
+    first = int(first)
+    mask = first % scale
+    if mask == 0 or (first - mask) % (mask * scale):
+        return None, None
+    offset = (first - mask) // (mask * scale)
+    expected_last = mask * (1 + (offset + len(values) - 1) * scale)
+    if values[-1] != expected_last or any(
+        v != mask * (1 + (offset + j) * scale) for j, v in enumerate(values)
+    ):
+        return None, None
+    return offset, mask
+
+
+def steps(trace: Trace) -> int:
+    """Number of steps: the most sends any one rank made."""
+    counts = [len(trace.of(r, "send")) for r in range(trace.world_size)]
+    return max(counts, default=0)
+
+
+def bytes_sent(trace: Trace, upto_step: int | None = None) -> list[int]:
+    """Bytes each rank has sent, in total or in its first ``upto_step`` sends."""
+    sent = [0] * trace.world_size
+    for m in trace.messages:
+        if m.op == "send" and (upto_step is None or m.order < upto_step):
+            sent[m.rank] += m.nbytes
+    return sent
+
+
+def chunk_states(trace: Trace) -> list[list[list[int]]]:
+    """``states[k][rank][chunk]``: the mask each chunk holds after ``k`` steps, k = 0..steps.
+
+    A rank's chunk starts with its own bit and gains the bits of every payload it receives
+    that overlaps the chunk. That is exactly what a correct ring does (add in reduce-scatter,
+    copy a full chunk in all-gather); for wrong code, the payloads it sends next tell the truth.
+    """
+    n = trace.world_size
+    bounds = chunk_bounds(trace.numel, n)
+    state = [[1 << r for _ in bounds] for r in range(n)]
+    states = [[row[:] for row in state]]
+    recvs = [trace.of(r, "recv") for r in range(n)]
+    for k in range(steps(trace)):
+        for r in range(n):
+            for m in recvs[r]:
+                if m.order != k or m.holds is None or m.offset is None:
+                    continue
+                for c, (lo, hi) in enumerate(bounds):
+                    if lo < hi and m.offset < hi and lo < m.offset + m.numel:
+                        state[r][c] |= m.holds
+        states.append([row[:] for row in state])
+    return states
+
+
+# --- the verdict: is this trace a ring all-reduce? ---------------------------------------
+
+_NO_DATA = frozenset({"barrier", "monitored_barrier"})  # collectives that move no tensor data
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One way a trace is not a ring all-reduce: on ``rank`` (or all), at ``step`` (or any)."""
+
+    rank: int | None
+    step: int | None
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def ring_direction(trace: Trace) -> int:
+    """``+1`` if most sends go to ``rank + 1``, ``-1`` if most go to ``rank - 1``."""
+    n = trace.world_size
+    sends = [m for m in trace.messages if m.op == "send"]
+    up = sum(m.peer == (m.rank + 1) % n for m in sends)
+    down = sum(m.peer == (m.rank - 1) % n for m in sends)
+    return 1 if up >= down else -1
+
+
+def expected_holds(rank: int, step: int, world_size: int, direction: int = 1) -> int:
+    """The mask a ring's send carries at ``step``: the arc of ``step + 1`` ranks ending at
+    ``rank`` in reduce-scatter, every rank in all-gather (Patarasuk & Yuan 2009)."""
+    if step >= world_size - 1:
+        return full_mask(world_size)
+    return sum(1 << ((rank - j * direction) % world_size) for j in range(step + 1))
+
+
+def ring_violations(trace: Trace) -> list[Violation]:
+    """Every way ``trace`` departs from a ring all-reduce, rank by rank (empty: it is one).
+
+    A ring, in either direction but the same for every rank: each rank finishes, calls no
+    collective that moves data, sends only to one neighbour and receives only from the other,
+    makes ``2(N-1)`` sends and receives (with fewer elements than ranks, 0-element ones may be
+    skipped), sends about ``2(N-1)/N`` of the tensor (one element per chunk of slack), and at
+    step ``s`` sends a chunk holding ``s + 1`` ranks in reduce-scatter, all ``N`` in all-gather.
+    """
+    found = _unfinished(trace) + _collectives(trace)
+    if trace.world_size > 1:
+        direction = ring_direction(trace)
+        for rank in range(trace.world_size):
+            found += _neighbours(trace, rank, direction)
+            found += _counts(trace, rank)
+            found += _volume(trace, rank)
+            found += _payloads(trace, rank, direction)
+    return found
+
+
+def _unfinished(trace: Trace) -> list[Violation]:
+    return [
+        Violation(r, None, f"rank {r} never finished: {trace.blocked.get(r, 'it did not return')}")
+        for r in trace.unfinished
+    ]
+
+
+def _collectives(trace: Trace) -> list[Violation]:
+    return [
+        Violation(
+            r,
+            None,
+            f"rank {r} called the collective dist.{name}: a ring all-reduce is built from "
+            "point-to-point calls only (send/recv, isend/irecv or batch_isend_irecv)",
+        )
+        for r, name in trace.collectives
+        if name not in _NO_DATA
+    ]
+
+
+def _neighbours(trace: Trace, rank: int, direction: int) -> list[Violation]:
+    """The first send to a non-neighbour and the first receive from one, if any."""
+    n = trace.world_size
+    found = []
+    for op, want, verb in (
+        ("send", (rank + direction) % n, "sent to"),
+        ("recv", (rank - direction) % n, "received from"),
+    ):
+        bad = next((m for m in trace.of(rank, op) if m.peer != want), None)
+        if bad is not None:
+            peer = "an unknown rank" if bad.peer < 0 else f"rank {bad.peer}"
+            found.append(
+                Violation(
+                    rank,
+                    bad.order,
+                    f"rank {rank}, step {bad.order}: {verb} {peer}, expected its ring "
+                    f"neighbour rank {want} (in a ring every rank {verb.split()[0]} only "
+                    f"{'to' if op == 'send' else 'from'} one neighbour, the same way round "
+                    "for every rank)",
+                )
+            )
+    return found
+
+
+def _counts(trace: Trace, rank: int) -> list[Violation]:
+    """``2(N-1)`` sends and receives; fewer only by skipping 0-element messages."""
+    n, want = trace.world_size, 2 * (trace.world_size - 1)
+    found = []
+    for op, noun in (("send", "sends"), ("recv", "receives")):
+        made = trace.of(rank, op)
+        skipped_empties = trace.numel < n and len(made) < want and all(m.numel for m in made)
+        if len(made) != want and not skipped_empties:
+            found.append(
+                Violation(
+                    rank,
+                    None,
+                    f"rank {rank} made {len(made)} {noun}; a ring makes 2(N-1) = {want} "
+                    f"(N-1 = {n - 1} reduce-scatter steps, then {n - 1} all-gather steps)",
+                )
+            )
+    return found
+
+
+def _volume(trace: Trace, rank: int) -> list[Violation]:
+    """Bytes sent within one element per chunk of ``2(N-1)/N`` times the tensor's size."""
+    n = trace.world_size
+    sent = sum(m.nbytes for m in trace.of(rank, "send"))
+    want = 2 * (n - 1) * trace.nbytes / n
+    slack = 2 * (n - 1) * trace.itemsize
+    if abs(sent - want) <= slack:
+        return []
+    return [
+        Violation(
+            rank,
+            None,
+            f"rank {rank} sent {sent} bytes; a ring sends 2(N-1)/N times the tensor's "
+            f"{trace.nbytes} bytes = {want:.0f} bytes (give or take one element per chunk)",
+        )
+    ]
+
+
+def _payloads(trace: Trace, rank: int, direction: int) -> list[Violation]:
+    """The first send whose payload is unreadable or holds the wrong ranks for its step."""
+    n = trace.world_size
+    sends = trace.of(rank, "send")
+    if len(sends) != 2 * (n - 1):
+        return []  # steps cannot be matched up; _counts has said why
+    for step, m in enumerate(sends):
+        if m.numel == 0:
+            continue
+        want = expected_holds(rank, step, n, direction)
+        where = f"rank {rank}, step {step}"
+        if m.holds is None or m.holds == 0:
+            return [
+                Violation(
+                    rank,
+                    step,
+                    f"{where}: sent values that are not a sum of whole ranks' inputs (scaled, "
+                    "converted to another dtype, or mixed from different elements?)",
+                )
+            ]
+        if m.holds != want:
+            stage = "reduce-scatter" if step < n - 1 else "all-gather"
+            return [
+                Violation(
+                    rank,
+                    step,
+                    f"{where}: sent a chunk holding ranks {_ranks(m.holds)} but a {stage} step "
+                    f"{step} chunk should hold {bin(want).count('1')} ranks ({_ranks(want)})",
+                )
+            ]
+    return []
+
+
+def _ranks(mask: int) -> str:
+    return "{" + ", ".join(map(str, ranks_in(mask))) + "}"

@@ -1,0 +1,200 @@
+"""The instructor's pipeline: sample submissions, real nbgrader autograde, grades as expected."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course.instructor import pipeline
+from course.instructor.pipeline import (
+    GradeRow,
+    Submission,
+    assemble,
+    check_expectations,
+    load_specs,
+)
+from course.instructor.selfstudy import grade_id
+
+REPO = Path(__file__).resolve().parents[2]
+TOY = REPO / "tests" / "fixtures" / "toy_course"
+RING = "ring_allreduce"
+
+
+def _toy_notebooks() -> tuple[nbformat.NotebookNode, nbformat.NotebookNode]:
+    """The toy fixture's source and a release made from it the way nbgrader makes it."""
+    from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
+
+    source = nbformat.read(TOY / "source" / "toy" / "toy.ipynb", as_version=4)
+    release, _ = ClearSolutions(code_stub={"python": "# YOUR CODE HERE"}).preprocess(
+        nbformat.from_dict(source), {}
+    )
+    release, _ = ClearHiddenTests().preprocess(release, {})
+    return source, release
+
+
+def _cell(nb: nbformat.NotebookNode, gid: str) -> str:
+    return next(c.source for c in nb.cells if grade_id(c) == gid)
+
+
+# --- assembling submissions from specs (no kernel) -------------------------------------------
+
+
+def test_key_and_solution_fill_the_release():
+    """Does a "key"/"solution" spec fill the answer line and the solution, markers removed?"""
+    source, release = _toy_notebooks()
+    nb = assemble(Submission("ada", "toy"), release, source)
+    assert _cell(nb, "toy_1_answer").splitlines()[-1] == 'answer_toy_1 = "b"'
+    assert "return x + 1" in _cell(nb, "add_one")
+    assert "SOLUTION" not in _cell(nb, "add_one")
+
+
+def test_wrong_picks_another_letter_and_text_replaces_the_cell():
+    """Does "wrong" answer a letter other than the key, and cell text replace the stub?"""
+    source, release = _toy_notebooks()
+    sub = Submission(
+        "ben", "toy", answers={"*": "wrong"}, cells={"add_one": "def add_one(x):\n    return 0\n"}
+    )
+    nb = assemble(sub, release, source)
+    assert _cell(nb, "toy_1_answer").splitlines()[-1] == 'answer_toy_1 = "a"'
+    assert _cell(nb, "add_one") == "def add_one(x):\n    return 0"
+
+
+def test_only_solution_cells_change():
+    """Are all locked cells of the submission exactly the release's?"""
+    source, release = _toy_notebooks()
+    nb = assemble(
+        Submission("ben", "toy", answers={"*": "c"}, cells={"*": "stub"}), release, source
+    )
+    changed = [
+        grade_id(a) for a, b in zip(nb.cells, release.cells, strict=True) if a.source != b.source
+    ]
+    assert changed == ["toy_1_answer"]
+
+
+def test_blank_and_stub_submit_the_release_as_is():
+    """Does an all-blank spec hand in the release notebook unchanged?"""
+    source, release = _toy_notebooks()
+    nb = assemble(Submission("cy", "toy", answers={"*": ""}, cells={"*": "stub"}), release, source)
+    assert [c.source for c in nb.cells] == [c.source for c in release.cells]
+
+
+def test_a_spec_naming_a_missing_cell_is_rejected():
+    """Does a spec that names no real cell fail with a message naming the spec and the cell?"""
+    source, release = _toy_notebooks()
+    with pytest.raises(ValueError, match=r"ben.toml, \[toy\].*'add_two'"):
+        assemble(Submission("ben", "toy", cells={"add_two": "pass"}), release, source)
+
+
+def test_every_sample_spec_fits_its_release_notebook():
+    """Does each spec in autograde/submissions name an assignment and cells that exist?"""
+    subs = load_specs()
+    assert {s.assignment for s in subs} <= set(pipeline.assignments(REPO))
+    assert RING in {s.assignment for s in subs}
+    for sub in subs:
+        a = sub.assignment
+        release = nbformat.read(REPO / "release" / a / f"{a}.ipynb", as_version=4)
+        source = nbformat.read(REPO / "source" / a / f"{a}.ipynb", as_version=4)
+        nbformat.validate(assemble(sub, release, source))
+
+
+def test_the_ring_samples_cover_the_failure_kinds():
+    """Do the ring samples include right, wrong, deadlocking and crashing students?"""
+    ring = {s.student: s for s in load_specs() if s.assignment == RING}
+    assert len(ring) >= 4
+    assert any(s.answers == {"*": "wrong"} for s in ring.values())
+    texts = [s.cells.get(RING, "") for s in ring.values()]
+    assert any("dist.recv(incoming, left)  # every rank waits" in t for t in texts)
+    assert any("rank + 1 - t," in t for t in texts)
+
+
+def test_expectations_compare_scores_to_patterns():
+    """Does check_expectations apply the first matching pattern and report mismatches?"""
+    subs = [Submission("ben", "a", expect={"q*_check": 0, "*": "full"})]
+    rows = [GradeRow("ben", "a", "q1_check", 0, 2), GradeRow("ben", "a", "f_sums", 3, 6)]
+    assert check_expectations(rows, subs) == ["ben/a/f_sums: 3 points, expected 6"]
+    missing = [Submission("cy", "a")]
+    assert check_expectations([], missing) == ["cy/a: no grades in the gradebook"]
+
+
+def test_grade_table_has_a_row_per_cell_and_a_total():
+    """Does the grade table show each cell's score per student and the totals?"""
+    rows = [
+        GradeRow("ada", "a", "q1_check", 2, 2),
+        GradeRow("ben", "a", "q1_check", 0, 2),
+        GradeRow("ada", "a", "f_sums", 6, 6),
+        GradeRow("ben", "a", "f_sums", 3, 6),
+    ]
+    lines = pipeline.format_grades(rows).splitlines()
+    assert lines[0].split() == ["a", "ada", "ben"]
+    assert lines[1].split() == ["q1_check", "(2)", "2", "0"]
+    assert lines[-1].split() == ["total", "(8)", "8", "3"]
+
+
+# --- the real nbgrader pipeline ---------------------------------------------------------------
+
+
+def _run(root: Path, specs: list[Submission], assignment: str) -> dict[str, float]:
+    pipeline.release(root)
+    pipeline.submit(root, specs)
+    return pipeline.autograde(root, assignment)
+
+
+def _autograded_errors(root: Path, student: str, assignment: str) -> dict[str, str]:
+    """Each failing cell's grade_id -> its error name and message, in the autograded notebook."""
+    nb = nbformat.read(root / "autograded" / student / assignment / f"{assignment}.ipynb", 4)
+    return {
+        grade_id(c) or "?": f"{o.ename}: {o.evalue}"
+        for c in nb.cells
+        for o in c.get("outputs", [])
+        if o.output_type == "error"
+    }
+
+
+@pytest.mark.nbgrader
+@pytest.mark.slow
+def test_demo_on_the_toy_course(tmp_path, capsys):
+    """Does the demo release, run, submit, autograde, feed back and export, as specs expect?"""
+    root = tmp_path / "demo"
+    status = pipeline.demo(root, source=TOY / "source", specs=TOY / "submissions", jobs=2)
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "every grade as its spec expects" in out
+    specs = load_specs(TOY / "submissions")
+    rows = pipeline.grade_rows(root)
+    assert len(rows) == 3 * len(specs) and check_expectations(rows, specs) == []
+    executed = nbformat.read(root / "build" / "executed" / "toy.ipynb", as_version=4)
+    assert all(c.execution_count for c in executed.cells if c.cell_type == "code")
+    assert "toy.ipynb ran top to bottom" in out and "UNEXPECTED" not in out
+    pages = sorted(p.relative_to(root).as_posix() for p in (root / "feedback").rglob("*.html"))
+    assert pages == [f"feedback/{s.student}/toy/toy.html" for s in specs]
+    assert "is not right" in (root / "feedback" / "ben" / "toy" / "toy.html").read_text()
+    csv = (root / "build" / "grades.csv").read_text().splitlines()
+    assert csv[0].startswith("assignment,duedate,timestamp,student_id")
+    assert len(csv) == 1 + len(specs)
+
+
+@pytest.mark.nbgrader
+@pytest.mark.ranks
+@pytest.mark.slow
+def test_ring_samples_grade_as_their_specs_expect(tmp_path):
+    """Do the ring samples (right, wrong, deadlock, crash) get their expected grades, none failed?
+
+    The deadlocking and crashing rings are stopped by the checks' own deadlines, never by
+    nbgrader's cell timeout, so every submission gets all its grades.
+    """
+    root = pipeline.prepare_course(tmp_path / "course")
+    specs = [s for s in load_specs() if s.assignment == RING]
+    start = time.monotonic()
+    seconds = _run(root, specs, RING)
+    print(f"autograde {RING}: {seconds} ({time.monotonic() - start:.0f} s in all)")
+    rows = pipeline.grade_rows(root)
+    assert check_expectations(rows, specs) == []
+    for sub in specs:
+        errors = _autograded_errors(root, sub.student, RING)
+        assert not [e for e in errors.values() if e.startswith("CellTimeoutError")], sub.student
+    # The failures teach: the deadlock is named as one, the crash shows the student's error.
+    assert "deadlock" in _autograded_errors(root, "cy", RING)["ring_allreduce_sums"].lower()
+    assert "IndexError" in _autograded_errors(root, "dee", RING)["ring_allreduce_sums"]

@@ -1,0 +1,115 @@
+"""The ring widget without a browser: do its controls drive the figure the browser receives?"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from course.pictures.figures import BAD, BAD_ARROWS, GRID, RANKS
+from course.pictures.widgets import RingWidget, animate, ring_widget, show_trace
+from course.ring.schedule import ring_trace
+
+
+def _z(w: RingWidget) -> np.ndarray:
+    return np.asarray(w.figure.data[GRID].z, dtype=float)
+
+
+def test_step_buttons_move_the_picture() -> None:
+    """Do forward/back move one step, stop at both ends, and redraw the counter and chunks?"""
+    w = ring_widget(world_size=4, numel=13)
+    w.back.click()
+    assert w.slider.value == 0 and (_z(w) == 1).all()
+    for _ in range(3):
+        w.forward.click()
+    assert w.slider.value == 3
+    assert "steps done: 3 / 6" in w.figure.layout.title.text
+    assert "steps done: 3 / 6" in w.status.value and "reduce-scatter" in w.status.value
+    assert (_z(w) == 4).sum(axis=1).tolist() == [1, 1, 1, 1]  # reduce-scatter is done
+    for _ in range(10):
+        w.forward.click()
+    assert w.slider.value == 6 and (_z(w) == 4).all()
+
+
+def test_slider_and_play_share_one_step() -> None:
+    """Is the Play widget bounded like the slider, and does speed change its interval?"""
+    w = ring_widget(world_size=5, numel=11)
+    assert w.play.max == w.slider.max == 8
+    w.slider.value = 4
+    assert (_z(w) == 5).sum() == 5  # one full chunk per rank after N-1 steps
+    w.speed.value = "2x"
+    slow = w.play.interval
+    w.speed.value = "0.5x"
+    assert w.play.interval == 4 * slow
+
+
+def test_world_size_control_rebuilds_from_the_simulator() -> None:
+    """Does changing world_size redraw an N x N grid and a 2(N-1)-step slider from step 0?"""
+    w = ring_widget(world_size=4, numel=13)
+    w.slider.value = 5
+    w.world_size.value = 7
+    assert _z(w).shape == (7, 7) and w.slider.max == 12 and w.slider.value == 0
+    assert w.figure in w.children
+    w.numel.value = 3  # fewer elements than ranks: four empty chunks
+    assert np.isnan(_z(w)).sum() == 7 * 4
+
+
+def test_deviation_report_names_the_wrong_message() -> None:
+    """On a misrouted message, does the report name it, emphasise it at its step only, and
+    turn the sender red in the figure?"""
+    ref = ring_trace(4, 13)
+    bad = dataclasses.replace(
+        ref,
+        messages=tuple(
+            dataclasses.replace(m, peer=3) if (m.rank, m.op, m.order) == (1, "send", 1) else m
+            for m in ref.messages
+        ),
+    )
+    w = show_trace(bad)
+    assert "sent to rank 3" in w.report.value and "font-weight:bold" not in w.report.value
+    w.slider.value = 2
+    assert "font-weight:bold" in w.report.value
+    assert w.figure.data[RANKS].marker.color[1] == BAD
+    assert len(w.figure.data[BAD_ARROWS].x) == 3
+
+
+def test_reference_has_no_deviations() -> None:
+    """Does the reference ring report no deviation at all?"""
+    w = ring_widget(world_size=6, numel=5)
+    assert "No deviations" in w.report.value
+
+
+def test_world_size_out_of_range_is_refused_with_advice() -> None:
+    """Does asking for 40 ranks say what range the widget draws?"""
+    with pytest.raises(ValueError, match="2 to 32"):
+        ring_widget(world_size=40)
+
+
+def _recv_first(tensor) -> None:
+    """Every rank waits for its left neighbour first: nobody ever sends."""
+    import torch.distributed as dist
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    dist.recv(tensor, (rank - 1) % n)
+
+
+@pytest.mark.ranks
+def test_animate_records_a_real_run() -> None:
+    """Does animate() record the reference ring_allreduce on real ranks with no deviation,
+    ending with every chunk full?"""
+    from course.ring.reference import ring_allreduce
+
+    w = animate(ring_allreduce, world_size=3, numel=7)
+    assert w.slider.max == 4 and "No deviations" in w.report.value
+    w.slider.value = 4
+    assert (_z(w) == 3).all()
+
+
+@pytest.mark.ranks
+def test_animate_a_deadlock_says_who_was_blocked() -> None:
+    """Does a deadlocked run animate what little it did and say every rank never finished?"""
+    w = animate(_recv_first, world_size=2, numel=4, timeout=3.0)
+    assert w.slider.max == 0
+    assert w.report.value.count("never finished") == 2
+    assert all(c == BAD for c in w.figure.data[RANKS].marker.color)

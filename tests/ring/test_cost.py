@@ -1,0 +1,131 @@
+"""Tests for course.ring.cost: the alpha-beta predictions against the simulator's own counts, the
+closed forms, and the orderings a student should be able to read off the figure."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course.ring.cost import (
+    ALGORITHMS,
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
+    algbw,
+    busbw,
+    cost_figure,
+    naive,
+    parameter_server,
+    predict_all,
+    recursive_doubling,
+    ring,
+)
+from course.ring.schedule import ring_trace, simulate
+from course.ring.trace import bytes_sent, steps
+
+
+@given(st.integers(1, 40), st.integers(0, 500), st.sampled_from([1, 4, 8]))
+@settings(max_examples=50, deadline=None)
+def test_ring_prediction_matches_the_simulator(world_size: int, numel: int, itemsize: int) -> None:
+    """Are the ring's predicted steps exactly the simulator's, and its bytes per rank within
+    two elements of what each simulated rank really sent?"""
+    states = list(simulate(world_size, numel, itemsize))
+    predicted = ring(numel * itemsize, world_size)
+    assert predicted.steps == states[-1].step == len(states) - 1
+    for sent in states[-1].bytes_sent.tolist():
+        assert abs(sent - predicted.bytes_per_rank) <= 2 * itemsize
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5, 8])
+def test_ring_prediction_matches_the_reference_trace(world_size: int) -> None:
+    """Do steps and bytes read off the reference ring's trace agree with the prediction?"""
+    numel = 16 * world_size  # divides evenly: the formula is then exact
+    trace = ring_trace(world_size, numel, itemsize=8)
+    predicted = ring(numel * 8, world_size)
+    assert steps(trace) == predicted.steps
+    assert bytes_sent(trace) == [predicted.bytes_per_rank] * world_size
+
+
+@pytest.mark.parametrize("size", [1.0, 1e3, 1e6, 1e9])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 7, 8, 16, 100, 1024])
+def test_closed_forms(world_size: int, size: float) -> None:
+    """Does each prediction follow its textbook formula (Thakur et al. 2005), with time
+    alpha * steps + beta * bytes queued on the critical path?"""
+    n, a, b = world_size, DEFAULT_ALPHA, DEFAULT_BETA
+    r = ring(size, n)
+    assert (r.steps, r.bytes_per_rank) == (2 * (n - 1), 2 * (n - 1) / n * size)
+    assert math.isclose(r.seconds, 2 * (n - 1) * a + 2 * (n - 1) / n * size * b)
+    nv = naive(size, n)
+    assert (nv.steps, nv.bytes_per_rank) == (n - 1, (n - 1) * size)
+    assert math.isclose(nv.seconds, (n - 1) * (a + size * b))
+    lg = math.log2(n)
+    rd = recursive_doubling(size, n)
+    if lg.is_integer():
+        assert (rd.steps, rd.bytes_per_rank) == (int(lg), lg * size)
+    else:  # fold the extra ranks in and out: two more whole-tensor steps
+        assert rd.steps == math.floor(lg) + 2
+        assert rd.bytes_per_rank == (math.floor(lg) + 1) * size
+    ps = parameter_server(size, n)
+    if n > 1:
+        assert (ps.steps, ps.bytes_per_rank, ps.bytes_busiest_link) == (2 * n, size, n * size)
+        assert math.isclose(ps.seconds, 2 * n * (a + size * b))
+
+
+def test_nothing_to_do_on_one_rank() -> None:
+    """With one rank, does every algorithm predict no steps, no bytes and no time?"""
+    for p in predict_all(1e6, 1):
+        assert (p.steps, p.bytes_per_rank, p.bytes_busiest_link, p.seconds) == (0, 0, 0, 0)
+
+
+def test_ring_bytes_per_rank_level_off_while_naive_grows_linearly() -> None:
+    """Does the ring's traffic per rank approach 2x the size as N grows, while the naive
+    exchange's grows in proportion to N and the server's link carries N copies?"""
+    size = 1e6
+    ring_bytes = [ring(size, n).bytes_per_rank for n in (2, 8, 64, 1024)]
+    assert ring_bytes == sorted(ring_bytes) and ring_bytes[-1] < 2 * size
+    assert math.isclose(ring_bytes[-1], 2 * size, rel_tol=1e-2)
+    for n in (2, 8, 64):
+        assert naive(size, 2 * n).bytes_per_rank / naive(size, n).bytes_per_rank > 2
+        assert parameter_server(size, n).bytes_busiest_link == n * size
+
+
+def test_who_wins_depends_on_message_size() -> None:
+    """For large tensors is the ring fastest, and for tiny ones does recursive doubling beat it
+    (log2 N latencies against 2(N-1))?"""
+    big = {p.name: p.seconds for p in predict_all(1e9, 16)}
+    assert min(big, key=big.get) == "ring"
+    tiny = {p.name: p.seconds for p in predict_all(8, 16)}
+    assert tiny["recursive doubling"] < tiny["ring"]
+
+
+def test_busbw_is_the_nccl_tests_definition() -> None:
+    """Is busbw = size / time * 2(N-1)/N, so a ring that saturates the link reports the
+    link's bandwidth whatever N is?"""
+    assert busbw(1e9, 8, 0.5) == pytest.approx(2e9 * 14 / 8)
+    assert algbw(1e9, 0.5) == pytest.approx(2e9)
+    for n in (2, 8, 128):
+        pure_bandwidth = ring(1e9, n, alpha=0.0, beta=1 / 10e9)
+        assert busbw(1e9, n, pure_bandwidth.seconds) == pytest.approx(10e9)
+    with pytest.raises(ValueError, match="positive time"):
+        busbw(1e9, 8, 0.0)
+
+
+def test_cost_figure_has_every_algorithm_on_both_axes() -> None:
+    """Does the figure plot each algorithm twice (against size and against N) on log axes,
+    with y values equal to the predictions?"""
+    fig = cost_figure(world_size=4, size_bytes=1e6, sizes=[1e3, 1e6], world_sizes=[2, 4])
+    assert [t.name for t in fig.data] == [n for n in ALGORITHMS for _ in (0, 1)]
+    assert fig.layout.xaxis.type == fig.layout.xaxis2.type == fig.layout.yaxis.type == "log"
+    ring_by_n = fig.data[1]
+    assert list(ring_by_n.y) == [ring(1e6, 2).seconds, ring(1e6, 4).seconds]
+
+
+def test_bad_arguments_say_what_is_wrong() -> None:
+    """Do a zero world size or a negative size raise a ValueError naming the problem?"""
+    with pytest.raises(ValueError, match="world_size"):
+        naive(1.0, 0)
+    for f in ALGORITHMS.values():
+        with pytest.raises(ValueError, match="size >= 0"):
+            f(-1.0, 4)
