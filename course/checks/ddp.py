@@ -22,6 +22,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from course.checks import teaching
+
 __all__ = ["check_average_hook", "check_weighted_loss", "guard_hook"]
 
 TIMEOUT = 30.0  # seconds per launch; DDP's first construction on a rank imports torch._dynamo
@@ -32,18 +34,8 @@ RTOL, ATOL = 1e-4, 1e-5
 
 
 def on_ranks(name: str, fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
-    """Run ``fn`` on fresh ranks; a crash or deadlock becomes an AssertionError naming ``name``."""
-    from course.ranks import RankError, run
-
-    try:
-        return run(fn, world_size, *args, timeout=TIMEOUT)
-    except RankError as err:
-        raise AssertionError(
-            f"{name} failed on {world_size} ranks (see what each rank was doing below).\n{err}\n"
-            f"Fix {name} above and run this check again."
-        ) from None
-    except TypeError as err:  # the launcher could not pickle the student's code
-        raise AssertionError(f"{name} could not be sent to the ranks: {err}") from None
+    """Run ``fn`` on fresh ranks with this module's deadline (``course.checks.teaching``)."""
+    return teaching.on_ranks(name, fn, world_size, *args, timeout=TIMEOUT)
 
 
 def user_traceback(exc: BaseException) -> str:

@@ -23,21 +23,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from course.ring.recorder import (
-    Recorder,
-    _scratch_dir,
-    describe_failure,
-    encoded_tensor,
-    is_secondary,
-    log_path,
-    read_trace,
-    student_traceback,
-)
+from course.checks.teaching import failure_message
+from course.ring.recorder import Recorder, encoded_tensor, log_path, read_trace, scratch_dir
 from course.ring.trace import ring_violations
 
 __all__ = ["RingReport", "check_ring_allreduce", "check_ring_pattern", "check_ring_sums"]
 
 WORLD_SIZES = (2, 3, 4, 5, 6)
+RING_DEADLOCK = (
+    "Every rank was waiting for a message no rank had sent: a deadlock. Make sure each send "
+    "has a matching receive on the neighbour, and that not every rank blocks in a receive (or "
+    "a blocking send) first: post the send with dist.isend and the receive with dist.irecv, "
+    "then wait on both (or order blocking calls by rank parity)."
+)
 DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
 LAUNCH_TIMEOUT = 10.0  # seconds per world size, start-up included: one deadlock costs this
 SHOWN = 4  # violations quoted in a failure message
@@ -206,7 +204,7 @@ def _check(
             None if c.recorded else _inputs(c, world_size, seed=1000 * world_size + i)
             for i, c in enumerate(cases)
         ]
-        with _scratch_dir() as directory:
+        with scratch_dir() as directory:
             results = _launch(fn, world_size, cases, inputs, directory)
             for i, case in enumerate(cases):
                 got = [r[i] for r in results]
@@ -234,28 +232,8 @@ def _failure_message(world_size: int, cases: list[Case], failures: dict, directo
     """Which case was running, what each rank did, and the cause's own traceback."""
     running = {r: _running_case(directory, r) for r in range(world_size)}
     case_index = min((i for i in running.values() if i is not None), default=None)
-    case = f" while summing {cases[case_index]}" if case_index is not None else ""
-    lines = [f"ring_allreduce failed on {world_size} ranks{case}:"]
-    lines += [f"  rank {r} {describe_failure(f)}" for r, f in sorted(failures.items())]
-    causes = [f for f in failures.values() if not is_secondary(f)]
-    if not causes:
-        lines.append(
-            "Every rank was waiting for a message no rank had sent: a deadlock. Make sure each "
-            "send has a matching receive on the neighbour, and that not every rank blocks in "
-            "a receive (or a blocking send) first: post the send with dist.isend and the "
-            "receive with dist.irecv, then wait on both (or order blocking calls by rank parity)."
-        )
-    if any("SIGABRT" in getattr(f, "message", "") for f in causes):
-        lines.append(
-            "gloo aborts a rank when a message does not fit the buffer posted to receive it: "
-            "check that each step's send and the neighbour's receive use the same chunk "
-            "(same number of elements, same dtype)."
-        )
-    for f in causes[:1]:
-        text = student_traceback(getattr(f, "traceback", ""))
-        if text.strip():
-            lines += [f"Rank {f.rank}'s traceback:", text]
-    return "\n".join(lines)
+    doing = f" while summing {cases[case_index]}" if case_index is not None else ""
+    return failure_message("ring_allreduce", world_size, failures, doing, RING_DEADLOCK)
 
 
 def _running_case(directory: str, rank: int) -> int | None:

@@ -22,6 +22,7 @@ from course.ranks.failures import CAUSES, PEER_GONE, RankFailure, RunResult
 
 # gloo's words for "my peer never answered"
 _TIMED_OUT = re.compile(r"Timed out|timeout", re.I)
+_COURSE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 _LIBRARY_DIRS = tuple(
     {os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "purelib", "platlib")}
 )
@@ -134,10 +135,16 @@ def _final_kind(obs: dict[str, Any], causes: list[int], deadlocked: bool) -> tup
 
 
 def locate(frames: list | None) -> tuple[str | None, bool]:
-    """Where in the user's code a stack is, and whether it is inside a torch.distributed call."""
+    """Where in the user's code a stack is, and whether it is inside a torch.distributed call.
+
+    The user's frames are those of neither Python, an installed package nor the course
+    package itself (its checks and recorder wrap the user's code on the ranks), however the
+    course is installed. A stack with no user frame is placed at the course's innermost frame.
+    """
     if not frames:
         return None, False
-    user = [i for i, f in enumerate(frames) if not _is_library(f[0])]
+    user = [i for i, f in enumerate(frames) if owner(f[0]) == "user"]
+    user = user or [i for i, f in enumerate(frames) if owner(f[0]) == "course"]
     i = user[-1] if user else -1
     inner = [f for f in frames[i + 1 :] if f"{os.sep}torch{os.sep}distributed{os.sep}" in f[0]]
     if not user:  # failed before reaching user code: start-up
@@ -153,7 +160,8 @@ def locate(frames: list | None) -> tuple[str | None, bool]:
 
 
 def format_traceback(frames: list, last_line: str) -> str:
-    """A Python-style traceback of the user's frames (no launcher frames)."""
+    """A Python-style traceback without the launcher's or the course's own frames."""
+    frames = [f for f in frames or [] if owner(f[0]) != "course"]
     lines = ["Traceback (most recent call last):"] if frames else []
     for filename, lineno, name, line in frames:
         lines.append(f'  File "{display_name(filename)}", line {lineno}, in {name}')
@@ -179,11 +187,14 @@ def source_line(filename: str, lineno: int) -> str:
     return linecache.getline(filename, lineno).strip()
 
 
-def _is_library(filename: str) -> bool:
-    """Whether a frame belongs to Python, torch or another installed package."""
+def owner(filename: str) -> str:
+    """Whose code a frame runs: "library" (Python, installed packages), "course" or "user"."""
     if filename.startswith("<frozen"):
-        return True
-    return os.path.realpath(filename).startswith(_LIBRARY_DIRS)
+        return "library"
+    path = os.path.realpath(filename)
+    if path.startswith(_COURSE_DIR):  # first: the course may be installed among the packages
+        return "course"
+    return "library" if path.startswith(_LIBRARY_DIRS) else "user"
 
 
 def _load_error(exc: Exception) -> dict[str, Any]:

@@ -26,7 +26,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -43,14 +42,12 @@ __all__ = [
     "Recorder",
     "check_encodable",
     "decode_tensor",
-    "describe_failure",
     "encoded_tensor",
     "log_path",
     "read_log",
     "read_trace",
     "record",
-    "student_location",
-    "student_traceback",
+    "scratch_dir",
 ]
 
 # ProcessGroup method -> the torch.distributed name a student would recognise
@@ -326,69 +323,11 @@ def read_trace(
         messages += rank_messages
         collectives += [(rank, name) for name in dict.fromkeys(names)]
     failures = failures or {}
-    blocked = {r: describe_failure(f) for r, f in sorted(failures.items())}
+    blocked = {r: f.message for r, f in sorted(failures.items())}
     unfinished = tuple(sorted(failures))
     return Trace(
         world_size, numel, itemsize, tuple(messages), tuple(collectives), unfinished, blocked
     )
-
-
-# --- failures, in the student's terms ------------------------------------------------------
-
-_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+), in (?P<fn>\S+)$')
-_TORCH_FILES = ("c10d_logger.py", "distributed_c10d.py")
-_PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|ECONNRESET|EPIPE", re.I)
-INTERNAL_FUNCTIONS = {"_record_rank", "_run_cases", "_run_case", "_call"}  # course's rank-side
-
-
-def student_traceback(text: str) -> str:
-    """A rank's traceback without the course's own frames (the recorder, the grader)."""
-    kept: list[str] = []
-    skipping = False
-    for line in text.splitlines():
-        frame = _FRAME.match(line)
-        if frame:
-            skipping = frame["file"] == "recorder.py" or frame["fn"] in INTERNAL_FUNCTIONS
-        elif not line.startswith("    "):
-            skipping = False
-        if not skipping:
-            kept.append(line)
-    return "\n".join(kept)
-
-
-def student_location(text: str) -> str | None:
-    """Where in the student's code a traceback stands: ``dist.recv at Cell In[3] line 7``."""
-    frames = [m for line in text.splitlines() if (m := _FRAME.match(line))]
-    frames = [f for f in frames if f["file"] != "recorder.py" and f["fn"] not in INTERNAL_FUNCTIONS]
-    if not frames:
-        return None
-    first_torch = next((i for i, f in enumerate(frames) if f["file"] in _TORCH_FILES), len(frames))
-    user = frames[max(first_torch - 1, 0)]
-    api = next((f["fn"] for f in frames[first_torch:] if f["fn"] != "wrapper"), None)
-    place = f"{user['file']} line {user['line']}"
-    return f"dist.{api} at {place}" if api else place
-
-
-def is_secondary(failure: Any) -> bool:
-    """Whether a rank failed only because another rank did (it was waiting on it)."""
-    kind = getattr(failure, "kind", "")
-    return kind in {"blocked", "aborted", "deadlock", "timeout"} or (
-        kind == "raised" and bool(_PEER_GONE.search(getattr(failure, "message", "")))
-    )
-
-
-def describe_failure(failure: Any) -> str:
-    """One line on what happened to a rank, located in the student's code."""
-    kind = getattr(failure, "kind", "")
-    message = str(getattr(failure, "message", failure))
-    where = student_location(getattr(failure, "traceback", "")) or getattr(failure, "where", None)
-    if kind == "deadlock":
-        return f"blocked in {where}: deadlock, no rank could make progress"
-    if is_secondary(failure):
-        return f"blocked in {where}, waiting on a rank that failed"
-    if kind == "raised" and where:
-        return re.sub(r" at \S+ line \d+$", "", message) + f" at {where}"
-    return message
 
 
 def _record_rank(fn: Callable[[torch.Tensor], Any], numel: int, directory: str) -> None:
@@ -400,7 +339,7 @@ def _record_rank(fn: Callable[[torch.Tensor], Any], numel: int, directory: str) 
 
 
 @contextlib.contextmanager
-def _scratch_dir() -> Iterator[str]:
+def scratch_dir() -> Iterator[str]:
     directory = tempfile.mkdtemp(prefix="course-trace-")
     try:
         yield directory
@@ -416,7 +355,7 @@ def record(
     from course.ranks import launch
 
     check_encodable(world_size, numel)
-    with _scratch_dir() as directory:
+    with scratch_dir() as directory:
         result = launch(_record_rank, world_size, fn, numel, directory, timeout=timeout)
         return read_trace(directory, world_size, numel, 8, result.failures)
 
