@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course.instructor import pipeline
+from course.instructor import commands, pipeline
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -20,14 +20,14 @@ def _files(folder: Path) -> dict[Path, bytes]:
 def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """release/ regenerated from a copy of source/ by the real nbgrader command line."""
     root = pipeline.prepare_course(tmp_path_factory.mktemp("course"))
-    pipeline.release(root)
+    commands.release(root)
     return root / "release"
 
 
 @pytest.mark.nbgrader
 def test_release_has_one_notebook_per_source_assignment(regenerated):
     """Does every source assignment, and nothing else, have its notebook in release/?"""
-    expected = {Path(a) / f"{a}.ipynb" for a in pipeline.assignments(REPO)}
+    expected = {Path(a) / f"{a}.ipynb" for a in commands.assignments(REPO)}
     assert {p for p in _files(REPO / "release") if p.suffix == ".ipynb"} == expected
     assert not [p for p in _files(REPO / "release") if p.suffix == ".py"], "never release the .py"
 

@@ -1,25 +1,28 @@
 """Graded checks for the buckets assignment: bucketed all-reduce, and overlap with backward.
 
-The checks record every ``dist.all_reduce`` the student's code makes on each rank (size,
-``async_op``, when), compare the gradients with the average over ranks of each rank's own
-gradient (what DDP gives), and compare the calls with the bucket rule of
+The checks record every all-reduce the student's code makes on each rank with the course's
+one interception layer (``course.ring.recorder``: size, ``async_op``, when, however it was
+imported), compare the gradients with the average over ranks of each rank's own gradient
+(what DDP gives), and compare the calls with the bucket rule of
 :func:`course.experiments.buckets.bucket_assignment` (the rule the question states).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from course.checks.ddp import close, fresh_seed, near, on_ranks, ratio, user_traceback
+from course.checks.compare import close, fresh_seed, near, ratio
+from course.checks.ddp import on_ranks
+from course.checks.teaching import user_traceback
 from course.experiments.buckets import MB, bucket_assignment
+from course.ring.recorder import Recorder
 
 __all__ = ["check_bucketed_allreduce", "check_overlapping_ddp"]
 
@@ -35,22 +38,16 @@ HIDDEN_CASES: list[tuple[list[tuple[int, ...]], str, float]] = [
 ]
 
 
-@contextlib.contextmanager
-def recording_all_reduce(calls: list[dict[str, Any]]) -> Iterator[None]:
-    """Record each ``dist.all_reduce`` made on this rank: numel, async_op, time."""
-    real = dist.all_reduce
+def _all_reduces(recorder: Recorder) -> list[dict[str, Any]]:
+    """The all-reduces a rank made, however it imported them: elements, async_op, time.
 
-    def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        is_async = kwargs.get("async_op", args[2] if len(args) > 2 else False)
-        now = time.perf_counter()
-        calls.append({"numel": tensor.numel(), "async_op": bool(is_async), "t": now})
-        return real(tensor, *args, **kwargs)
-
-    dist.all_reduce = all_reduce
-    try:
-        yield
-    finally:
-        dist.all_reduce = real
+    ``async_op`` is unknown (None) only for functional collectives, which are asynchronous.
+    """
+    return [
+        {"numel": c.numel, "async_op": c.async_op is not False, "t": c.t}
+        for c in recorder.collectives
+        if c.name == "all_reduce"
+    ]
 
 
 def _average(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -75,14 +72,14 @@ def _bucketed_trial(
     before = [g.clone() for g in grads]
     expected = _average(before)
     given = list(grads)
-    calls: list[dict[str, Any]] = []
-    out: dict[str, Any] = {"rank": rank, "calls": calls, "problem": None}
-    with recording_all_reduce(calls):
+    out: dict[str, Any] = {"rank": rank, "calls": [], "problem": None}
+    with Recorder() as recorder:
         try:
             fn(given, cap)
         except Exception as exc:
             out["problem"] = f"bucketed_allreduce raised an exception:\n{user_traceback(exc)}"
             return out
+    out["calls"] = _all_reduces(recorder)
     out["replaced"] = [i for i, (a, b) in enumerate(zip(given, grads, strict=True)) if a is not b]
     out.update(result=grads, before=before, expected=expected)
     return out
@@ -199,9 +196,8 @@ def _overlap_trial(cls: Any, cap: float, seed: int, steps: int) -> dict[str, Any
         plain(x).square().mean().backward()
         expected.append(_average([p.grad for p in plain.parameters()]))
     out: dict[str, Any] = {"rank": rank, "problem": None, "steps": []}
-    calls: list[dict[str, Any]] = []
     ready: list[float] = []
-    with recording_all_reduce(calls):
+    with Recorder() as recorder:
         try:
             wrapper = cls(model, cap)
         except Exception as exc:
@@ -210,7 +206,7 @@ def _overlap_trial(cls: Any, cap: float, seed: int, steps: int) -> dict[str, Any
         for p in model.parameters():  # after the student's hooks, so they fire first
             p.register_post_accumulate_grad_hook(lambda p: ready.append(time.perf_counter()))
         for x, want in zip(inputs, expected, strict=True):
-            calls.clear()
+            recorder.collectives.clear()
             ready.clear()
             model.zero_grad()
             loss = model(x).square().mean()
@@ -223,7 +219,7 @@ def _overlap_trial(cls: Any, cap: float, seed: int, steps: int) -> dict[str, Any
                 return out
             grads = [p.grad.clone() if p.grad is not None else None for p in model.parameters()]
             out["steps"].append(
-                {"calls": list(calls), "ready": list(ready), "returned": returned}
+                {"calls": _all_reduces(recorder), "ready": list(ready), "returned": returned}
                 | {"grads": grads, "expected": want}
             )
     out["nbytes"] = [p.numel() * p.element_size() for p in model.parameters()]

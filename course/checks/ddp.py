@@ -13,7 +13,6 @@ comes back as the student's own traceback.
 import copy
 import inspect
 import random
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,47 +22,17 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course.checks import teaching
+from course.checks.compare import close, fresh_seed, near, ratio
+from course.checks.teaching import user_traceback
 
 __all__ = ["check_average_hook", "check_weighted_loss", "guard_hook"]
 
 TIMEOUT = 30.0  # seconds per launch; DDP's first construction on a rank imports torch._dynamo
-RTOL, ATOL = 1e-4, 1e-5
-
-
-# --- helpers shared with course.checks.buckets ------------------------------------
 
 
 def on_ranks(name: str, fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
     """Run ``fn`` on fresh ranks with this module's deadline (``course.checks.teaching``)."""
     return teaching.on_ranks(name, fn, world_size, *args, timeout=TIMEOUT)
-
-
-def user_traceback(exc: BaseException) -> str:
-    """The traceback of an exception raised by student code, without the checker's frame."""
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
-
-
-def fresh_seed(seed: int | None) -> int:
-    """A new random seed unless one is given (failure messages print it to replay a case)."""
-    return random.randrange(2**31) if seed is None else seed
-
-
-def close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two gradients agree to float32 tolerance."""
-    return a.shape == b.shape and torch.allclose(a, b, rtol=RTOL, atol=ATOL)
-
-
-def ratio(got: torch.Tensor, want: torch.Tensor) -> float | None:
-    """The constant factor ``got / want``, if there is one (else None)."""
-    mask = want.abs() > 1e-3
-    if got.shape != want.shape or not mask.any():
-        return None
-    r = got[mask] / want[mask]
-    return r.median().item() if torch.allclose(r, r.median(), rtol=1e-3) else None
-
-
-def near(x: float | None, target: float) -> bool:
-    return x is not None and abs(x - target) <= 1e-3 * max(1.0, abs(target))
 
 
 # --- exercise (a): an averaging comm hook -----------------------------------------

@@ -8,7 +8,7 @@ many tensors per launch (sizes divisible by N and not, smaller than N, a single 
 float32, float64, int32, int64; 1-D to 3-D shapes). The verdict is computed here, in the
 caller, from the tensors the ranks send back, against a float64 sum of the inputs made here:
 nothing the student's code or kernel state can change. The ring pattern is judged from a
-recorded run on encoded inputs (``course.ring.recorder``, ``course.ring.trace.ring_violations``).
+recorded run on encoded inputs (``course.ring.recorder``, ``course.ring.verdict.ring_violations``).
 ``check_ring_sums`` and ``check_ring_pattern`` are the two halves, for partial credit.
 Every launch has a deadline, so a deadlock or an endless loop fails within seconds.
 """
@@ -23,9 +23,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from course.checks.ring_cases import DTYPES, Case, pattern_cases, sum_cases
+from course.checks.ring_cases import inputs as make_inputs
 from course.checks.teaching import failure_message
-from course.ring.recorder import Recorder, encoded_tensor, log_path, read_trace, scratch_dir
-from course.ring.trace import ring_violations
+from course.ring.encoding import encoded_tensor
+from course.ring.logs import log_path, read_trace
+from course.ring.recorder import Recorder, scratch_dir
+from course.ring.verdict import ring_violations
 
 __all__ = ["RingReport", "check_ring_allreduce", "check_ring_pattern", "check_ring_sums"]
 
@@ -36,23 +40,8 @@ RING_DEADLOCK = (
     "a blocking send) first: post the send with dist.isend and the receive with dist.irecv, "
     "then wait on both (or order blocking calls by rank parity)."
 )
-DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
 LAUNCH_TIMEOUT = 10.0  # seconds per world size, start-up included: one deadlock costs this
 SHOWN = 4  # violations quoted in a failure message
-
-
-@dataclass(frozen=True)
-class Case:
-    """One call of the student's function: a tensor shape and dtype, or a recorded run."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    recorded: bool = False
-
-    def __str__(self) -> str:
-        dtype = str(self.dtype).removeprefix("torch.")
-        kind = " (recorded, encoded inputs)" if self.recorded else ""
-        return f"a {dtype} tensor of shape {tuple(self.shape)}{kind}"
 
 
 @dataclass(frozen=True)
@@ -99,35 +88,6 @@ def check_ring_allreduce(
 ) -> RingReport:
     """Check both: right sums on every rank, and a real ring pattern."""
     return _check(fn, world_sizes, sums=True, pattern=True)
-
-
-# --- the cases --------------------------------------------------------------------------
-
-
-def sum_cases(world_size: int) -> list[Case]:
-    """Tensors for one world size: each shape in two dtypes, every dtype in several shapes."""
-    n = world_size
-    shapes = [(1,), (n - 1 or 1,), (4 * n,), (4 * n + 3,), (3, n + 1), (2, 3, 5), (5, 1, 7)]
-    return [
-        Case(shape, DTYPES[(i + k) % len(DTYPES)]) for i, shape in enumerate(shapes) for k in (0, 1)
-    ]
-
-
-def pattern_cases(world_size: int) -> list[Case]:
-    """Recorded runs: uneven, fewer elements than ranks, even."""
-    n = world_size
-    return [Case((numel,), torch.float64, True) for numel in (3 * n + 1, n - 1 or 1, 4 * n)]
-
-
-def _inputs(case: Case, world_size: int, seed: int) -> list[torch.Tensor]:
-    """Each rank's input for a sums case, made here so the ranks cannot change the oracle."""
-    g = torch.Generator().manual_seed(seed)
-    if case.dtype.is_floating_point:
-        return [torch.randn(case.shape, generator=g).to(case.dtype) for _ in range(world_size)]
-    return [
-        torch.randint(-99, 100, case.shape, generator=g, dtype=case.dtype)
-        for _ in range(world_size)
-    ]
 
 
 # --- the rank side ---------------------------------------------------------------------
@@ -201,7 +161,7 @@ def _check(
             pattern_cases(world_size) if pattern else []
         )
         inputs = [
-            None if c.recorded else _inputs(c, world_size, seed=1000 * world_size + i)
+            None if c.recorded else make_inputs(c, world_size, seed=1000 * world_size + i)
             for i, c in enumerate(cases)
         ]
         with scratch_dir() as directory:
@@ -316,7 +276,7 @@ def _hints(
 
 
 def _judge_pattern(world_size: int, case: Case, directory: str, i: int, got: list) -> None:
-    """The recorded run is a ring: ``course.ring.trace.ring_violations`` finds nothing."""
+    """The recorded run is a ring: ``course.ring.verdict.ring_violations`` finds nothing."""
     trace = read_trace(directory, world_size, case.shape[0], 8, tag=f"case{i}")
     found = ring_violations(trace)
     if not found:

@@ -8,12 +8,13 @@ fits (a deadlock, a message that did not fit its buffer) and the first cause's t
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from course.ranks import RankError, RankFailure
 
-__all__ = ["DEADLOCK_HINT", "failure_message", "on_ranks"]
+__all__ = ["DEADLOCK_HINT", "failure_message", "on_ranks", "user_traceback"]
 
 DEADLOCK_HINT = (
     "Every rank was waiting for another and none could go on: a deadlock. Look at the line "
@@ -60,3 +61,8 @@ def on_ranks(
         raise AssertionError(failure_message(name, world_size, err.failures)) from None
     except TypeError as err:  # the launcher could not pickle the student's code
         raise AssertionError(f"{name} could not be sent to the ranks: {err}") from None
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback of an exception raised by student code, without the checker's frame."""
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))

@@ -28,6 +28,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from course.instructor.commands import env
+
 __all__ = ["Outcome", "autograde_class", "main"]
 
 MANIFEST = ".classrun.json"
@@ -71,7 +73,7 @@ def _autograde_one(
     cmd += [f"--CourseDirectory.db_url=sqlite:///{scratch / 'gradebook.db'}"]
     with open(scratch / "autograde.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT,
-                                env=_env(), start_new_session=True)  # fmt: skip
+                                env=env(), start_new_session=True)  # fmt: skip
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -85,12 +87,6 @@ def _autograde_one(
         shutil.rmtree(scratch, ignore_errors=True)
         raise RuntimeError(f"nbgrader autograde exited with {code}: {tail}")
     return scratch, time.monotonic() - started
-
-
-def _env() -> dict[str, str]:
-    """nbgrader calls ``alembic`` by name: put this Python's scripts dir first on PATH."""
-    bin_dir = str(Path(sys.executable).parent)
-    return {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
 
 
 def _merge(root: Path, scratch: Path, assignment: str, student: str) -> tuple[float, float]:

@@ -23,16 +23,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from course.ring.schedule import chunk_bounds, num_steps, phase, ring_bytes_formula
-from course.ring.trace import (
-    Message,
-    Trace,
-    Violation,
-    bytes_sent,
-    chunk_states,
-    full_mask,
-    ranks_in,
-    ring_violations,
-)
+from course.ring.trace import Message, Trace, bytes_sent, chunk_states, full_mask, ranks_in
+from course.ring.verdict import Violation, ring_violations
 
 __all__ = ["Frame", "RingView", "colorscale", "phase_name", "ring_figure"]
 
@@ -125,7 +117,7 @@ class RingView:
 
     @cached_property
     def deviations(self) -> list[Violation]:
-        """Where the run departs from a ring (``course.ring.trace.ring_violations``); the
+        """Where the run departs from a ring (``course.ring.verdict.ring_violations``); the
         reference ring has none."""
         return ring_violations(self.trace)
 

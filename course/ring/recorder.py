@@ -10,9 +10,10 @@ Each rank runs the code under :class:`Recorder`, which wraps the process group's
 ``group.send``/``group.recv`` once. Wrapping that one layer (instead of the module functions)
 counts each message once however the code imported ``send`` (``from torch.distributed import
 send`` included) and leaves ``P2POp``'s check of its op untouched. Collectives are flagged the
-same way, at the process group's methods, plus the ``_functional_collectives`` functions.
+same way, at the process group's methods, plus the ``_functional_collectives`` functions,
+each as a :class:`Collective` (name, elements, ``async_op``, time): the bucket checks read them.
 ``barrier`` is recorded as a collective too; whether it breaks a ring is for the verdict
-(``course.ring.trace.ring_violations`` lets it pass: it moves no tensor data).
+(``course.ring.verdict.ring_violations`` lets it pass: it moves no tensor data).
 
 A send's payload is read when it is posted; a receive's when its ``Work`` completes (``wait``
 or ``is_completed``), or at the rank's next point-to-point call or exit if the code waited some
@@ -28,7 +29,9 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -36,86 +39,14 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
+from course.ring.collectives import COLLECTIVES, FUNCTIONAL, Collective, async_op, numel_of
+from course.ring.encoding import check_encodable, decode_tensor, encoded_tensor
+from course.ring.logs import as_list, log_path, read_trace
 from course.ring.trace import Message, Trace
 
-__all__ = [
-    "Recorder",
-    "check_encodable",
-    "decode_tensor",
-    "encoded_tensor",
-    "log_path",
-    "read_log",
-    "read_trace",
-    "record",
-    "scratch_dir",
-]
+__all__ = ["Collective", "Recorder", "record", "scratch_dir"]
 
-# ProcessGroup method -> the torch.distributed name a student would recognise
-_COLLECTIVES = {
-    "allreduce": "all_reduce",
-    "allreduce_coalesced": "all_reduce_coalesced",
-    "allgather": "all_gather",
-    "allgather_coalesced": "all_gather_coalesced",
-    "allgather_into_tensor_coalesced": "all_gather_into_tensor",
-    "_allgather_base": "all_gather_into_tensor",
-    "all_gather_single": "all_gather_into_tensor",
-    "reduce_scatter": "reduce_scatter",
-    "_reduce_scatter_base": "reduce_scatter_tensor",
-    "reduce_scatter_single": "reduce_scatter_tensor",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    "scatter": "scatter",
-    "gather": "gather",
-    "alltoall": "all_to_all",
-    "alltoall_base": "all_to_all_single",
-    "all_to_all_single": "all_to_all_single",
-    "barrier": "barrier",
-    "monitored_barrier": "monitored_barrier",
-}
-_FUNCTIONAL = (
-    "all_reduce",
-    "all_reduce_coalesced",
-    "all_gather_tensor",
-    "all_gather_into_tensor_coalesced",
-    "reduce_scatter_tensor",
-    "reduce_scatter_tensor_coalesced",
-    "all_to_all_single",
-    "broadcast",
-)
 _active: list[Recorder] = []
-
-
-def encoded_tensor(rank: int, numel: int, world_size: int) -> torch.Tensor:
-    """Rank ``rank``'s encoded float64 input (``trace.encoded_value`` in every element)."""
-    scale = float(1 << world_size)
-    return (1 + torch.arange(numel, dtype=torch.float64) * scale) * float(1 << rank)
-
-
-def decode_tensor(payload: torch.Tensor, world_size: int) -> tuple[int | None, int | None]:
-    """``course.ring.trace.decode`` of a whole payload, vectorised: ``(offset, holds)`` or Nones."""
-    flat = payload.detach().reshape(-1)
-    if flat.numel() == 0 or flat.is_complex() or flat.dtype == torch.bool:
-        return None, None
-    values = flat.to(torch.float64)
-    first = values[0].item()
-    scale = 1 << world_size
-    if first == 0:
-        return (None, 0) if not values.any() else (None, None)
-    if first < 0 or first != int(first) or first >= 2**53:
-        return None, None
-    mask = int(first) % scale
-    if mask == 0 or (int(first) - mask) % (mask * scale):
-        return None, None
-    offset = (int(first) - mask) // (mask * scale)
-    index = torch.arange(offset, offset + flat.numel(), dtype=torch.float64)
-    expected = (1 + index * float(scale)) * float(mask)
-    return (offset, mask) if torch.equal(values, expected) else (None, None)
-
-
-def log_path(directory: str | os.PathLike, rank: int, tag: str = "") -> Path:
-    """Where rank ``rank`` streams its messages (one file per rank and ``tag``)."""
-    return Path(directory) / f"rank{rank}{'-' + tag if tag else ''}.jsonl"
 
 
 class _RecvWork:
@@ -148,7 +79,7 @@ class Recorder:
     def __init__(self, path: str | os.PathLike | None = None) -> None:
         self.path = Path(path) if path is not None else None
         self.messages: list[Message] = []
-        self.collectives: list[str] = []
+        self.collectives: list[Collective] = []
         self._file: Any = None
         self._orders = {"send": 0, "recv": 0}
         self._pending: list[tuple[int, Any, list[torch.Tensor], Any]] = []
@@ -163,13 +94,13 @@ class Recorder:
         self._patch(ProcessGroup, "send", self._wrap_send)
         self._patch(ProcessGroup, "recv", self._wrap_recv)
         self._patch(ProcessGroup, "recv_anysource", self._wrap_recv_anysource)
-        for method, name in _COLLECTIVES.items():
+        for method, name in COLLECTIVES.items():
             if hasattr(ProcessGroup, method):
                 self._patch(ProcessGroup, method, functools.partial(self._wrap_coll, name))
         with contextlib.suppress(ImportError):
             import torch.distributed._functional_collectives as fc
 
-            for name in _FUNCTIONAL:
+            for name in FUNCTIONAL:
                 if hasattr(fc, name):
                     self._patch(fc, name, functools.partial(self._wrap_coll, name))
         _active.append(self)
@@ -225,8 +156,9 @@ class Recorder:
 
     def _wrap_coll(self, name: str, original: Callable) -> Callable:
         def collective(*args: Any, **kwargs: Any) -> Any:
-            self.collectives.append(name)
-            self._write({"op": "collective", "name": name})
+            call = Collective(name, numel_of(args), async_op(), time.perf_counter())
+            self.collectives.append(call)
+            self._write({"op": "collective", **asdict(call)})
             return original(*args, **kwargs)
 
         return collective
@@ -278,56 +210,11 @@ class Recorder:
         message = Message(self.rank, peer, op, order, numel, nbytes, offset, holds)  # type: ignore[arg-type]
         if final:
             self.messages.append(message)
-        self._write({"op": op, "message": _as_list(message), "final": final})
+        self._write({"op": op, "message": as_list(message), "final": final})
 
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
-
-
-def _as_list(m: Message) -> list[Any]:
-    return [m.rank, m.peer, m.op, m.order, m.numel, m.nbytes, m.offset, m.holds]
-
-
-def read_log(path: str | os.PathLike) -> tuple[list[Message], list[str]]:
-    """One rank's streamed messages (the last word on each) and collective names."""
-    latest: dict[tuple[str, int], Message] = {}
-    collectives: list[str] = []
-    with contextlib.suppress(FileNotFoundError), open(path) as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a kill
-                continue
-            if record["op"] == "collective":
-                collectives.append(record["name"])
-            else:
-                m = Message(*record["message"])
-                latest[m.op, m.order] = m
-    return sorted(latest.values(), key=lambda m: (m.op, m.order)), collectives
-
-
-def read_trace(
-    directory: str | os.PathLike,
-    world_size: int,
-    numel: int,
-    itemsize: int,
-    failures: dict[int, Any] | None = None,
-    tag: str = "",
-) -> Trace:
-    """Assemble a :class:`Trace` from the ranks' logs; ``failures`` come from ``course.ranks``."""
-    messages: list[Message] = []
-    collectives: list[tuple[int, str]] = []
-    for rank in range(world_size):
-        rank_messages, names = read_log(log_path(directory, rank, tag))
-        messages += rank_messages
-        collectives += [(rank, name) for name in dict.fromkeys(names)]
-    failures = failures or {}
-    blocked = {r: f.message for r, f in sorted(failures.items())}
-    unfinished = tuple(sorted(failures))
-    return Trace(
-        world_size, numel, itemsize, tuple(messages), tuple(collectives), unfinished, blocked
-    )
 
 
 def _record_rank(fn: Callable[[torch.Tensor], Any], numel: int, directory: str) -> None:
@@ -358,12 +245,3 @@ def record(
     with scratch_dir() as directory:
         result = launch(_record_rank, world_size, fn, numel, directory, timeout=timeout)
         return read_trace(directory, world_size, numel, 8, result.failures)
-
-
-def check_encodable(world_size: int, numel: int) -> None:
-    """Refuse sizes whose encoded values would not be exact in float64."""
-    if numel and (1 << world_size) * (1 + (numel - 1) * (1 << world_size)) >= 2**53:
-        raise ValueError(
-            f"numel={numel} on {world_size} ranks is too large to record exactly: the encoded "
-            "values need 2**N * (1 + numel * 2**N) < 2**53. Use fewer elements or ranks."
-        )

@@ -160,7 +160,7 @@ def ring_trace(world_size: int, numel: int, itemsize: int = 4) -> Trace:
         for r in range(world_size):
             c = send_chunk(r, s, world_size)
             lo, hi = bounds[c]
-            holds = _payload_mask(r, s, world_size) if hi > lo else None
+            holds = expected_holds(r, s, world_size) if hi > lo else None
             offset = lo if hi > lo else None
             n = hi - lo
             nxt = send_peer(r, world_size)
@@ -169,12 +169,12 @@ def ring_trace(world_size: int, numel: int, itemsize: int = 4) -> Trace:
     return Trace(world_size, numel, itemsize, tuple(messages))
 
 
-def _payload_mask(rank: int, step: int, world_size: int) -> int:
-    """What rank's send at ``step`` carries: the arc of ``step + 1`` ranks ending at ``rank``
-    in reduce-scatter, everyone in all-gather."""
+def expected_holds(rank: int, step: int, world_size: int, direction: int = 1) -> int:
+    """The mask a ring's send carries at ``step``: the arc of ``step + 1`` ranks ending at
+    ``rank`` in reduce-scatter, every rank in all-gather (Patarasuk & Yuan 2009)."""
     if step >= world_size - 1:
         return (1 << world_size) - 1
-    return sum(1 << ((rank - j) % world_size) for j in range(step + 1))
+    return sum(1 << ((rank - j * direction) % world_size) for j in range(step + 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,8 @@ from course.checks import check_answer, check_ring_pattern, check_ring_sums
 from course.pictures import widgets
 from course.ring import cost
 from course.ring.recorder import record
-from course.ring.trace import bytes_sent, ring_violations, steps
+from course.ring.trace import bytes_sent, steps
+from course.ring.verdict import ring_violations
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "meet_ranks", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Meet your ranks

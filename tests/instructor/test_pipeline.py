@@ -8,15 +8,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course.instructor import pipeline
-from course.instructor.pipeline import (
-    GradeRow,
-    Submission,
-    assemble,
-    check_expectations,
-    load_specs,
-)
+from course.instructor import commands, grades, pipeline, submissions
+from course.instructor.grades import GradeRow, check_expectations
 from course.instructor.selfstudy import grade_id
+from course.instructor.submissions import Submission, assemble, load_specs
 
 REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "tests" / "fixtures" / "toy_course"
@@ -91,7 +86,7 @@ def test_a_spec_naming_a_missing_cell_is_rejected():
 def test_every_sample_spec_fits_its_release_notebook():
     """Does each spec in autograde/submissions name an assignment and cells that exist?"""
     subs = load_specs()
-    assert {s.assignment for s in subs} <= set(pipeline.assignments(REPO))
+    assert {s.assignment for s in subs} <= set(commands.assignments(REPO))
     assert RING in {s.assignment for s in subs}
     for sub in subs:
         a = sub.assignment
@@ -127,7 +122,7 @@ def test_grade_table_has_a_row_per_cell_and_a_total():
         GradeRow("ada", "a", "f_sums", 6, 6),
         GradeRow("ben", "a", "f_sums", 3, 6),
     ]
-    lines = pipeline.format_grades(rows).splitlines()
+    lines = grades.format_grades(rows).splitlines()
     assert lines[0].split() == ["a", "ada", "ben"]
     assert lines[1].split() == ["q1_check", "(2)", "2", "0"]
     assert lines[-1].split() == ["total", "(8)", "8", "3"]
@@ -137,8 +132,8 @@ def test_grade_table_has_a_row_per_cell_and_a_total():
 
 
 def _run(root: Path, specs: list[Submission], assignment: str) -> dict[str, float]:
-    pipeline.release(root)
-    pipeline.submit(root, specs)
+    commands.release(root)
+    submissions.submit(root, specs)
     return pipeline.autograde(root, assignment)
 
 
@@ -163,7 +158,7 @@ def test_demo_on_the_toy_course(tmp_path, capsys):
     assert status == 0, out
     assert "every grade as its spec expects" in out
     specs = load_specs(TOY / "submissions")
-    rows = pipeline.grade_rows(root)
+    rows = grades.grade_rows(root)
     assert len(rows) == 3 * len(specs) and check_expectations(rows, specs) == []
     executed = nbformat.read(root / "build" / "executed" / "toy.ipynb", as_version=4)
     assert all(c.execution_count for c in executed.cells if c.cell_type == "code")
@@ -190,7 +185,7 @@ def test_ring_samples_grade_as_their_specs_expect(tmp_path):
     start = time.monotonic()
     seconds = _run(root, specs, RING)
     print(f"autograde {RING}: {seconds} ({time.monotonic() - start:.0f} s in all)")
-    rows = pipeline.grade_rows(root)
+    rows = grades.grade_rows(root)
     assert check_expectations(rows, specs) == []
     for sub in specs:
         errors = _autograded_errors(root, sub.student, RING)

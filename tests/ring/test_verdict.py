@@ -8,16 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course.ring.schedule import ring_trace
-from course.ring.trace import (
-    Message,
-    Trace,
-    decode,
-    encoded_value,
-    expected_holds,
-    ring_direction,
-    ring_violations,
-)
+from course.ring.schedule import expected_holds, ring_trace
+from course.ring.trace import Message, Trace, decode, encoded_value
+from course.ring.verdict import ring_direction, ring_violations
 
 
 def _mirror(trace: Trace) -> Trace:

@@ -1,0 +1,82 @@
+"""Which calls are collectives, and what the recorder writes down for each one."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["COLLECTIVES", "FUNCTIONAL", "Collective", "async_op", "numel_of"]
+
+# ProcessGroup method -> the torch.distributed name a student would recognise
+COLLECTIVES = {
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce_coalesced",
+    "allgather": "all_gather",
+    "allgather_coalesced": "all_gather_coalesced",
+    "allgather_into_tensor_coalesced": "all_gather_into_tensor",
+    "_allgather_base": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+    "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter_tensor",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "scatter": "scatter",
+    "gather": "gather",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all_single",
+    "all_to_all_single": "all_to_all_single",
+    "barrier": "barrier",
+    "monitored_barrier": "monitored_barrier",
+}
+FUNCTIONAL = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather_tensor",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all_single",
+    "broadcast",
+)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective call on this rank: its torch.distributed name, elements, and when."""
+
+    name: str
+    numel: int  # elements of every tensor passed in (inputs and outputs alike)
+    async_op: bool | None  # as the caller of the torch.distributed function asked; None: unknown
+    t: float  # time.perf_counter() when the call was made
+
+
+def numel_of(args: tuple) -> int:
+    """Elements of the tensors among a collective's arguments (lists of tensors included)."""
+    total = 0
+    for a in args:
+        items = a if isinstance(a, list | tuple) else [a]
+        total += sum(t.numel() for t in items if isinstance(t, torch.Tensor))
+    return total
+
+
+def async_op() -> bool | None:
+    """The ``async_op`` argument of the ``torch.distributed`` function that called us, if any.
+
+    ``dist.all_reduce(t, async_op=...)`` calls the process group's method and then waits on
+    its ``Work`` or not: the flag lives only in that caller's frame.
+    """
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            break
+        if (
+            frame.f_code.co_filename.endswith("distributed_c10d.py")
+            and "async_op" in frame.f_locals
+        ):
+            return bool(frame.f_locals["async_op"])
+        frame = frame.f_back
+    return None
