@@ -132,7 +132,8 @@ def main() -> None:
     print(f"{'N':>3} {'cold (s)':>9} {'warm (s)':>9} {'mp.spawn (s)':>13} {'spawn/warm':>11}")
     rows = {}
     for n, want in zip(args.sizes, expected, strict=True):
-        assert ranks.run(work, n) == [want] * n and run_spawn(n) == [want] * n
+        assert ranks.run(work, n) == [want] * n
+        assert run_spawn(n) == [want] * n
         cold = timed(lambda n=n: ranks.run(work, n), args.repeat, before=ranks.shutdown)
         ranks.run(work, n)
         warm = timed(lambda n=n: ranks.run(work, n), args.repeat)

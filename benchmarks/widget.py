@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 from course.pictures.widgets import RingWidget
 from course.ring.schedule import ring_trace
 
 
-def per_step_ms(widget: RingWidget, clock=time.process_time) -> list[float]:
+def per_step_ms(widget: RingWidget, clock: Callable[[], float] = time.process_time) -> list[float]:
     """Milliseconds of each ``show(step)`` call over the whole trace."""
     out = []
     for step in range(widget.view.last + 1):

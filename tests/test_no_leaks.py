@@ -13,7 +13,7 @@ from course.instructor.selfstudy import grade_id, hidden_region, quiz_items
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = sorted(p for p in (REPO / "source").glob("*/*.ipynb") if p.stem == p.parent.name)
 KEY_ARGUMENT = re.compile(r"""\bkey\s*=\s*["'][a-z]["']""")
-_SOLUTION = re.compile(r"### BEGIN SOLUTION\n(.*?)\n\s*### END SOLUTION", re.S)
+_SOLUTION = re.compile(r"### BEGIN SOLUTION\n(.*?)\n\s*### END SOLUTION", re.DOTALL)
 
 
 def _flat(text: str) -> str:
@@ -28,14 +28,13 @@ def _readable_text(path: Path) -> str:
     parts = []
     for cell in nb.cells:
         parts.append(cell.source)
-        for out in cell.get("outputs", []):
-            parts.append(str(out.get("text", "")) + str(out.get("data", "")))
+        parts += [str(o.get("text", "")) + str(o.get("data", "")) for o in cell.get("outputs", [])]
     return "\n".join(parts)
 
 
 def _student_readable() -> dict[str, str]:
     files = [p for p in (REPO / "release").rglob("*") if p.is_file()]
-    files += [p for p in (REPO / "course").rglob("*.py")]
+    files += list((REPO / "course").rglob("*.py"))
     return {str(p.relative_to(REPO)): _readable_text(p) for p in sorted(files)}
 
 

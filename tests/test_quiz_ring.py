@@ -29,7 +29,7 @@ def test_ring_1_steps() -> None:
         "a": lambda n: n,
         "b": lambda n: 2 * (n - 1),
         "c": lambda n: (n - 1).bit_length(),  # ceil(log2 N)
-        "d": lambda n: 1,
+        "d": lambda _n: 1,
     }
     options = {k: all(claim(n) == s for n, s in measured.items()) for k, claim in claims.items()}
     assert supported(options) == KEYS["ring_1"]

@@ -76,7 +76,7 @@ def _bucketed_trial(
     with Recorder() as recorder:
         try:
             fn(given, cap)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the student's code may raise anything; each becomes a message
             out["problem"] = f"bucketed_allreduce raised an exception:\n{user_traceback(exc)}"
             return out
     out["calls"] = _all_reduces(recorder)
@@ -200,11 +200,11 @@ def _overlap_trial(cls: Any, cap: float, seed: int, steps: int) -> dict[str, Any
     with Recorder() as recorder:
         try:
             wrapper = cls(model, cap)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the student's code may raise anything; each becomes a message
             out["problem"] = f"OverlappingDDP(module, bucket_cap_mb) raised:\n{user_traceback(exc)}"
             return out
         for p in model.parameters():  # after the student's hooks, so they fire first
-            p.register_post_accumulate_grad_hook(lambda p: ready.append(time.perf_counter()))
+            p.register_post_accumulate_grad_hook(lambda _p: ready.append(time.perf_counter()))
         for x, want in zip(inputs, expected, strict=True):
             recorder.collectives.clear()
             ready.clear()
@@ -214,7 +214,7 @@ def _overlap_trial(cls: Any, cap: float, seed: int, steps: int) -> dict[str, Any
                 loss.backward()
                 returned = time.perf_counter()
                 wrapper.finish()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the student's code may raise anything; each becomes a message
                 out["problem"] = f"backward or finish() raised:\n{user_traceback(exc)}"
                 return out
             grads = [p.grad.clone() if p.grad is not None else None for p in model.parameters()]
@@ -227,7 +227,7 @@ def _overlap_trial(cls: Any, cap: float, seed: int, steps: int) -> dict[str, Any
 
 
 def check_overlapping_ddp(
-    OverlappingDDP: type,
+    OverlappingDDP: type,  # noqa: N803 - the name of the class the student wrote
     world_sizes: Sequence[int] = (2,),
     bucket_cap_mb: float = 0.01,
     seed: int | None = None,

@@ -65,11 +65,11 @@ def _hook_signature_problem(hook: Any) -> str | None:
 def guard_hook(hook: Any, problems: list[str]) -> Any:
     """Wrap the student's hook: record anything DDP would choke on and keep the run alive."""
 
-    def guarded(state, bucket):  # no annotations: DDP inspects them
+    def guarded(state, bucket):  # noqa: ANN001, ANN202 - DDP inspects a hook's annotations
         buffer = bucket.buffer()
         shape, local = buffer.shape, buffer.clone()
         fut = hook(state, bucket)  # an exception here fails the rank with the student's traceback
-        if not isinstance(fut, torch._C.Future):  # work.get_future() gives the C++ base class
+        if not isinstance(fut, torch._C.Future):  # noqa: SLF001 - work.get_future() gives the C++ base class
             problems.append(
                 f"average_hook returned {type(fut).__name__}, not a torch.futures.Future. "
                 "Return the future of the all-reduce: dist.all_reduce(..., async_op=True)"
@@ -80,7 +80,7 @@ def guard_hook(hook: Any, problems: list[str]) -> Any:
         def value(f: torch.futures.Future) -> torch.Tensor:
             try:
                 v = f.value()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the student's code may raise anything; each becomes a message
                 problems.append(f"average_hook's future failed:\n{user_traceback(exc)}")
                 return local
             if isinstance(v, list | tuple):
@@ -196,7 +196,7 @@ def _show(t: torch.Tensor, n: int = 4) -> str:
 
 def _local_batch_sizes(world_size: int, seed: int) -> list[int]:
     """Unequal local batch sizes: at least two different sizes among the ranks."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # noqa: S311 - test data, not a secret
     sizes = [rng.randint(1, 5) for _ in range(world_size)]
     if len(set(sizes)) == 1:
         sizes[0] = sizes[0] % 5 + 1
@@ -222,7 +222,7 @@ def _weighted_trial(weighted_loss: Any, sizes: list[int], seed: int) -> dict[str
     losses = per_sample(ddp, x[lo : lo + sizes[rank]], y[lo : lo + sizes[rank]])
     try:
         loss = weighted_loss(losses)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the student's code may raise anything; each becomes a message
         result["problem"] = f"weighted_loss raised an exception:\n{user_traceback(exc)}"
         return result
     result["problem"] = _loss_problem(loss, sizes[rank])

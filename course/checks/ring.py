@@ -115,13 +115,13 @@ def _refuse_the_reference() -> None:
     """On a grading rank, make the course's own ring fail: the student's ring is graded."""
     import course.ring.reference
 
-    def refuse(*args: Any) -> None:
+    def refuse(*_args: Any) -> None:
         raise AssertionError(
             "this calls the course's reference course.ring.reference.ring_allreduce: "
             "the exercise is to write the ring yourself, with dist.isend/irecv/send/recv"
         )
 
-    course.ring.reference._ring = refuse
+    course.ring.reference._ring = refuse  # noqa: SLF001 - the reference's one entry point, refused while grading
 
 
 def _run_case(
@@ -148,7 +148,7 @@ def _check(
     fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int], *, sums: bool, pattern: bool
 ) -> RingReport:
     if not callable(fn):
-        raise AssertionError(
+        raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
             f"expected your ring_allreduce function, got {type(fn).__name__}: run its cell first"
         )
     world_sizes = tuple(world_sizes)
@@ -169,7 +169,7 @@ def _check(
             for i, case in enumerate(cases):
                 got = [r[i] for r in results]
                 if case.recorded:
-                    _judge_pattern(world_size, case, directory, i, got)
+                    _judge_pattern(world_size, case, directory, i)
                     n_patterns += 1
                 else:
                     _judge_sums(world_size, case, inputs[i], got)
@@ -275,15 +275,17 @@ def _hints(
     return hints
 
 
-def _judge_pattern(world_size: int, case: Case, directory: str, i: int, got: list) -> None:
+def _judge_pattern(world_size: int, case: Case, directory: str, i: int) -> None:
     """The recorded run is a ring: ``course.ring.verdict.ring_violations`` finds nothing."""
     trace = read_trace(directory, world_size, case.shape[0], 8, tag=f"case{i}")
     found = ring_violations(trace)
     if not found:
         return
     lines = [
-        f"ring_allreduce is not a ring all-reduce on {world_size} ranks "
-        f"(tensor of {case.shape[0]} elements, recorded):"
+        (
+            f"ring_allreduce is not a ring all-reduce on {world_size} ranks "
+            f"(tensor of {case.shape[0]} elements, recorded):"
+        )
     ]
     lines += [f"  {v}" for v in found[:SHOWN]]
     if len(found) > SHOWN:

@@ -114,7 +114,7 @@ def _recording_hook(log: list[dict[str, Any]], index: dict[int, int], t0: list[f
     """A comm hook that averages like DDP's default and logs each bucket's start and finish."""
     world_size = dist.get_world_size()
 
-    def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:  # noqa: ARG001 - DDP's comm hook signature
         entry = {
             "bucket": bucket.index(),
             "nbytes": _nbytes(bucket.buffer()),

@@ -36,7 +36,7 @@ __all__ = [
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
 
 
-def sum_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def sum_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:  # noqa: ARG001 - DDP's comm hook signature
     """A comm hook that sums the bucket across ranks and does not divide by world_size."""
     buffer = bucket.buffer()
     dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
@@ -128,7 +128,8 @@ def train_single(lr: float, steps: int = 30, seed: int = 0) -> list[float]:
     return losses
 
 
-def _split(n: int, sizes: Sequence[int]) -> list[slice]:
+def _split(sizes: Sequence[int]) -> list[slice]:
+    """Consecutive slices of the given sizes."""
     ends = torch.tensor(list(sizes)).cumsum(0).tolist()
     return [slice(end - size, end) for size, end in zip(sizes, ends, strict=True)]
 
@@ -150,7 +151,7 @@ def uneven_step(local_batch_sizes: Sequence[int] = (1, 3), seed: int = 0) -> dic
     if len(local_batch_sizes) != world_size:
         raise ValueError(f"need one local batch size per rank, got {list(local_batch_sizes)}")
     x, y = regression_data(samples=sum(local_batch_sizes), features=3, seed=seed)
-    shards = _split(len(x), local_batch_sizes)
+    shards = _split(local_batch_sizes)
     model = nn.Linear(3, 1, bias=False)
     torch.manual_seed(seed)
     nn.init.normal_(model.weight)

@@ -139,30 +139,14 @@ def autograde_class(
     submitted = root / "submitted"
     everyone = sorted(p.name for p in submitted.iterdir() if (p / assignment).is_dir())
     todo = [s for s in everyone if students is None or s in students]
-    manifest_path = root / "autograded" / MANIFEST
-    manifest_path.parent.mkdir(exist_ok=True)
-    manifest = _load_manifest(manifest_path).get(assignment, {})
-    outcomes: dict[str, Outcome] = {}
-    queue = []
-    for student in todo:
-        digest = submission_digest(submitted / student / assignment)
-        done = manifest.get(student)
-        if done and done["digest"] == digest and (done["status"] == "graded" or not retry_failed):
-            outcomes[student] = Outcome(**{**done, "status": "skipped" if done["status"] ==
-                                           "graded" else done["status"]})  # fmt: skip
-        else:
-            queue.append((student, digest))
+    manifest = _Manifest(root / "autograded" / MANIFEST, assignment)
+    outcomes, queue = _plan(submitted, assignment, todo, manifest.entries, retry_failed)
     progress(f"{assignment}: {len(queue)} to grade, {len(outcomes)} unchanged since last run")
     started = time.monotonic()
 
     def record(outcome: Outcome) -> None:
         outcomes[outcome.student] = outcome
-        manifest[outcome.student] = {**asdict(outcome), "status": outcome.status}
-        everything = _load_manifest(manifest_path)
-        everything[assignment] = manifest
-        tmp = manifest_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(everything, indent=1, sort_keys=True))
-        tmp.replace(manifest_path)  # atomic: an interrupted run never leaves half a manifest
+        manifest.write(outcome)
         n = sum(o.status != "skipped" for o in outcomes.values())
         what = (f"{outcome.score:g}/{outcome.max_score:g}" if outcome.status == "graded"
                 else f"FAILED: {outcome.error[:120]}")  # fmt: skip
@@ -178,25 +162,62 @@ def autograde_class(
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
-                student, digest = pending.pop(fut)
-                outcome = Outcome(student, "failed", digest=digest)
-                try:
-                    scratch, outcome.seconds = fut.result()
-                    try:  # merging is serial: only this thread writes the real gradebook
-                        outcome.score, outcome.max_score = _merge(
-                            root, scratch, assignment, student
-                        )
-                        outcome.status = "graded"
-                    finally:
-                        shutil.rmtree(scratch, ignore_errors=True)
-                except Exception as err:  # any failure is recorded; the run goes on
-                    outcome.error = f"{type(err).__name__}: {err}"
-                record(outcome)
+                record(_collect(root, assignment, fut, *pending.pop(fut)))
     shutil.rmtree(snapshot.parent, ignore_errors=True)
     elapsed = time.monotonic() - started
     failed = sorted(s for s, o in outcomes.items() if o.status == "failed")
     progress(f"{assignment}: {len(queue)} graded in {elapsed:.0f} s; failed: {failed or 'none'}")
     return [outcomes[s] for s in todo]
+
+
+class _Manifest:
+    """What was graded, per assignment and student, rewritten atomically after each one."""
+
+    def __init__(self, path: Path, assignment: str) -> None:
+        self.path, self.assignment = path, assignment
+        path.parent.mkdir(exist_ok=True)
+        self.entries: dict[str, dict] = _load_manifest(path).get(assignment, {})
+
+    def write(self, outcome: Outcome) -> None:
+        self.entries[outcome.student] = {**asdict(outcome), "status": outcome.status}
+        everything = _load_manifest(self.path)
+        everything[self.assignment] = self.entries
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(everything, indent=1, sort_keys=True))
+        tmp.replace(self.path)  # atomic: an interrupted run never leaves half a manifest
+
+
+def _plan(
+    submitted: Path, assignment: str, todo: list[str], done: dict[str, dict], retry_failed: bool
+) -> tuple[dict[str, Outcome], list[tuple[str, str]]]:
+    """Outcomes kept from earlier runs (unchanged submissions), and the (student, digest) queue."""
+    outcomes: dict[str, Outcome] = {}
+    queue = []
+    for student in todo:
+        digest = submission_digest(submitted / student / assignment)
+        before = done.get(student)
+        keep = before and before["digest"] == digest
+        if keep and (before["status"] == "graded" or not retry_failed):
+            status = "skipped" if before["status"] == "graded" else before["status"]
+            outcomes[student] = Outcome(**{**before, "status": status})
+        else:
+            queue.append((student, digest))
+    return outcomes, queue
+
+
+def _collect(root: Path, assignment: str, fut: Future, student: str, digest: str) -> Outcome:
+    """One finished submission: merged into the gradebook, or failed with its reason."""
+    outcome = Outcome(student, "failed", digest=digest)
+    try:
+        scratch, outcome.seconds = fut.result()
+        try:  # merging is serial: only the caller's thread writes the real gradebook
+            outcome.score, outcome.max_score = _merge(root, scratch, assignment, student)
+            outcome.status = "graded"
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    except Exception as err:  # noqa: BLE001 - any failure is recorded; the run goes on
+        outcome.error = f"{type(err).__name__}: {err}"
+    return outcome
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +59,9 @@ def noteworthy(line: str) -> bool:
     return ("| WARNING]" in line or "| ERROR]" in line) and not any(n in line for n in noise)
 
 
-def nbgrader(root: Path, *args: str, on_line=None, check: bool = True) -> str:
+def nbgrader(
+    root: Path, *args: str, on_line: Callable[[str], object] | None = None, check: bool = True
+) -> str:
     """Run ``nbgrader <args>`` in course ``root`` (its nbgrader_config.py); return its log.
 
     Streams the log line by line to ``on_line`` (default: print warnings and errors) and,

@@ -73,9 +73,11 @@ def check_expectations(rows: Sequence[GradeRow], subs: Sequence[Submission]) -> 
     """Where a grade differs from its spec's ``expect`` table (first matching pattern wins)."""
     problems = []
     graded = {(r.student, r.assignment) for r in rows}
-    for sub in subs:
-        if (sub.student, sub.assignment) not in graded:
-            problems.append(f"{sub.student}/{sub.assignment}: no grades in the gradebook")
+    problems += [
+        f"{sub.student}/{sub.assignment}: no grades in the gradebook"
+        for sub in subs
+        if (sub.student, sub.assignment) not in graded
+    ]
     for r in rows:
         sub = next(
             (s for s in subs if (s.student, s.assignment) == (r.student, r.assignment)), None

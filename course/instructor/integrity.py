@@ -204,7 +204,7 @@ def _def_time_parts(node: ast.AST) -> Iterable[ast.AST | None]:
         yield from node.bases
 
 
-def _allowed(node: ast.stmt, in_class: bool = False) -> bool:
+def _allowed(node: ast.stmt, in_class: bool = False) -> bool:  # noqa: PLR0911 - a decision table, one return per kind of statement
     """Statements a solution cell may run at top level: definitions and literal values."""
     if isinstance(node, ast.Import | ast.ImportFrom | ast.Pass):
         return not in_class
@@ -319,7 +319,7 @@ def _judge_main() -> None:
 
     shell = InteractiveShell.instance(colors="NoColor")
 
-    def timeout(signum: int, frame: object) -> None:
+    def timeout(_signum: int, _frame: object) -> None:
         raise TimeoutError(f"the check took longer than {job['cell_timeout']} s")
 
     signal.signal(signal.SIGALRM, timeout)
@@ -385,7 +385,7 @@ def _setup_like(source: str) -> bool:
     return only_imports and all(ln.split()[0] == "%load_ext" for ln in magics)
 
 
-def _make_rejudge() -> type:
+def _make_rejudge() -> type:  # noqa: C901 - one nbgrader preprocessor class, defined on first use
     """Build :class:`Rejudge` on first use: nbgrader is too heavy to import in every kernel."""
     from nbgrader.preprocessors import NbGraderPreprocessor
     from traitlets import Bool, Integer
@@ -412,10 +412,10 @@ def _make_rejudge() -> type:
                 verdicts = run_judge(judge_cells(cells), sandbox=self.sandbox,
                                      cell_timeout=self.cell_timeout)  # fmt: skip
             except (RuntimeError, subprocess.TimeoutExpired) as err:
-                self.log.error("Re-check failed for %s: %s", info["notebook"], err)
-                verdicts = {
-                    gid: (False, f"the grader could not re-check it: {err}") for gid in targets
-                }
+                self.log.error("Re-check failed for %s: %s", info["notebook"], err)  # noqa: TRY400 - the reason is in the message; no traceback in the log
+                verdicts = dict.fromkeys(
+                    targets, (False, f"the grader could not re-check it: {err}")
+                )
             for gid, cell in targets.items():
                 ok, message = verdicts.get(gid, (False, "the grader did not reach this cell"))
                 if not ok:

@@ -20,7 +20,7 @@ import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -162,7 +162,7 @@ def demo(
     return 1 if problems or drift else 0
 
 
-def _stepper(t0: float):
+def _stepper(t0: float) -> Callable[[str], None]:
     def step(text: str) -> None:
         say(f"[{time.monotonic() - t0:6.1f} s] {text}")
 

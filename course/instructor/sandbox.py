@@ -52,7 +52,7 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/op
 ENV_KEEP = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "NBGRADER_EXECUTION", "OMP_NUM_THREADS")
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(RuntimeError):  # noqa: N818 - says what it means; not an error of the caller's
     """bubblewrap or setpriv is missing, or this user cannot drop to the sandbox uid."""
 
 
@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not cmd:
         parser.error("give a command after --")
     argv_ = confine(cmd, rw=args.rw, ro=args.ro, cwd=args.cwd)
-    os.execvp(argv_[0], argv_)
+    os.execvp(argv_[0], argv_)  # noqa: S606 - replaces this process with the confined command
     return 127  # not reached
 
 

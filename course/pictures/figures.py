@@ -527,7 +527,7 @@ def _play_buttons(duration_ms: int) -> dict:
     }
 
 
-def _slider(view: RingView, duration_ms: int) -> dict:
+def _slider(view: RingView, duration_ms: int) -> dict:  # noqa: ARG001 - the play button's duration, kept beside the slider's
     every = 1 if view.last <= 16 else 2 if view.last <= 32 else 4
     jump = {
         "frame": {"duration": 0, "redraw": True},

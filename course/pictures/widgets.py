@@ -32,7 +32,7 @@ MAX_WORLD_SIZE = 32
 class RingWidget(widgets.VBox):
     """Play/step/scrub controls, a step counter and a deviation report around one trace."""
 
-    def __init__(self, trace: Trace, label: str = "reference ring", simulate: bool = False):
+    def __init__(self, trace: Trace, label: str = "reference ring", simulate: bool = False) -> None:
         self.label, self.itemsize = label, trace.itemsize
         self.play = widgets.Play(interval=STEP_MS, description="play", show_repeat=False)
         self.slider = widgets.IntSlider(description="step", continuous_update=True)

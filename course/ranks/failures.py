@@ -17,7 +17,9 @@ CELL_NAME = "<cell>"  # the filename of run_source() code in tracebacks
 # Kinds that start a failure; the others (blocked, aborted, deadlock, timeout) follow from one.
 CAUSES = frozenset({"raised", "exited", "killed", "spin"})
 # gloo's words for "my peer went away": a rank that raised this only followed another's failure
-PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|ECONNRESET|EPIPE", re.I)
+PEER_GONE = re.compile(
+    r"Connection (closed|reset) by peer|Broken pipe|ECONNRESET|EPIPE", re.IGNORECASE
+)
 
 
 @dataclass(frozen=True)

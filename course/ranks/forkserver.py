@@ -56,28 +56,28 @@ class _Server:
 
     def pid(self) -> int | None:
         """The forkserver's pid, if one was started."""
-        return self._server._forkserver_pid if self._server else None
+        return self._server._forkserver_pid if self._server else None  # noqa: SLF001 - multiprocessing internals, see the module docstring
 
     def stop(self) -> None:
         """Ask the forkserver to exit (closing its "alive" pipe) and reap it."""
         with self._lock:
             if self._server is not None:
-                pid = self._server._forkserver_pid
+                pid = self._server._forkserver_pid  # noqa: SLF001 - multiprocessing internals, see the module docstring
                 self._discard()
                 _reap(pid)
 
     @staticmethod
     def _alive(server: forkserver.ForkServer) -> bool:
         try:  # multiprocessing internals: stable from Python 3.8 to 3.13
-            return os.waitpid(server._forkserver_pid, os.WNOHANG)[0] == 0
+            return os.waitpid(server._forkserver_pid, os.WNOHANG)[0] == 0  # noqa: SLF001 - multiprocessing internals, see the module docstring
         except ChildProcessError:
             return False
 
     def _discard(self) -> None:
         server, self._server = self._server, None
-        if server is not None and server._forkserver_alive_fd is not None:
-            os.close(server._forkserver_alive_fd)
-        address = server and server._forkserver_address
+        if server is not None and server._forkserver_alive_fd is not None:  # noqa: SLF001 - multiprocessing internals, see the module docstring
+            os.close(server._forkserver_alive_fd)  # noqa: SLF001 - multiprocessing internals, see the module docstring
+        address = server and server._forkserver_address  # noqa: SLF001 - multiprocessing internals, see the module docstring
         if isinstance(address, str) and os.path.exists(address):
             os.unlink(address)
 
@@ -137,7 +137,7 @@ class RankProcess(BaseProcess):
     _start_method = "forkserver"
 
     @staticmethod
-    def _Popen(process_obj: BaseProcess) -> _Popen:
+    def _Popen(process_obj: BaseProcess) -> _Popen:  # noqa: N802 - multiprocessing's own hook name
         return _Popen(process_obj)
 
     def run(self) -> None:

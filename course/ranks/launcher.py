@@ -193,7 +193,7 @@ def _try_pickle(name: str, value: Any) -> None:
     """Raise a TypeError that says which value cannot be sent to the ranks, and why."""
     try:
         dumps(value)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any pickling failure; the next lines name the culprit
         raise TypeError(
             f"{name} (a {type(value).__name__}) cannot be sent to the ranks: {exc}. Pass plain "
             "data (numbers, lists, dicts, tensors) or create the object inside the ranks."

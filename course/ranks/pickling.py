@@ -32,7 +32,7 @@ def dumps(obj: Any) -> bytes:
 
 def _code_reduce(code: types.CodeType) -> tuple:
     """cloudpickle's code reducer, minus its renaming of every file to "<dynamic-code>"."""
-    constructor, args = cloudpickle.cloudpickle._code_reduce(code)
+    constructor, args = cloudpickle.cloudpickle._code_reduce(code)  # noqa: SLF001 - see the module docstring
     return constructor, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
 
 

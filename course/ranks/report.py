@@ -21,7 +21,7 @@ from typing import Any
 from course.ranks.failures import CAUSES, PEER_GONE, RankFailure, RunResult
 
 # gloo's words for "my peer never answered"
-_TIMED_OUT = re.compile(r"Timed out|timeout", re.I)
+_TIMED_OUT = re.compile(r"Timed out|timeout", re.IGNORECASE)
 _COURSE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 _LIBRARY_DIRS = tuple(
     {os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "purelib", "platlib")}
@@ -38,9 +38,9 @@ def build_result(
         outcome = r.outcome or ("stopped",)
         if outcome[0] == "ok":
             try:
-                results[r.rank] = pickle.loads(outcome[1])
+                results[r.rank] = pickle.loads(outcome[1])  # noqa: S301 - the launcher's own pipe from its ranks
                 continue
-            except Exception as exc:  # any load failure is this rank's failure
+            except Exception as exc:  # noqa: BLE001 - any load failure is this rank's failure
                 outcome = ("raised", _load_error(exc))
         raw[r.rank] = _observe(r, outcome, reason, timeout)
     failures = _resolve(raw)
@@ -108,7 +108,7 @@ def _resolve(raw: dict[int, dict[str, Any]]) -> dict[int, RankFailure]:
     return failures
 
 
-def _final_kind(obs: dict[str, Any], causes: list[int], deadlocked: bool) -> tuple[str, str]:
+def _final_kind(obs: dict[str, Any], causes: list[int], deadlocked: bool) -> tuple[str, str]:  # noqa: PLR0911 - a decision table, one return per outcome
     """The failure kind and message of one rank, given which ranks caused the failure."""
     kind, where = obs["kind"], obs["where"] or "an unknown place"
     waiting = "rank " + ", ".join(map(str, causes)) if causes else ""
@@ -165,9 +165,9 @@ def format_traceback(frames: list, last_line: str) -> str:
     lines = ["Traceback (most recent call last):"] if frames else []
     for filename, lineno, name, line in frames:
         lines.append(f'  File "{display_name(filename)}", line {lineno}, in {name}')
-        line = line or source_line(filename, lineno)
-        if line:
-            lines.append(f"    {line.strip()}")
+        text = line or source_line(filename, lineno)
+        if text:
+            lines.append(f"    {text.strip()}")
     if last_line:
         lines.append(last_line)
     return "\n".join(lines)

@@ -72,7 +72,7 @@ def rank_main(
         send(("ok", _dump_value(value)))
     except SystemExit as exc:
         send(("sys_exit", _exit_code(exc.code), _frames(exc.__traceback__)))
-    except BaseException as exc:  # every failure, KeyboardInterrupt included, goes to the caller
+    except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt included, goes to the caller
         send(("raised", _describe(exc)))
     # Having reported, the rank stays up, idle, until the caller ends the whole run.
     # Exiting now would close gloo connections that peers may still be reading (even
@@ -103,17 +103,17 @@ def _execute(job: dict[str, Any], rank: int, world_size: int) -> Any:
     namespace |= job["variables"]
     tree = ast.parse(source, CELL)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-    exec(compile(tree, CELL, "exec"), namespace)
+    exec(compile(tree, CELL, "exec"), namespace)  # noqa: S102 - runs the cell's own source, on its own rank
     if last is None:
         return None
-    return eval(compile(ast.Expression(last.value), CELL, "eval"), namespace)
+    return eval(compile(ast.Expression(last.value), CELL, "eval"), namespace)  # noqa: S307 - the cell's last expression, like IPython's
 
 
 def _dump_value(value: Any) -> bytes:
     """Pickle a return value, or explain why it cannot travel back to the caller."""
     try:
         return cloudpickle.dumps(value)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any pickling failure becomes this rank's TypeError
         kind = type(value).__name__
         raise TypeError(
             f"the return value (a {kind}) cannot be sent back to the caller: {exc}. "
@@ -144,7 +144,7 @@ def _watch(conn: Connection, send: _Sender, main_ident: int) -> None:
             _kill_own_group()
         if request == b"stack":
             _flush()
-            frame = sys._current_frames().get(main_ident)
+            frame = sys._current_frames().get(main_ident)  # noqa: SLF001 - the only way to read another thread's stack
             send(("stack", _stack(frame)))
 
 
@@ -159,7 +159,7 @@ def _reporting_exit(send: _Sender, real_exit: Any) -> Any:
     """Wrap os._exit so the caller learns where a rank called it before it vanishes."""
 
     def _exit(code: int) -> None:
-        send(("os_exit", code, _stack(sys._getframe(1))))
+        send(("os_exit", code, _stack(sys._getframe(1))))  # noqa: SLF001 - where os._exit was called
         _flush()
         real_exit(code)
 

@@ -69,7 +69,7 @@ def async_op() -> bool | None:
     ``dist.all_reduce(t, async_op=...)`` calls the process group's method and then waits on
     its ``Work`` or not: the flag lives only in that caller's frame.
     """
-    frame = sys._getframe(2)
+    frame = sys._getframe(2)  # noqa: SLF001 - the only way to read the caller's arguments
     for _ in range(4):
         if frame is None:
             break

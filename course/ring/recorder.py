@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.distributed as dist
@@ -85,7 +85,7 @@ class Recorder:
         self._pending: list[tuple[int, Any, list[torch.Tensor], Any]] = []
         self._saved: list[tuple[Any, str, Any]] = []
 
-    def __enter__(self) -> Recorder:
+    def __enter__(self) -> Self:
         if _active:
             raise RuntimeError("a Recorder is already active on this rank; nest them not")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -187,7 +187,7 @@ class Recorder:
         order, peer, tensors, work = entry
         if peer is None:
             with contextlib.suppress(Exception):
-                peer = work._source_rank()
+                peer = work._source_rank()  # noqa: SLF001 - gloo's Work knows the sender of recv_anysource
         for i, t in enumerate(tensors):
             holds = decode_tensor(t, self.world_size)
             self._emit("recv", -1 if peer is None else peer, t, *holds, order=order + i)

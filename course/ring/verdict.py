@@ -166,7 +166,7 @@ def _payloads(trace: Trace, rank: int, direction: int) -> list[Violation]:
                     rank,
                     step,
                     f"{where}: sent a chunk holding ranks {_ranks(m.holds)} but a {stage} step "
-                    f"{step} chunk should hold {bin(want).count('1')} ranks ({_ranks(want)})",
+                    f"{step} chunk should hold {want.bit_count()} ranks ({_ranks(want)})",
                 )
             ]
     return []

@@ -70,12 +70,12 @@ class Lab:
 
     def api(self, path: str, method: str = "GET") -> object:
         """Call the server's REST API (``api/kernels``...) and return the decoded JSON."""
-        request = urllib.request.Request(
+        request = urllib.request.Request(  # noqa: S310 - JupyterLab on localhost
             f"{self.base_url}{path}",
             method=method,
             headers={"Authorization": f"token {self.token}"},
         )
-        with urllib.request.urlopen(request, timeout=10) as reply:
+        with urllib.request.urlopen(request, timeout=10) as reply:  # noqa: S310 - JupyterLab on localhost
             body = reply.read()
         return json.loads(body) if body else None
 
@@ -129,9 +129,10 @@ def _wait_until_up(lab: Lab, proc: subprocess.Popen, log: Path) -> None:
             pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
             lab.api("api/status")
-            return
         except OSError:
             time.sleep(0.25)
+        else:
+            return
     pytest.fail(
         f"jupyter lab did not answer within {START_TIMEOUT:.0f} s:\n{log.read_text()[-3000:]}"
     )

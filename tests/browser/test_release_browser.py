@@ -68,7 +68,7 @@ def _open(page, lab, path: str) -> None:
     page.goto(lab.url(f"lab/workspaces/{Path(path).stem}/tree/{path}"))
     page.wait_for_selector(".jp-Notebook .jp-Cell", state="attached")
     deadline = time.monotonic() + 60
-    while not helpers._kernel_idle(lab, path):
+    while not helpers._kernel_idle(lab, path):  # noqa: SLF001 - the browser helpers' own wait
         assert time.monotonic() < deadline, f"the kernel of {path} did not start within 60 s"
         time.sleep(0.2)
     helpers.wait_for_idle(page, 60)

@@ -35,7 +35,7 @@ def test_definitions_only_keeps_definitions() -> None:
     kept, dropped = definitions_only(source)
     assert dropped == []
     namespace: dict = {}
-    exec(kept, namespace)
+    exec(kept, namespace)  # noqa: S102 - the definitions the re-check keeps
     assert namespace["answer_x"] == "b" and namespace["f"](3) == 6
 
 
@@ -120,7 +120,7 @@ def test_check_integrity_is_quiet_when_nothing_changed() -> None:
 def test_check_integrity_sees_patched_builtins() -> None:
     """Is a replaced builtin reported by name?"""
     real = builtins.isinstance
-    builtins.isinstance = lambda *a: True  # restored at once: pytest itself needs the real one
+    builtins.isinstance = lambda *_: True  # restored at once: pytest itself needs the real one
     try:
         problems = check_integrity()
     finally:
@@ -130,7 +130,7 @@ def test_check_integrity_sees_patched_builtins() -> None:
 
 def test_check_integrity_sees_patched_course_function(monkeypatch: pytest.MonkeyPatch) -> None:
     """Is a course function whose code was swapped reported, and a replaced one too?"""
-    monkeypatch.setattr(course.ring.schedule.chunk_bounds, "__code__", (lambda n, w: []).__code__)
+    monkeypatch.setattr(course.ring.schedule.chunk_bounds, "__code__", (lambda _n, _w: []).__code__)
     assert "course.ring.schedule.chunk_bounds was patched" in check_integrity()
 
 
@@ -138,9 +138,9 @@ def test_check_integrity_sees_replaced_module(monkeypatch: pytest.MonkeyPatch) -
     """Is a ``sys.modules['course...']`` entry swapped for another module reported?"""
     import types
 
-    import course.instructor.integrity as integrity
+    from course.instructor import integrity
 
-    name = next(iter(integrity._PRISTINE_MODULES))
+    name = next(iter(integrity._PRISTINE_MODULES))  # noqa: SLF001 - the list the check walks
     monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     assert f"sys.modules[{name!r}] was replaced" in check_integrity()
 
