@@ -38,6 +38,8 @@ How it works, and the trade-offs:
 * A rank that has returned or raised stays up, idle, until the run ends: exiting
   early would close gloo connections its peers still read, and a peer blocked on a
   failed rank is then found (by its stack) where it waits. The caller kills them all.
+* ``backend="gloo"`` (the default) runs every rank on the CPU; ``backend="nccl"`` puts rank r
+  on ``cuda:r`` and is refused, with the reason, unless there is one CUDA device per rank.
 * ``pg_timeout`` (default min(timeout, 10 s)) is gloo's limit for any wait on a peer,
   start-up included: a deadlock fails after it, not after the whole deadline. On a
   heavily loaded machine, raise it if ranks time out while connecting.
@@ -79,12 +81,15 @@ def run(
     *args: Any,
     timeout: float = DEFAULT_TIMEOUT,
     pg_timeout: float | None = None,
+    backend: str = "gloo",
     **kwargs: Any,
 ) -> list[Any]:
     """Call ``fn(*args, **kwargs)`` on every rank; return the values in rank order."""
     if not callable(fn):
         raise TypeError(f"run() needs a function to call, got a {type(fn).__name__}")
-    return launch(fn, world_size, *args, timeout=timeout, pg_timeout=pg_timeout, **kwargs).check()
+    return launch(
+        fn, world_size, *args, timeout=timeout, pg_timeout=pg_timeout, backend=backend, **kwargs
+    ).check()
 
 
 def run_source(
@@ -93,6 +98,7 @@ def run_source(
     *,
     timeout: float = DEFAULT_TIMEOUT,
     pg_timeout: float | None = None,
+    backend: str = "gloo",
     variables: Mapping[str, Any] | None = None,
     **more_variables: Any,
 ) -> list[Any]:
@@ -101,7 +107,12 @@ def run_source(
         raise TypeError(f"run_source() needs cell text (a str), got a {type(source).__name__}")
     names = {**(variables or {}), **more_variables}
     return launch(
-        source, world_size, timeout=timeout, pg_timeout=pg_timeout, variables=names
+        source,
+        world_size,
+        timeout=timeout,
+        pg_timeout=pg_timeout,
+        backend=backend,
+        variables=names,
     ).check()
 
 
@@ -111,18 +122,20 @@ def launch(
     *args: Any,
     timeout: float = DEFAULT_TIMEOUT,
     pg_timeout: float | None = None,
+    backend: str = "gloo",
     variables: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)``, or cell text with ``variables`` defined; report, never raise."""
     _check_world_size(world_size)
+    _check_backend(backend, world_size)
     timeout, pg_timeout = _check_timeouts(timeout, pg_timeout)
     if isinstance(target, str):
         kwargs = {**(variables or {}), **kwargs}  # for cell text, keywords are variables too
     elif variables is not None:
         raise TypeError("variables= is for cell text; pass a function's inputs as arguments")
     payload = _payload(target, args, kwargs)
-    return Supervisor(world_size, payload, timeout, pg_timeout).execute()
+    return Supervisor(world_size, payload, timeout, pg_timeout, backend).execute()
 
 
 def max_world_size() -> int:
@@ -155,6 +168,24 @@ def _check_world_size(world_size: Any) -> None:
             f"world_size={world_size} is more ranks than this machine should start: each rank "
             f"is a process holding ~{RANK_MEMORY >> 20} MB, and the limit here is {cap} "
             f"(at most {HARD_MAX_RANKS}, fewer when memory is short). Use a smaller world_size."
+        )
+
+
+def _check_backend(backend: Any, world_size: int) -> None:
+    """Accept gloo (CPU, the default) or nccl with one CUDA device per rank; refuse clearly."""
+    if backend == "gloo":
+        return
+    if backend != "nccl":
+        raise ValueError(
+            f"backend must be 'gloo' (CPU) or 'nccl' (one GPU per rank), not {backend!r}"
+        )
+    import torch
+
+    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if devices < world_size:
+        raise ValueError(
+            f"backend='nccl' puts rank r on cuda:r, so {world_size} ranks need {world_size} CUDA "
+            f"devices; this machine has {devices}. Use backend='gloo' (CPU) or fewer ranks."
         )
 
 

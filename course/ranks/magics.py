@@ -54,6 +54,12 @@ class RanksMagics(Magics):
         default=None,
         help="seconds a rank waits on a peer before gloo gives up (default min(timeout, 10))",
     )
+    @argument(
+        "--backend",
+        default="gloo",
+        choices=("gloo", "nccl"),
+        help="gloo: every rank on the CPU (default); nccl: rank r on cuda:r (needs N GPUs)",
+    )
     @argument("--out", metavar="NAME", help="store the ranks' last-expression values in NAME")
     @argument(
         "--show",
@@ -67,9 +73,10 @@ class RanksMagics(Magics):
         """Run the cell on N gloo ranks: ``%%ranks N [--timeout S] [--out NAME] [--show 0,1] [-q]``.
 
         Each rank runs the cell body as plain Python (no % magics) with ``rank``,
-        ``world_size``, ``torch`` and ``dist`` defined and the default process group
-        initialised. Variables and functions from earlier cells that the cell uses (and
-        does not define itself) are copied to every rank. Output comes back grouped by
+        ``world_size``, ``torch``, ``dist`` and ``device`` (``cpu``, or ``cuda:rank`` with
+        ``--backend nccl``) defined and the default process group initialised. Variables and
+        functions from earlier cells that the cell uses (and does not define itself) are
+        copied to every rank. Output comes back grouped by
         rank, then each rank's last expression value. A failure on any rank fails the
         cell with that rank's traceback and what the other ranks were doing.
         """
@@ -87,6 +94,7 @@ class RanksMagics(Magics):
                 args.world_size,
                 timeout=args.timeout,
                 pg_timeout=args.pg_timeout,
+                backend=args.backend,
                 variables=variables,
             )
         except (TypeError, ValueError) as exc:

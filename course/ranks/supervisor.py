@@ -44,9 +44,11 @@ class _Rank:
 class Supervisor:
     """Start the ranks, watch them until done or failed, kill them all, collect results."""
 
-    def __init__(self, world_size: int, payload: bytes, timeout: float, pg_timeout: float) -> None:
+    def __init__(
+        self, world_size: int, payload: bytes, timeout: float, pg_timeout: float, backend: str
+    ) -> None:
         self.world_size, self.payload = world_size, payload
-        self.timeout, self.pg_timeout = timeout, pg_timeout
+        self.timeout, self.pg_timeout, self.backend = timeout, pg_timeout, backend
         self.ranks: list[_Rank] = []
 
     def execute(self) -> RunResult:
@@ -68,7 +70,8 @@ class Supervisor:
     def _start(self, rank: int) -> _Rank:
         parent, child = Pipe()
         args = (child, rank, self.world_size, self.dir, os.getcwd(), list(sys.path))
-        proc = RankProcess(args=(*args, self.payload, self.pg_timeout), name=f"rank-{rank}")
+        job = (self.payload, self.pg_timeout, self.backend)
+        proc = RankProcess(args=(*args, *job), name=f"rank-{rank}")
         proc.daemon = True
         try:
             proc.start()

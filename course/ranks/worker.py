@@ -52,6 +52,7 @@ def rank_main(
     sys_path: list[str],
     payload: bytes,
     pg_timeout: float,
+    backend: str,
 ) -> None:
     """Run one rank's job and report the outcome to the caller; never returns."""
     if os.getpid() != os.getpgrp():
@@ -67,8 +68,8 @@ def rank_main(
         sys.path[:] = sys_path
         torch.set_num_threads(1)
         store = dist.FileStore(os.path.join(run_dir, "store"), world_size)
-        _init_process_group(rank, world_size, store, pg_timeout)
-        value = _execute(cloudpickle.loads(payload), rank, world_size)
+        device = _init_process_group(rank, world_size, store, pg_timeout, backend)
+        value = _execute(cloudpickle.loads(payload), rank, world_size, device)
         send(("ok", _dump_value(value)))
     except SystemExit as exc:
         send(("sys_exit", _exit_code(exc.code), _frames(exc.__traceback__)))
@@ -82,17 +83,25 @@ def rank_main(
     threading.Event().wait()
 
 
-def _init_process_group(rank: int, world_size: int, store: dist.Store, pg_timeout: float) -> None:
-    """Join the default gloo group; every wait on a peer fails after ``pg_timeout`` seconds.
+def _init_process_group(
+    rank: int, world_size: int, store: dist.Store, pg_timeout: float, backend: str
+) -> torch.device:
+    """Join the default group; every wait on a peer fails after ``pg_timeout`` seconds.
+
+    With nccl, rank r works on ``cuda:r`` (the launcher checked there is one); gloo is CPU.
 
     gloo fixes a pair's timeout when it connects (torch's _set_pg_timeout only reaches
     collectives, not send/recv), so start-up and every later wait share this limit.
     """
     timeout = timedelta(seconds=pg_timeout)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, store=store, timeout=timeout)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world_size, store=store, timeout=timeout)
+    return device
 
 
-def _execute(job: dict[str, Any], rank: int, world_size: int) -> Any:
+def _execute(job: dict[str, Any], rank: int, world_size: int, device: torch.device) -> Any:
     """Call the job's function, or exec its cell source and return the last expression."""
     if "fn" in job:
         return job["fn"](*job["args"], **job["kwargs"])
@@ -100,6 +109,7 @@ def _execute(job: dict[str, Any], rank: int, world_size: int) -> Any:
     linecache.cache[CELL] = (len(source), None, source.splitlines(True), CELL)
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     namespace |= {"rank": rank, "world_size": world_size, "torch": torch, "dist": dist}
+    namespace["device"] = device
     namespace |= job["variables"]
     tree = ast.parse(source, CELL)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
