@@ -28,11 +28,11 @@ c.Execute.interrupt_on_timeout = True
 # Grading an instructor can trust (README, "What grading defends"). The kernel runs confined
 # by bubblewrap (sandbox.py: no network, no source/ or gradebook, unprivileged, limited),
 # and every grade cell's score is capped by a fresh, sandboxed re-run of its check on the
-# student's definitions only (course.instructor.integrity.Rejudge), so code that attacks the kernel
+# student's definitions only (course.instructor.rejudge.Rejudge), so code that attacks the kernel
 # gains nothing. COURSE_RECHECK=0 skips the re-check: the dry run (make demo) does, to stay
 # within minutes; `make autograde` never does.
 from course.instructor import sandbox  # noqa: E402 - the config above must not depend on the course
-from course.instructor.integrity import autograde_preprocessors  # noqa: E402
+from course.instructor.rejudge import autograde_preprocessors  # noqa: E402
 
 if os.environ.get("COURSE_RECHECK", "1") != "0":
     c.Autograde.autograde_preprocessors = autograde_preprocessors()

@@ -1,4 +1,4 @@
-"""course.instructor.integrity: the definitions-only re-check and the in-kernel tamper check."""
+"""The definitions-only re-check (definitions, rejudge) and the in-kernel tamper check."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 import course.ring.schedule
-from course.instructor.integrity import check_integrity, definitions_only, judge_cells, run_judge
+from course.instructor.definitions import definitions_only, judge_cells
+from course.instructor.integrity import check_integrity
+from course.instructor.rejudge import run_judge
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "tamper" / "source" / "tamper" / "tamper.ipynb"
 

@@ -1,7 +1,7 @@
 """Can a submission gain points by attacking the grading instead of solving the problem?
 
 Every attack in tests/fixtures/tamper/course_kit.py is autograded through the real nbgrader
-pipeline (sandboxed kernel + ``course.instructor.integrity.Rejudge``) next to an honest right and an
+pipeline (sandboxed kernel + ``course.instructor.rejudge.Rejudge``) next to an honest right and an
 honest wrong submission. Each attack must score no more than the honest wrong one; the ones
 marked as beating plain nbgrader must also have fooled the kernel (so the test can fail).
 """
