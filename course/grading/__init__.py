@@ -6,12 +6,20 @@ verdict in the caller, from what the ranks send back; none trusts the kernel's s
 
 from __future__ import annotations
 
+from course.grading.accumulation import (
+    check_accumulation_syncs,
+    check_accumulation_values,
+    check_sampler_indices,
+)
 from course.grading.answers import check_answer
 from course.grading.buckets import check_bucketed_allreduce, check_overlapping_ddp
 from course.grading.ddp import check_average_hook, check_weighted_loss
 from course.grading.ring import check_ring_allreduce, check_ring_pattern, check_ring_sums
+from course.grading.uneven import check_train_uneven
 
 __all__ = [
+    "check_accumulation_syncs",
+    "check_accumulation_values",
     "check_answer",
     "check_average_hook",
     "check_bucketed_allreduce",
@@ -19,5 +27,7 @@ __all__ = [
     "check_ring_allreduce",
     "check_ring_pattern",
     "check_ring_sums",
+    "check_sampler_indices",
+    "check_train_uneven",
     "check_weighted_loss",
 ]
