@@ -56,13 +56,12 @@ def _flat_grad(model: nn.Module) -> list[float]:
     return torch.cat([p.grad.flatten() for p in model.parameters()]).tolist()
 
 
-def accumulation_counts(
-    use_no_sync: bool = True, divide_by_k: bool = True, k: int = 4, seed: int = 0
-) -> dict[str, Any]:
+def accumulation_counts(use_no_sync: bool = True, k: int = 4, seed: int = 0) -> dict[str, Any]:
     """K micro-batches of 2 samples per rank into one ``.grad``: all-reduces per backward.
 
-    Beside DDP's accumulated ``.grad``, the single-process oracle: the mean-loss gradient of
-    the whole global batch (every rank's K micro-batches, ``2 * K * world_size`` samples).
+    Each micro-batch's mean loss is backpropagated as it is. Beside DDP's accumulated
+    ``.grad``, the single-process oracle: the mean-loss gradient of the whole global batch
+    (every rank's K micro-batches, ``2 * K * world_size`` samples).
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model = _mlp(seed)
@@ -71,17 +70,13 @@ def accumulation_counts(
     calls: list[int] = []
     ddp.register_comm_hook(calls, counting_hook)
     gen = torch.Generator().manual_seed(seed + 1)
-    x, y = (
-        torch.randn(world_size, k, 2, 4, generator=gen),
-        torch.randn(world_size, k, 2, 1, generator=gen),
-    )
+    x = torch.randn(world_size, k, 2, 4, generator=gen)
+    y = torch.randn(world_size, k, 2, 1, generator=gen)
     per_backward = []
     for i in range(k):
         before = len(calls)
-        skip = use_no_sync and i < k - 1
-        with ddp.no_sync() if skip else contextlib.nullcontext():
-            loss = nn.functional.mse_loss(ddp(x[rank, i]), y[rank, i])
-            (loss / k if divide_by_k else loss).backward()
+        with ddp.no_sync() if use_no_sync and i < k - 1 else contextlib.nullcontext():
+            nn.functional.mse_loss(ddp(x[rank, i]), y[rank, i]).backward()
         per_backward.append(len(calls) - before)
     nn.functional.mse_loss(large(x.reshape(-1, 4)), y.reshape(-1, 1)).backward()
     return {

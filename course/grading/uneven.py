@@ -2,8 +2,8 @@
 
 The student's loop runs on fresh ranks that hold different numbers of batches, under a short
 gloo timeout: a loop that leaves a rank waiting for peers that ran out of data fails after
-that timeout (not the whole deadline) with what each rank was doing. The oracle is the same
-loop inside ``torch.distributed.algorithms.join.Join``, run on the same ranks first.
+that timeout (not the whole deadline) with what each rank was doing. The oracle is what
+``torch.distributed.algorithms.join.Join`` gives, simulated in the checker without ranks.
 """
 
 # No "from __future__ import annotations", as in the other checks that hand functions to DDP.
@@ -14,45 +14,59 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course.grading.ddp import close, fresh_seed
 
-__all__ = ["check_train_uneven", "reference_loop"]
+__all__ = ["check_train_uneven", "join_oracle"]
 
 UNEVEN_TIMEOUT, UNEVEN_PG_TIMEOUT = 40.0, 6.0  # a hang costs the gloo timeout, not the deadline
+LR = 0.1
 
 
-def reference_loop(ddp: DDP, opt: torch.optim.Optimizer, batches: list) -> None:
-    """The oracle: one SGD step per batch, inside Join so ranks may run out of data early."""
-    with Join([ddp]):
-        for x, y in batches:
-            opt.zero_grad()
-            nn.functional.mse_loss(ddp(x), y).backward()
-            opt.step()
+def _batches(seed: int, rank: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Rank ``rank``'s batches: the same on the rank and in the checker."""
+    gen = torch.Generator().manual_seed(seed + rank)
+    return [
+        (torch.randn(2, 3, generator=gen), torch.randn(2, 1, generator=gen)) for _ in range(count)
+    ]
+
+
+def _model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Linear(3, 1)
 
 
 def _params(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
 
 
+def join_oracle(counts: Sequence[int], seed: int, lr: float = LR) -> torch.Tensor:
+    """The weights Join gives, simulated in one process without any rank.
+
+    At step t every rank that still has a batch contributes its gradient and a rank that has
+    run out contributes zeros; the sum is divided by the initial world size (Join's default).
+    When the last rank leaves Join, DDP copies its weights to the others.
+    """
+    model, world_size = _model(seed), len(counts)
+    data = [_batches(seed, r, n) for r, n in enumerate(counts)]
+    for t in range(max(counts)):
+        model.zero_grad()
+        losses = [nn.functional.mse_loss(model(b[t][0]), b[t][1]) for b in data if t < len(b)]
+        (sum(losses) / world_size).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= lr * p.grad
+    return _params(model)
+
+
 def _uneven_trial(train: Any, counts: list[int], seed: int) -> dict[str, Any]:
-    """On each rank: the reference loop first, then the student's loop on the same data."""
+    """On each rank: the student's loop on this rank's batches; its final weights."""
     rank = dist.get_rank()
-    gen = torch.Generator().manual_seed(seed + rank)
-    batches = [
-        (torch.randn(2, 3, generator=gen), torch.randn(2, 1, generator=gen))
-        for _ in range(counts[rank])
-    ]
-    finals = {}
-    for name, loop in (("reference", reference_loop), ("student", train)):
-        torch.manual_seed(seed)
-        model = nn.Linear(3, 1)
-        ddp = DDP(model)
-        loop(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), batches)
-        finals[name] = _params(model)
-    return {"rank": rank, **finals}
+    model = _model(seed)
+    ddp = DDP(model)
+    train(ddp, torch.optim.SGD(ddp.parameters(), lr=LR), _batches(seed, rank, counts[rank]))
+    return {"rank": rank, "student": _params(model)}
 
 
 def check_train_uneven(
@@ -75,32 +89,59 @@ def check_train_uneven(
         )
         if not result.ok:
             raise AssertionError(_uneven_failure(result, counts))
+        want = join_oracle(counts, s)
         for r in result.results:
-            if not close(r["student"], r["reference"]):
+            if not close(r["student"], want):
                 raise AssertionError(
                     f"On rank {r['rank']} of {world_size} (batches per rank {counts}, seed {s}): "
-                    "the final weights differ from a loop of zero_grad, MSE loss, backward, "
-                    "optimizer.step() per batch inside `with Join([ddp]):`."
+                    f"the final weights {_show(r['student'])} differ from what one SGD step per "
+                    f"batch gives when the ranks that ran out of data add zeros: {_show(want)}."
                 )
     return f"train_uneven finishes on {list(world_sizes)} ranks with uneven data, as with Join."
+
+
+def _show(t: torch.Tensor) -> str:
+    return "[" + ", ".join(f"{v:.4g}" for v in t.tolist()) + "]"
+
+
+def _student_frame(traceback: str) -> str | None:
+    """Where in the student's loop a rank was: the frame right below the checker's own."""
+    from course.recorder import _FRAME
+
+    frames = [m for line in traceback.splitlines() if (m := _FRAME.match(line))]
+    names = [f["fn"] for f in frames]
+    if "_uneven_trial" not in names or names.index("_uneven_trial") + 1 >= len(frames):
+        return None
+    f = frames[names.index("_uneven_trial") + 1]
+    return f"{f['file']} line {f['line']}"
 
 
 def _uneven_failure(result: Any, counts: list[int]) -> str:
     """What went wrong, in the student's terms: a crash shows its traceback, a hang says why."""
     from course.recorder import describe_failure, is_secondary
 
-    failures = result.failures.values()
-    lines = "\n".join(
-        f"  rank {k}: {describe_failure(f)}" for k, f in sorted(result.failures.items())
-    )
-    hung = any("Timed out" in f.message or f.kind in {"deadlock", "blocked"} for f in failures)
-    causes = [f for f in failures if not is_secondary(f) and "Timed out" not in f.message]
+    failures = result.failures
+    hung = any("Timed out" in f.message or f.kind == "deadlock" for f in failures.values())
+    causes = [f for f in failures.values() if not is_secondary(f) and "Timed out" not in f.message]
     if causes and not hung:
+        lines = "\n".join(f"  rank {k}: {describe_failure(f)}" for k, f in sorted(failures.items()))
         return f"train_uneven failed:\n{lines}\n{causes[0].traceback}"
+    lines = []
+    for rank, count in enumerate(counts):
+        f = failures.get(rank)
+        if f is None:
+            lines.append(f"  rank {rank} ({count} batches): finished its loop")
+        elif "Timed out" in f.message or f.kind == "deadlock":
+            where = _student_frame(f.traceback)
+            at = f" at {where}" if where else ""
+            lines.append(f"  rank {rank} ({count} batches): waited in a collective{at}, in vain")
+        else:
+            lines.append(f"  rank {rank} ({count} batches): {describe_failure(f)}")
     return (
         f"train_uneven did not finish: the ranks had {counts} batches. A rank that still had a "
         "batch waited in the all-reduce of its backward for ranks that had run out of data, "
-        f"until gloo gave up ({UNEVEN_PG_TIMEOUT:.0f} s here; 30 minutes by default):\n{lines}\n"
-        "Wrap the loop in `with Join([ddp]):`, so that ranks that are done answer the others' "
-        "all-reduces with zeros."
+        f"until gloo gave up ({UNEVEN_PG_TIMEOUT:.0f} s here; 30 minutes by default):\n"
+        + "\n".join(lines)
+        + "\nWrap the loop in `with Join([ddp]):`, so that ranks that are done answer the "
+        "others' all-reduces with zeros (question accumulation_6)."
     )

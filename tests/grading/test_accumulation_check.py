@@ -161,6 +161,15 @@ def train_without_join(ddp, optimizer, batches):
         optimizer.step()
 
 
+def train_join_current_size(ddp, optimizer, batches):
+    """Finishes, but divides by the ranks still training: other weights than Join's default."""
+    with Join([ddp], divide_by_initial_world_size=False):
+        for x, y in batches:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(ddp(x), y).backward()
+            optimizer.step()
+
+
 def test_reference_uneven_loop_passes(by_value, no_leftovers) -> None:
     """Does the Join loop finish on 2 and 3 ranks with uneven batches?"""
     assert "finishes" in check_train_uneven(train_uneven, world_sizes=(2, 3))
@@ -174,3 +183,9 @@ def test_a_loop_without_join_fails_after_the_gloo_timeout(by_value, no_leftovers
     assert time.monotonic() - start < UNEVEN_PG_TIMEOUT + 15
     message = str(failure.value)
     assert "did not finish" in message and "rank 0" in message and "Join([ddp])" in message
+
+
+def test_a_loop_with_other_weights_fails_saying_what_it_expected(by_value, no_leftovers) -> None:
+    """Does a loop that finishes with other weights than Join's default fail, showing both?"""
+    with pytest.raises(AssertionError, match="differ from what one SGD step per batch gives"):
+        check_train_uneven(train_join_current_size, world_sizes=(2,), seed=4)
