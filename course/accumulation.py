@@ -29,6 +29,7 @@ from torch.utils.data import DistributedSampler
 
 __all__ = [
     "accumulation_counts",
+    "clipped_norms",
     "counting_hook",
     "dropout_masks",
     "epoch_orders",
@@ -174,6 +175,40 @@ def swapped_all_reduce() -> dict[str, Any]:
     for t in order:
         dist.all_reduce(t)
     return {"rank": rank, "loss_sum": loss_sum.item(), "count": count.item()}
+
+
+def clipped_norms(max_norm: float = 0.1, seed: int = 0) -> dict[str, Any]:
+    """``clip_grad_norm_`` after a DDP backward: the norm each rank sees, and any collective.
+
+    Beside it, the norm of the large-batch gradient computed in one process on every rank's
+    data: what a single-GPU run would clip by.
+    """
+    from course.recorder import Recorder
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = _mlp(seed)
+    large = copy.deepcopy(model)
+    ddp = DDP(model)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x, y = (
+        torch.randn(world_size, 4, 4, generator=gen),
+        torch.randn(world_size, 4, 1, generator=gen),
+    )
+    nn.functional.mse_loss(ddp(x[rank]), y[rank]).backward()
+    local = copy.deepcopy(model)
+    local.zero_grad()
+    nn.functional.mse_loss(local(x[rank]), y[rank]).backward()
+    with Recorder() as rec:
+        norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+    nn.functional.mse_loss(large(x.reshape(-1, 4)), y.reshape(-1, 1)).backward()
+    return {
+        "rank": rank,
+        "norm": norm,
+        "local_norm": nn.utils.clip_grad_norm_(local.parameters(), float("inf")).item(),
+        "large_batch_norm": nn.utils.clip_grad_norm_(large.parameters(), float("inf")).item(),
+        "collectives": rec.collectives,
+        "clipped": _flat_grad(model),
+    }
 
 
 def dropout_masks(seed_per_rank: bool = False, n: int = 12) -> list[float]:

@@ -182,3 +182,19 @@ def test_accumulation_9_dropout_masks(run_ranks) -> None:
         "d": False,  # no DDP in the measurement, and the masks are equal anyway
     }
     assert supported(options) == KEYS["accumulation_9"]
+
+
+def test_accumulation_10_clipping_needs_no_all_reduce(run_ranks) -> None:
+    """After DDP's backward, does every rank clip by the large-batch norm, with no collective?"""
+    r0, r1 = run_ranks(accumulation.clipped_norms, 2)
+    large = r0["large_batch_norm"]
+    options = {
+        "a": r0["norm"] == pytest.approx(r0["local_norm"]) and r0["norm"] != r1["norm"],
+        "b": r0["norm"] == r1["norm"] == pytest.approx(large, rel=1e-5)
+        and r0["local_norm"] != pytest.approx(large, rel=1e-2)
+        and r0["collectives"] == r1["collectives"] == []
+        and r0["clipped"] == r1["clipped"],
+        "c": bool(r0["collectives"]),
+        "d": False,  # clip_grad_norm_ returned on both ranks
+    }
+    assert supported(options) == KEYS["accumulation_10"]

@@ -22,7 +22,7 @@
 #
 # In this notebook you will
 #
-# 1. answer nine questions, each next to a cell that **measures** the answer on real gloo ranks
+# 1. answer ten questions, each next to a cell that **measures** the answer on real gloo ranks
 #    (PyTorch's own DDP, `DistributedSampler` and `Join`, on this machine's CPU);
 # 2. write `sampler_indices`, the indices `DistributedSampler` gives each rank;
 # 3. write `accumulation_step`, one optimizer step from K micro-batches with a single all-reduce;
@@ -392,7 +392,7 @@ for rank, steps in enumerate(run(accumulation.uneven_loop, 2, (3, 2), True)):
         print(f"rank {rank}, step {i + 1}: local gradient {s['local']}  .grad {s['grad']}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "more_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Unused parameters, mismatched collectives, and random numbers
+# ## Unused parameters, mismatched collectives, random numbers and clipping
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_7_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question accumulation_7: a parameter the loss does not use
@@ -564,6 +564,60 @@ for per_rank in (False, True):
     masks = run(accumulation.dropout_masks, 2, per_rank)
     seed = "seed = rank" if per_rank else "seed = 0   "
     print(f"{seed}: rank 0 {masks[0]}\n             rank 1 {masks[1]}  equal: {masks[0] == masks[1]}")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_10_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question accumulation_10: clipping by the global norm
+#
+# *Difficulty 2/3*
+#
+# Two ranks train with DDP and clip gradients with `nn.utils.clip_grad_norm_(model.parameters(),
+# max_norm)` right after `backward()`. In a single-process run on all the data, the clip would
+# use the norm of the large-batch gradient. What norm does each rank compute?
+#
+# * a) Each rank the norm of its own local gradient, so ranks clip by different factors and
+#   their weights drift apart: all-reduce the norm first.
+# * b) The norm of the averaged gradient, the same on every rank and equal to the large-batch
+#   gradient's norm: no extra communication is needed.
+# * c) The global norm, because `clip_grad_norm_` all-reduces the norm across ranks itself.
+# * d) Nothing useful: clipping must happen inside a comm hook under DDP.
+
+# %% nbgrader={"grade": false, "grade_id": "accumulation_10_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_accumulation_10 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_accumulation_10 = "b"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "accumulation_10_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_accumulation_10", answer_accumulation_10, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_accumulation_10",
+    answer_accumulation_10,
+    choices="abcd",
+    key="b",
+    explanation="""
+    After DDP's backward every rank's .grad already holds the averaged gradient, identical on all
+    ranks, so clip_grad_norm_ computes the same norm everywhere without communicating. Measured:
+    both ranks compute 1.0091, the norm of the large-batch gradient computed in one process,
+    while the ranks' local gradients have norms 1.97 and 2.47; the recorder saw no collective
+    call inside clip_grad_norm_. So every rank scales by the same factor and the replicas stay
+    in step. Under accumulation, clip once after the last (synced) backward, not after each
+    no_sync backward, whose .grad is still local. The norm does need an all-reduce when each rank
+    holds only a shard of the gradients (ZeRO, FSDP), not under DDP.
+    """,
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_10_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it.** `course.accumulation.clipped_norms` on 2 ranks: the norm `clip_grad_norm_`
+# returns, the rank's local gradient norm, the large-batch norm from one process, and the
+# collectives recorded during the clip (`course.recorder.Recorder`).
+
+# %% nbgrader={"grade": false, "grade_id": "accumulation_10_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+for r in run(accumulation.clipped_norms, 2):
+    print(f"rank {r['rank']}: clip_grad_norm_ saw {r['norm']:.4f}   local gradient norm "
+          f"{r['local_norm']:.4f}   large-batch norm {r['large_batch_norm']:.4f}   "
+          f"collectives during the clip: {r['collectives']}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buffers_note", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Buffers and batch norm.** DDP averages gradients, not buffers: with `broadcast_buffers=True`
