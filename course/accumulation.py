@@ -236,9 +236,13 @@ def sampler_figure(split: list[list[int]], dataset_len: int) -> Any:
             name=f"rank {rank}",
         )
     fig.update_layout(
-        title="DistributedSampler: samples per rank (x: a sample read a second time)",
+        title=(
+            f"DistributedSampler, {dataset_len} samples on {world_size} ranks "
+            "(label: the rank's step; x: a sample read a second time)"
+        ),
         xaxis={"title": "sample index", "range": [-0.5, dataset_len - 0.5], "dtick": 1},
-        height=120 + 60 * len(split),
+        yaxis={"range": [-0.5, world_size - 0.2]},
+        height=140 + 60 * world_size,
     )
     return fig
 
