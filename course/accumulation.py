@@ -29,6 +29,7 @@ from torch.utils.data import DistributedSampler
 
 __all__ = [
     "accumulation_counts",
+    "batchnorm_buffers",
     "clipped_norms",
     "counting_hook",
     "dropout_masks",
@@ -36,6 +37,7 @@ __all__ = [
     "sampler_figure",
     "sampler_split",
     "swapped_all_reduce",
+    "sync_batchnorm_on_cpu",
     "uneven_loop",
     "unused_parameter_steps",
 ]
@@ -209,6 +211,28 @@ def clipped_norms(max_norm: float = 0.1, seed: int = 0) -> dict[str, Any]:
         "collectives": rec.collectives,
         "clipped": _flat_grad(model),
     }
+
+
+def batchnorm_buffers(broadcast_buffers: bool = True, steps: int = 2) -> list[float]:
+    """A ``BatchNorm1d``'s running mean on this rank after each DDP step (batch mean 10 r + 1.5)."""
+    rank = dist.get_rank()
+    model = nn.BatchNorm1d(1)  # momentum 0.1: running = 0.9 running + 0.1 batch mean
+    ddp = DDP(model, broadcast_buffers=broadcast_buffers)
+    x = 10.0 * rank + torch.arange(4.0).view(4, 1)
+    means = []
+    for _ in range(steps):
+        ddp(x).sum().backward()
+        means.append(model.running_mean.item())
+    return means
+
+
+def sync_batchnorm_on_cpu() -> str:
+    """What ``nn.SyncBatchNorm`` does with a CPU tensor on a gloo rank: its error, if any."""
+    try:
+        nn.SyncBatchNorm(1)(torch.randn(4, 1))
+    except ValueError as err:
+        return f"ValueError: {err}"
+    return "no error"
 
 
 def dropout_masks(seed_per_rank: bool = False, n: int = 12) -> list[float]:

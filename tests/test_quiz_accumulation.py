@@ -198,3 +198,19 @@ def test_accumulation_10_clipping_needs_no_all_reduce(run_ranks) -> None:
         "d": False,  # clip_grad_norm_ returned on both ranks
     }
     assert supported(options) == KEYS["accumulation_10"]
+
+
+def test_accumulation_11_batchnorm_buffers(run_ranks) -> None:
+    """broadcast_buffers: is rank 1's running mean rank 0's, updated with its own batch?"""
+    r0, r1 = run_ranks(accumulation.batchnorm_buffers, 2, True)
+    own = run_ranks(accumulation.batchnorm_buffers, 2, False)
+    assert "on GPU" in run_ranks(accumulation.sync_batchnorm_on_cpu, 2)[0]  # as the note says
+    assert r0[1] == pytest.approx(0.285)
+    options = {
+        "a": r1[1] == pytest.approx(r0[1]),
+        "b": r1[1] == pytest.approx(own[1][1]),
+        "c": r1[1] == pytest.approx(0.9 * r0[0] + 0.1 * 11.5)
+        and own[1][1] == pytest.approx(2.185, rel=1e-5),
+        "d": r1[1] == pytest.approx((own[0][1] + own[1][1]) / 2),
+    }
+    assert supported(options) == KEYS["accumulation_11"]

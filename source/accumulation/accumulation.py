@@ -22,7 +22,7 @@
 #
 # In this notebook you will
 #
-# 1. answer ten questions, each next to a cell that **measures** the answer on real gloo ranks
+# 1. answer eleven questions, each next to a cell that **measures** the answer on real gloo ranks
 #    (PyTorch's own DDP, `DistributedSampler` and `Join`, on this machine's CPU);
 # 2. write `sampler_indices`, the indices `DistributedSampler` gives each rank;
 # 3. write `accumulation_step`, one optimizer step from K micro-batches with a single all-reduce;
@@ -392,7 +392,7 @@ for rank, steps in enumerate(run(accumulation.uneven_loop, 2, (3, 2), True)):
         print(f"rank {rank}, step {i + 1}: local gradient {s['local']}  .grad {s['grad']}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "more_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Unused parameters, mismatched collectives, random numbers and clipping
+# ## Unused parameters, mismatched collectives, random numbers, clipping and buffers
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_7_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question accumulation_7: a parameter the loss does not use
@@ -619,13 +619,59 @@ for r in run(accumulation.clipped_norms, 2):
           f"{r['local_norm']:.4f}   large-batch norm {r['large_batch_norm']:.4f}   "
           f"collectives during the clip: {r['collectives']}")
 
-# %% [markdown] nbgrader={"grade": false, "grade_id": "buffers_note", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Buffers and batch norm.** DDP averages gradients, not buffers: with `broadcast_buffers=True`
-# (the default) it copies rank 0's buffers, such as a `BatchNorm`'s running mean, to every rank
-# at the start of each forward, and each rank then updates them with its own batch. The
-# statistics a `BatchNorm` normalises with are per rank. `nn.SyncBatchNorm` computes them over
-# all ranks, but only on a GPU: on this CPU it raises `ValueError: SyncBatchNorm expected input
-# tensor to be on GPU`, so this course cannot measure it.
+# %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_11_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question accumulation_11: batch-norm buffers
+#
+# *Difficulty 3/3*
+#
+# A model with one `nn.BatchNorm1d(1)` (momentum 0.1, so after a batch
+# `running_mean = 0.9 running_mean + 0.1 batch_mean`, starting at 0) is wrapped in `DDP(model)`
+# with the default `broadcast_buffers=True`. Rank 0's batch always has mean 1.5, rank 1's mean
+# 11.5. After two training steps rank 0's `running_mean` is 0.285. What is rank 1's?
+#
+# * a) 0.285: DDP keeps buffers identical on every rank, like the weights.
+# * b) 2.185: its own statistics only, as if it trained alone.
+# * c) 1.285: rank 0's running mean as of the start of step 2, updated with rank 1's own batch.
+# * d) 1.235: the average of the two ranks' own running means.
+
+# %% nbgrader={"grade": false, "grade_id": "accumulation_11_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_accumulation_11 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_accumulation_11 = "c"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "accumulation_11_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_accumulation_11", answer_accumulation_11, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_accumulation_11",
+    answer_accumulation_11,
+    choices="abcd",
+    key="c",
+    explanation="""
+    DDP averages gradients, not buffers. With broadcast_buffers=True it copies rank 0's buffers
+    to every rank at the start of each forward, and each rank's BatchNorm then updates its copy
+    with its own batch. Step 1: both start from 0, rank 1 ends at 0.1 x 11.5 = 1.15. Step 2: the
+    forward first overwrites that with rank 0's 0.15, then 0.9 x 0.15 + 0.1 x 11.5 = 1.285, the
+    measured value. So the ranks' buffers differ after every step, and rank 1's history is
+    thrown away at each forward; a checkpoint saved from rank 0 holds rank 0's statistics.
+    With broadcast_buffers=False each rank keeps its own (2.185). Statistics over all ranks
+    need nn.SyncBatchNorm, which runs only on a GPU: on this CPU it raises "SyncBatchNorm
+    expected input tensor to be on GPU", so this course cannot measure it.
+    """,
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_11_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it.** `course.accumulation.batchnorm_buffers` on 2 ranks: the running mean after
+# each step, with and without `broadcast_buffers`; then `nn.SyncBatchNorm` on this CPU.
+
+# %% nbgrader={"grade": false, "grade_id": "accumulation_11_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+for broadcast in (True, False):
+    means = run(accumulation.batchnorm_buffers, 2, broadcast)
+    print(f"broadcast_buffers={broadcast!s:5}  running_mean after steps 1, 2: "
+          + "   ".join(f"rank {r} {[round(m, 4) for m in ms]}" for r, ms in enumerate(means)))
+print(f"nn.SyncBatchNorm on a CPU rank: {run(accumulation.sync_batchnorm_on_cpu, 2)[0]}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "sampler_exercise_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 1: the sampler's indices
