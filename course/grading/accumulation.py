@@ -156,12 +156,19 @@ def accumulation_trial(step: Any, k: int, seed: int) -> dict[str, Any]:
         torch.randn(world_size, k, 3, 2, generator=gen),
     )
     before = _params(model)
+    forwards: list[int] = []
+    model.register_forward_pre_hook(lambda *_: forwards.append(1))
     result: dict[str, Any] = {"rank": rank, "problem": None}
     with Recorder() as rec:
         try:
             step(ddp, opt, [(x[rank, i], y[rank, i]) for i in range(k)])
         except Exception as exc:
             result["problem"] = f"accumulation_step raised an exception:\n{user_traceback(exc)}"
+    if not forwards and not result["problem"]:
+        result["problem"] = (
+            "accumulation_step never ran the model: implement it above (a forward and a "
+            "backward per micro-batch, then one optimizer step)."
+        )
     large_opt = torch.optim.SGD(large.parameters(), lr=0.1)
     nn.functional.mse_loss(large(x.reshape(-1, 5)), y.reshape(-1, 2)).backward()
     large_opt.step()

@@ -89,8 +89,13 @@ def check_train_uneven(
         )
         if not result.ok:
             raise AssertionError(_uneven_failure(result, counts))
-        want = join_oracle(counts, s)
+        want, start = join_oracle(counts, s), _params(_model(s))
         for r in result.results:
+            if close(r["student"], start):
+                raise AssertionError(
+                    f"On rank {r['rank']} of {world_size}: train_uneven left the weights where "
+                    "they started. Implement it above: one optimizer step per batch."
+                )
             if not close(r["student"], want):
                 raise AssertionError(
                     f"On rank {r['rank']} of {world_size} (batches per rank {counts}, seed {s}): "

@@ -119,6 +119,23 @@ def never_syncs(ddp, optimizer, micro_batches):
     optimizer.step()
 
 
+def stub_step(ddp, optimizer, micro_batches):
+    """The released stub: a docstring and nothing else."""
+
+
+def stub_loop(ddp, optimizer, batches):
+    """The released stub."""
+
+
+def test_the_stubs_fail_asking_for_an_implementation(by_value, no_leftovers) -> None:
+    """Do the released stubs fail each check with "implement it above", not a diagnosis?"""
+    for check in (check_accumulation_values, check_accumulation_syncs):
+        with pytest.raises(AssertionError, match="never ran the model: implement it above"):
+            check(stub_step, world_sizes=(2,), seed=1)
+    with pytest.raises(AssertionError, match=r"where they started\. Implement it above"):
+        check_train_uneven(stub_loop, world_sizes=(2,), seed=1)
+
+
 def test_reference_accumulation_passes(by_value, no_leftovers) -> None:
     """Does the reference step give the large-batch step with one sync, on 2 and 3 ranks?"""
     assert "large-batch" in check_accumulation_values(accumulation_step, world_sizes=(2, 3))
