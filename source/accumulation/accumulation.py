@@ -822,6 +822,31 @@ def train_uneven(ddp: DDP, optimizer: torch.optim.Optimizer, batches: list) -> N
             optimizer.step()
     ### END SOLUTION
 
+# %% [markdown] nbgrader={"grade": false, "grade_id": "uneven_try_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Test as you go
+#
+# Your loop on 2 ranks, rank 0 with 3 batches and rank 1 with 2, under a 5 s gloo timeout: it
+# should finish, and (once it trains) both ranks should end with the same weights.
+
+# %% nbgrader={"grade": false, "grade_id": "uneven_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
+def try_uneven(train):
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    ddp = DDP(model)
+    g = torch.Generator().manual_seed(rank)
+    batches = [(torch.randn(2, 3, generator=g), torch.randn(2, 1, generator=g)) for _ in range(3 - rank)]
+    train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), batches)
+    return [round(v, 4) for p in model.parameters() for v in p.detach().flatten().tolist()]
+
+
+result = launch(try_uneven, 2, train_uneven, timeout=60, pg_timeout=5)
+if result.ok:
+    print(f"finished in {result.elapsed:.1f} s; weights per rank: {result.results}; "
+          f"equal: {result.results[0] == result.results[1]}")
+else:
+    print(RankError(result))
+
 # %% nbgrader={"grade": true, "grade_id": "train_uneven_finishes", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # Finishes with uneven batches, with the weights that Join gives.
 print(check_train_uneven(train_uneven, world_sizes=(2,)))
