@@ -91,6 +91,18 @@ def test_no_answer_assignment_or_hidden_test_in_release(path):
             assert len(body) < 20 or body not in release, grade_id(cell)
 
 
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_no_solution_body_in_the_package(path):
+    """Does no exercise's solution (its body, from a solution region) appear in course/?"""
+    package = {name: text for name, text in FLAT.items() if name.startswith("course/")}
+    for cell in nbformat.read(path, as_version=4).cells:
+        for solution in _SOLUTION.findall(cell.source):
+            body = _flat(solution)
+            if len(body) < 40 or body.startswith("answer_"):
+                continue
+            assert not [name for name, text in package.items() if body in text], grade_id(cell)
+
+
 def test_the_checks_would_catch_a_leak():
     """Would a quoted explanation sentence, a key argument or a hidden block be caught?"""
     sentence = "Each rank sends one chunk of size S/N per step, for 2(N-1) steps in all."

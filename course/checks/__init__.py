@@ -6,12 +6,20 @@ verdict in the caller, from what the ranks send back; none trusts the kernel's s
 
 from __future__ import annotations
 
+from course.checks.accumulation import (
+    check_accumulation_syncs,
+    check_accumulation_values,
+    check_sampler_indices,
+)
 from course.checks.answers import check_answer
 from course.checks.buckets import check_bucketed_allreduce, check_overlapping_ddp
 from course.checks.ddp import check_average_hook, check_weighted_loss
 from course.checks.ring import check_ring_allreduce, check_ring_pattern, check_ring_sums
+from course.checks.uneven import check_train_uneven
 
 __all__ = [
+    "check_accumulation_syncs",
+    "check_accumulation_values",
     "check_answer",
     "check_average_hook",
     "check_bucketed_allreduce",
@@ -19,5 +27,7 @@ __all__ = [
     "check_ring_allreduce",
     "check_ring_pattern",
     "check_ring_sums",
+    "check_sampler_indices",
+    "check_train_uneven",
     "check_weighted_loss",
 ]

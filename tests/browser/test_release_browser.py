@@ -81,3 +81,27 @@ def _run_all_until_idle(page) -> None:
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
     page.wait_for_selector(".jp-OutputArea-output", timeout=60_000)
     _browser_helpers().wait_for_idle(page, timeout_s=120)
+
+
+def test_the_finished_accumulation_notebook_runs_all_cells(lab, page, artifact):
+    """The accumulation notebook as the model sample: every cell runs, hangs are cut short?"""
+    name = "accumulation"
+    ada = next(s for s in load_specs() if (s.student, s.assignment) == ("ada", name))
+    release = nbformat.read(REPO / "release" / name / f"{name}.ipynb", as_version=4)
+    source = nbformat.read(REPO / "source" / name / f"{name}.ipynb", as_version=4)
+    nbformat.write(assemble(ada, release, source), lab.root_dir / f"{name}.ipynb")
+    _open(page, lab, f"{name}.ipynb")
+    _browser_helpers().run_all(page, timeout_s=240)
+    page.wait_for_selector(".js-plotly-plot", timeout=30_000)
+    page.locator(".jp-Notebook").first.click()
+    page.keyboard.press("Control+s")  # the saved file has every output, rendered or not
+    page.wait_for_timeout(2000)
+    saved = nbformat.read(lab.root_dir / f"{name}.ipynb", as_version=4)
+    outputs = [o for c in saved.cells if c.cell_type == "code" for o in c.outputs]
+    errors = [f"{o.ename}: {o.evalue}" for o in outputs if o.output_type == "error"]
+    assert not errors, errors[0][:800]
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "train_uneven finishes on [2] ranks" in text, text[-800:]
+    page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()
+    page.wait_for_timeout(1000)
+    page.screenshot(path=artifact("accumulation-finished.png"), full_page=False)

@@ -193,3 +193,23 @@ def test_ring_samples_grade_as_their_specs_expect(tmp_path):
     # The failures teach: the deadlock is named as one, the crash shows the student's error.
     assert "deadlock" in _autograded_errors(root, "cy", RING)["ring_allreduce_sums"].lower()
     assert "IndexError" in _autograded_errors(root, "dee", RING)["ring_allreduce_sums"]
+
+
+@pytest.mark.nbgrader
+@pytest.mark.ranks
+@pytest.mark.slow
+def test_a_hanging_uneven_loop_costs_one_gloo_timeout(tmp_path):
+    """Does Cy's loop without Join (it hangs on uneven data) lose only its own points, stopped by
+    its check's gloo timeout, with a message that names the fix? (`make demo` grades the other
+    accumulation samples; tests/grading/test_accumulation_check.py their checks.)"""
+    assignment = "accumulation"
+    root = pipeline.prepare_course(tmp_path / "course")
+    specs = [s for s in load_specs() if (s.student, s.assignment) == ("cy", assignment)]
+    start = time.monotonic()
+    seconds = _run(root, specs, assignment)
+    print(f"autograde {assignment}: {seconds} ({time.monotonic() - start:.0f} s in all)")
+    assert check_expectations(grades.grade_rows(root), specs) == []
+    errors = _autograded_errors(root, "cy", assignment)
+    assert list(errors) == ["train_uneven_finishes"], errors
+    assert "did not finish" in errors["train_uneven_finishes"]
+    assert "Join([ddp])" in errors["train_uneven_finishes"]

@@ -1,0 +1,270 @@
+"""Graded checks for the accumulation assignment: sampler indices and an accumulation step.
+
+The student's function runs only on fresh rank processes (one rank for the sampler, whose
+oracle is ``torch.utils.data.DistributedSampler`` itself, built here in the checker). The
+accumulation check records the collectives of the step (``course.ring.recorder.Recorder``) and
+counts DDP's bucket all-reduces with a comm hook. The uneven-data loop is checked in
+``course.checks.uneven``.
+"""
+
+# No "from __future__ import annotations": a comm hook handed to DDP is inspected as objects.
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+from course.checks.compare import close, fresh_seed, near
+from course.checks.ddp import on_ranks
+from course.checks.teaching import user_traceback
+from course.experiments.accumulation import counting_hook
+from course.ring.recorder import Recorder
+
+__all__ = [
+    "SAMPLER_CASES",
+    "accumulation_trial",
+    "check_accumulation_syncs",
+    "check_accumulation_values",
+    "check_sampler_indices",
+]
+
+# each case: dataset_len, num_replicas, shuffle, seed, epoch, drop_last
+SAMPLER_CASES: dict[str, list[tuple[int, int, bool, int, int, bool]]] = {
+    "in order": [
+        (8, 2, False, 0, 0, False),
+        (10, 4, False, 0, 0, False),  # padded: 0 and 1 read twice
+        (3, 4, False, 0, 0, False),  # fewer samples than ranks
+        (1, 3, False, 0, 0, False),
+        (10, 4, False, 0, 0, True),
+        (7, 3, False, 0, 0, True),
+    ],
+    "shuffled": [
+        (10, 2, True, 0, 0, False),
+        (10, 4, True, 0, 3, False),
+        (11, 3, True, 42, 1, False),
+        (5, 8, True, 7, 2, False),
+        (13, 4, True, 1, 5, True),
+        (100, 7, True, 3, 0, True),
+    ],
+}
+
+
+# --- exercise 1: the sampler's indices -----------------------------------------------------
+
+
+def _call_sampler(fn: Callable[..., Any], cases: list[tuple]) -> list[Any]:
+    """On a fresh rank: the student's indices for every (case, rank), or the error."""
+    out = []
+    for n, replicas, shuffle, seed, epoch, drop_last in cases:
+        for rank in range(replicas):
+            try:
+                got = fn(
+                    n, replicas, rank, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last
+                )
+                if got is None:
+                    out.append("it returned None: implement it above and return a list of indices.")
+                    continue
+                out.append([int(i) for i in got])
+            except Exception as exc:  # noqa: BLE001 - the student's code may raise anything; each becomes a message
+                out.append(f"sampler_indices raised an exception:\n{user_traceback(exc)}")
+    return out
+
+
+def _oracle_indices(
+    n: int, replicas: int, rank: int, shuffle: bool, seed: int, epoch: int, drop_last: bool
+) -> list[int]:
+    sampler = DistributedSampler(range(n), replicas, rank, shuffle, seed, drop_last)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def check_sampler_indices(sampler_indices: Callable[..., Any], part: str = "in order") -> str:
+    """Compare the student's indices with ``DistributedSampler``'s, rank by rank, case by case."""
+    cases = SAMPLER_CASES[part]
+    results = on_ranks("sampler_indices", _call_sampler, 1, sampler_indices, cases)[0]
+    i = 0
+    for n, replicas, shuffle, seed, epoch, drop_last in cases:
+        for rank in range(replicas):
+            got, i = results[i], i + 1
+            want = _oracle_indices(n, replicas, rank, shuffle, seed, epoch, drop_last)
+            call = (
+                f"sampler_indices({n}, {replicas}, {rank}, shuffle={shuffle}, seed={seed}, "
+                f"epoch={epoch}, drop_last={drop_last})"
+            )
+            if isinstance(got, str):
+                raise AssertionError(f"{call}: {got}")  # noqa: TRY004 - every failed check is an AssertionError
+            if got != want:
+                raise AssertionError(
+                    f"{call} returned {got}, DistributedSampler gives {want}: "
+                    + _sampler_hint(got, want, n, replicas, shuffle, drop_last)
+                )
+    count = sum(c[1] for c in cases)
+    return f"sampler_indices matches DistributedSampler ({part}) in {count} (case, rank) pairs."
+
+
+def _sampler_hint(
+    got: list[int], want: list[int], n: int, replicas: int, shuffle: bool, drop_last: bool
+) -> str:
+    if len(got) != len(want):
+        if drop_last:
+            return (
+                f"with drop_last every rank gets {n} // {replicas} = {len(want)} samples; "
+                "the tail is dropped."
+            )
+        return (
+            f"every rank gets the same number of samples, ceil({n} / {replicas}) = {len(want)}: "
+            "pad the index list by repeating it from the start until it divides evenly."
+        )
+    if not shuffle or sorted(got) == sorted(want):
+        return (
+            "DistributedSampler deals the (shuffled) index list round robin: rank r takes the "
+            "indices at positions r, r + num_replicas, r + 2 * num_replicas, ..."
+        )
+    return (
+        "the ranks' samples differ: shuffle with torch.randperm(n, generator=g), g a "
+        "torch.Generator seeded with seed + epoch (the same permutation on every rank)."
+    )
+
+
+# --- exercise 2: one optimizer step from K micro-batches -----------------------------------
+
+
+def _accum_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2))
+
+
+def _params(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
+
+
+def accumulation_trial(step: Any, k: int, seed: int) -> dict[str, Any]:
+    """On each rank: the student's step on K micro-batches, DDP's syncs, and the oracle step."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = _accum_model(seed)
+    large = copy.deepcopy(model)
+    ddp = DDP(model)
+    syncs: list[int] = []
+    ddp.register_comm_hook(syncs, counting_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(seed)
+    x, y = (
+        torch.randn(world_size, k, 3, 5, generator=gen),
+        torch.randn(world_size, k, 3, 2, generator=gen),
+    )
+    before = _params(model)
+    forwards: list[int] = []
+    model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    result: dict[str, Any] = {"rank": rank, "problem": None}
+    with Recorder() as rec:
+        try:
+            step(ddp, opt, [(x[rank, i], y[rank, i]) for i in range(k)])
+        except Exception as exc:  # noqa: BLE001 - the student's code may raise anything; each becomes a message
+            result["problem"] = f"accumulation_step raised an exception:\n{user_traceback(exc)}"
+    if not forwards and not result["problem"]:
+        result["problem"] = (
+            "accumulation_step never ran the model: implement it above (a forward and a "
+            "backward per micro-batch, then one optimizer step)."
+        )
+    large_opt = torch.optim.SGD(large.parameters(), lr=0.1)
+    nn.functional.mse_loss(large(x.reshape(-1, 5)), y.reshape(-1, 2)).backward()
+    large_opt.step()
+    result |= {
+        "syncs": len(syncs),
+        "collectives": rec.collectives,
+        "update": _params(model) - before,
+        "large_update": _params(large) - before,
+    }
+    return result
+
+
+def _accumulation_results(step: Any, world_sizes: Sequence[int], k: int, seed: int | None) -> list:
+    out = []
+    for world_size in world_sizes:
+        s = fresh_seed(seed)
+        results = on_ranks("accumulation_step", accumulation_trial, world_size, step, k, s)
+        for r in results:
+            if r["problem"]:
+                raise AssertionError(f"On rank {r['rank']} of {world_size}: {r['problem']}")
+        out.append((world_size, s, results))
+    return out
+
+
+def check_accumulation_values(
+    accumulation_step: Callable[..., Any],
+    world_sizes: Sequence[int] = (2,),
+    k: int = 4,
+    seed: int | None = None,
+) -> str:
+    """The step must move the weights exactly as one SGD step on the whole global batch."""
+    for world_size, s, results in _accumulation_results(accumulation_step, world_sizes, k, seed):
+        for r in results:
+            got, want = r["update"], r["large_update"]
+            if close(got, want):
+                continue
+            where = f"rank {r['rank']} of {world_size}, K = {k} micro-batches (seed {s})"
+            raise AssertionError(
+                "the weights moved differently from one step on the whole batch, on "
+                f"{where}: {_update_hint(got, want, k)}"
+            )
+    return f"accumulation_step gives the large-batch step on {list(world_sizes)} ranks, K = {k}."
+
+
+def _update_hint(got: torch.Tensor, want: torch.Tensor, k: int) -> str:
+    if not got.abs().max() > 0:
+        return (
+            "the weights did not move at all: call optimizer.step() once, after the last backward."
+        )
+    mask = want.abs() > 1e-4
+    r = (got[mask] / want[mask]).median().item() if mask.any() else None
+    if near(r, k):
+        return (
+            f"the update is K = {k} times too large: .grad adds up the K micro-batch gradients, "
+            f"so divide each micro-batch's loss by K."
+        )
+    if near(r, 1 / k):
+        return f"the update is K = {k} times too small: divide the loss by K once, not twice."
+    if r is not None and 0 < r < 1 and near(r * k, round(r * k)):
+        return (
+            "the update uses only some of the micro-batches: call backward on all K of them "
+            "before optimizer.step()."
+        )
+    return f"expected an update starting {want[:3].tolist()}, got {got[:3].tolist()}."
+
+
+def check_accumulation_syncs(
+    accumulation_step: Callable[..., Any],
+    world_sizes: Sequence[int] = (2,),
+    k: int = 4,
+    seed: int | None = None,
+) -> str:
+    """DDP must all-reduce once per step (the last backward), and nothing else may communicate."""
+    for world_size, _, results in _accumulation_results(accumulation_step, world_sizes, k, seed):
+        for r in results:
+            where = f"On rank {r['rank']} of {world_size} (K = {k})"
+            extra = len(r["collectives"]) - r["syncs"]
+            if r["syncs"] == 0:
+                raise AssertionError(
+                    f"{where}, DDP never all-reduced the gradients: no backward ran outside "
+                    "no_sync(). The last micro-batch's backward must run outside it."
+                )
+            if r["syncs"] > 1:
+                raise AssertionError(
+                    f"{where}, DDP all-reduced the gradients {r['syncs']} times in one step: "
+                    "once per backward outside no_sync(). Run the first K - 1 = "
+                    f"{k - 1} backward passes inside `with ddp.no_sync():` and only the last "
+                    "one outside."
+                )
+            if extra > 0:
+                names = sorted(set(r["collectives"]) - {"all_reduce"}) or ["all_reduce"]
+                raise AssertionError(
+                    f"{where}, the step made {extra} collective call(s) of its own "
+                    f"({', '.join(names)}) besides DDP's: DDP already averages the "
+                    "gradients; remove them."
+                )
+    return f"accumulation_step all-reduces once per step on {list(world_sizes)} ranks, K = {k}."

@@ -1,0 +1,277 @@
+"""Accumulation, sampling and uneven data: experiments that run on real gloo ranks.
+
+Each function that takes no ``world_size`` runs on every rank of an initialised default
+process group and returns plain data, so the same code runs from a notebook
+(``course.ranks.run(accumulation_counts, 2)``), from a test, or under ``torchrun``::
+
+    torchrun --nproc-per-node 2 -m course.experiments.accumulation
+
+The sampler functions need no ranks at all: ``DistributedSampler(ds, num_replicas, rank)``
+works without a process group. PyTorch docs: ``DistributedDataParallel.no_sync``,
+``torch.utils.data.distributed.DistributedSampler`` and ``torch.distributed.algorithms.Join``
+(https://pytorch.org/docs/stable/distributed.algorithms.join.html).
+"""
+
+# No "from __future__ import annotations": DDP.register_comm_hook compares the hook's
+# annotations as objects.
+
+import contextlib
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+__all__ = [
+    "accumulation_counts",
+    "batchnorm_buffers",
+    "clipped_norms",
+    "counting_hook",
+    "dropout_masks",
+    "epoch_orders",
+    "sampler_figure",
+    "sampler_split",
+    "swapped_all_reduce",
+    "sync_batchnorm_on_cpu",
+    "uneven_loop",
+    "unused_parameter_steps",
+]
+
+
+def counting_hook(state: list, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's averaging, as a comm hook that also appends the bucket's index to ``state``."""
+    state.append(bucket.index())
+    buffer = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def _mlp(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def _flat_grad(model: nn.Module) -> list[float]:
+    return torch.cat([p.grad.flatten() for p in model.parameters()]).tolist()
+
+
+def accumulation_counts(use_no_sync: bool = True, k: int = 4, seed: int = 0) -> dict[str, Any]:
+    """K micro-batches of 2 samples per rank into one ``.grad``: all-reduces per backward.
+
+    Each micro-batch's mean loss is backpropagated as it is. Beside DDP's accumulated
+    ``.grad``, the single-process oracle: the mean-loss gradient of the whole global batch
+    (every rank's K micro-batches, ``2 * K * world_size`` samples).
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = _mlp(seed)
+    large = copy.deepcopy(model)
+    ddp = DDP(model)
+    calls: list[int] = []
+    ddp.register_comm_hook(calls, counting_hook)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(world_size, k, 2, 4, generator=gen)
+    y = torch.randn(world_size, k, 2, 1, generator=gen)
+    per_backward = []
+    for i in range(k):
+        before = len(calls)
+        with ddp.no_sync() if use_no_sync and i < k - 1 else contextlib.nullcontext():
+            nn.functional.mse_loss(ddp(x[rank, i]), y[rank, i]).backward()
+        per_backward.append(len(calls) - before)
+    nn.functional.mse_loss(large(x.reshape(-1, 4)), y.reshape(-1, 1)).backward()
+    return {
+        "rank": rank,
+        "allreduces_per_backward": per_backward,
+        "grad": _flat_grad(model),
+        "large_batch_grad": _flat_grad(large),
+    }
+
+
+def sampler_split(
+    dataset_len: int, world_size: int, shuffle: bool = False, drop_last: bool = False
+) -> list[list[int]]:
+    """The indices ``DistributedSampler`` gives each rank of ``world_size`` (no ranks needed)."""
+    return [
+        list(DistributedSampler(range(dataset_len), world_size, r, shuffle, drop_last=drop_last))
+        for r in range(world_size)
+    ]
+
+
+def epoch_orders(
+    dataset_len: int = 10, world_size: int = 2, epochs: int = 3, set_epoch: bool = False
+) -> list[list[int]]:
+    """Rank 0's shuffled indices for each epoch, with or without ``sampler.set_epoch(epoch)``."""
+    sampler = DistributedSampler(range(dataset_len), world_size, 0, shuffle=True)
+    orders = []
+    for epoch in range(epochs):
+        if set_epoch:
+            sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+    return orders
+
+
+def uneven_loop(batches_per_rank: Sequence[int] = (3, 2), join: bool = False) -> list[dict]:
+    """Train ``nn.Linear(2, 1)`` under DDP, rank r on ``batches_per_rank[r]`` batches.
+
+    Batch i of rank r is one sample with both inputs ``10 r + i + 1``, so the local gradient
+    of ``sum(w . x)`` is that input. Returns, per step, the input and ``.grad`` after backward.
+    """
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.Linear(2, 1, bias=False)
+    ddp = DDP(model)
+    steps = []
+    with Join([ddp]) if join else contextlib.nullcontext():
+        for i in range(batches_per_rank[rank]):
+            model.zero_grad()
+            x = torch.full((1, 2), float(10 * rank + i + 1))
+            ddp(x).sum().backward()
+            steps.append(
+                {"local": x.flatten().tolist(), "grad": model.weight.grad.flatten().tolist()}
+            )
+    return steps
+
+
+class _TwoHeads(nn.Module):
+    """Two linear heads, of which ``forward`` uses only the first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = nn.Linear(2, 1, bias=False)
+        self.unused = nn.Linear(2, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def unused_parameter_steps(find_unused_parameters: bool = False, steps: int = 2) -> list[dict]:
+    """DDP steps of a model with a parameter the loss never uses; what each step gives."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = _TwoHeads()
+    ddp = DDP(model, find_unused_parameters=find_unused_parameters)
+    out: list[dict] = []
+    for _ in range(steps):
+        model.zero_grad()
+        x = torch.full((1, 2), float(rank + 1))
+        try:
+            ddp(x).sum().backward()
+        except RuntimeError as err:
+            out.append({"error": str(err).split("\n")[0]})
+            continue
+        out.append(
+            {"local": x.flatten().tolist(), "grad": model.used.weight.grad.flatten().tolist()}
+        )
+    return out
+
+
+def swapped_all_reduce() -> dict[str, Any]:
+    """Two same-shaped all-reduces, called in opposite orders on rank 0 and the others."""
+    rank = dist.get_rank()
+    loss_sum = torch.tensor([1.0 + rank])  # the ranks' losses: 1, 2, ...
+    count = torch.tensor([100.0 * (rank + 1)])  # the ranks' sample counts: 100, 200, ...
+    order = [loss_sum, count] if rank == 0 else [count, loss_sum]
+    for t in order:
+        dist.all_reduce(t)
+    return {"rank": rank, "loss_sum": loss_sum.item(), "count": count.item()}
+
+
+def clipped_norms(max_norm: float = 0.1, seed: int = 0) -> dict[str, Any]:
+    """``clip_grad_norm_`` after a DDP backward: the norm each rank sees, and any collective.
+
+    Beside it, the norm of the large-batch gradient computed in one process on every rank's
+    data: what a single-GPU run would clip by.
+    """
+    from course.ring.recorder import Recorder
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = _mlp(seed)
+    large = copy.deepcopy(model)
+    ddp = DDP(model)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x, y = (
+        torch.randn(world_size, 4, 4, generator=gen),
+        torch.randn(world_size, 4, 1, generator=gen),
+    )
+    nn.functional.mse_loss(ddp(x[rank]), y[rank]).backward()
+    local = copy.deepcopy(model)
+    local.zero_grad()
+    nn.functional.mse_loss(local(x[rank]), y[rank]).backward()
+    with Recorder() as rec:
+        norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+    nn.functional.mse_loss(large(x.reshape(-1, 4)), y.reshape(-1, 1)).backward()
+    return {
+        "rank": rank,
+        "norm": norm,
+        "local_norm": nn.utils.clip_grad_norm_(local.parameters(), float("inf")).item(),
+        "large_batch_norm": nn.utils.clip_grad_norm_(large.parameters(), float("inf")).item(),
+        "collectives": rec.collectives,
+        "clipped": _flat_grad(model),
+    }
+
+
+def batchnorm_buffers(broadcast_buffers: bool = True, steps: int = 2) -> list[float]:
+    """A ``BatchNorm1d``'s running mean on this rank after each DDP step (batch mean 10 r + 1.5)."""
+    rank = dist.get_rank()
+    model = nn.BatchNorm1d(1)  # momentum 0.1: running = 0.9 running + 0.1 batch mean
+    ddp = DDP(model, broadcast_buffers=broadcast_buffers)
+    x = 10.0 * rank + torch.arange(4.0).view(4, 1)
+    means = []
+    for _ in range(steps):
+        ddp(x).sum().backward()
+        means.append(model.running_mean.item())
+    return means
+
+
+def sync_batchnorm_on_cpu() -> str:
+    """What ``nn.SyncBatchNorm`` does with a CPU tensor on a gloo rank: its error, if any."""
+    try:
+        nn.SyncBatchNorm(1)(torch.randn(4, 1))
+    except ValueError as err:
+        return f"ValueError: {err}"
+    return "no error"
+
+
+def dropout_masks(seed_per_rank: bool = False, n: int = 12) -> list[float]:
+    """The dropout mask (0 or 2) this rank draws after ``torch.manual_seed``."""
+    torch.manual_seed(dist.get_rank() if seed_per_rank else 0)
+    return nn.functional.dropout(torch.ones(n), 0.5).tolist()
+
+
+def sampler_figure(split: list[list[int]], dataset_len: int) -> Any:
+    """A plotly grid: which rank reads which sample, and at which position of its epoch."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    world_size = len(split)
+    for rank, indices in enumerate(split):
+        # rank r's i-th index sits at i * world_size + r of the padded list: past the end, a copy
+        padded = [i * world_size + rank >= dataset_len for i in range(len(indices))]
+        fig.add_scatter(
+            x=indices,
+            y=[f"rank {rank}"] * len(indices),
+            mode="markers+text",
+            text=[str(p) for p in range(len(indices))],
+            textposition="top center",
+            marker={"size": 16, "symbol": ["x" if c else "circle" for c in padded]},
+            name=f"rank {rank}",
+        )
+    fig.update_layout(
+        title=(
+            f"DistributedSampler, {dataset_len} samples on {world_size} ranks "
+            "(label: the rank's step; x: a sample read a second time)"
+        ),
+        xaxis={"title": "sample index", "range": [-0.5, dataset_len - 0.5], "dtick": 1},
+        yaxis={"range": [-0.5, world_size - 0.2]},
+        height=140 + 60 * world_size,
+    )
+    return fig
+
+
+if __name__ == "__main__":  # torchrun --nproc-per-node 2 -m course.experiments.accumulation
+    dist.init_process_group("gloo")
+    print(accumulation_counts())
+    dist.destroy_process_group()
