@@ -99,3 +99,32 @@ def test_the_checks_would_catch_a_leak():
     assert KEY_ARGUMENT.search(leaky)
     assert all(s in leaky for s in _sentences(sentence))
     assert _flat(hidden_region("a\n### BEGIN HIDDEN TESTS\nb = 1\n### END HIDDEN TESTS")) == "b = 1"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_no_solution_body_in_the_package(path):
+    """Is no solution cell's code (the model answer of an exercise) quoted in course/?"""
+    package = {name: text for name, text in FLAT.items() if name.startswith("course/")}
+    source = nbformat.read(path, as_version=4)
+    for cell in source.cells:
+        for solution in _SOLUTION.findall(cell.source):
+            body = _flat(solution)
+            if len(body) >= 80:
+                assert not [n for n, t in package.items() if body in t], grade_id(cell)
+
+
+def test_package_defines_no_sharded_solution():
+    """Does the package define none of the zero exercises (they are the student's to write)?"""
+    import importlib
+    import pkgutil
+
+    import course
+
+    exercises = {"reduce_scatter", "all_gather", "ZeroOptimizer"}
+    found = []
+    for info in pkgutil.walk_packages(course.__path__, "course."):
+        module = importlib.import_module(info.name)
+        found += [f"{info.name}.{n}" for n in exercises if callable(getattr(module, n, None))]
+    assert not found
+    definitions = re.compile(r"^\s*(def (reduce_scatter|all_gather)\(|class ZeroOptimizer\b)", re.M)
+    assert not [n for n, t in READABLE.items() if n.startswith("course/") and definitions.search(t)]

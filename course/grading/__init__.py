@@ -9,15 +9,22 @@ from __future__ import annotations
 from course.grading.answers import check_answer
 from course.grading.buckets import check_bucketed_allreduce, check_overlapping_ddp
 from course.grading.ddp import check_average_hook, check_weighted_loss
+from course.grading.halves import check_all_gather, check_halves_pattern, check_reduce_scatter
 from course.grading.ring import check_ring_allreduce, check_ring_pattern, check_ring_sums
+from course.grading.zero import check_zero_matches_ddp, check_zero_memory
 
 __all__ = [
+    "check_all_gather",
     "check_answer",
     "check_average_hook",
     "check_bucketed_allreduce",
+    "check_halves_pattern",
     "check_overlapping_ddp",
+    "check_reduce_scatter",
     "check_ring_allreduce",
     "check_ring_pattern",
     "check_ring_sums",
     "check_weighted_loss",
+    "check_zero_matches_ddp",
+    "check_zero_memory",
 ]
