@@ -29,9 +29,8 @@ __all__ = [
     "held_objects",
     "inner_optimizers",
     "memory_breakdown",
-    "memory_figure",
     "memory_on_ranks",
-    "memory_points",
+    "single_process_params",
     "toy_model",
     "traffic_on_ranks",
     "traffic_per_step",
@@ -152,6 +151,25 @@ def final_params(kind: str, zero_class: Any = None, steps: int = 20, seed: int =
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def single_process_params(world_size: int, steps: int = 20, seed: int = 0) -> torch.Tensor:
+    """What DDP + Adam computes, in one process: each step, Adam on the average over ranks of
+    the gradients of each rank's batch (the oracle for a sharded optimizer's training)."""
+    model = toy_model(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    batches = [_batches(steps, seed + 100 + r) for r in range(world_size)]
+    for i in range(steps):
+        grads = []
+        for r in range(world_size):
+            model.zero_grad()
+            x, y = batches[r][i]
+            nn.functional.mse_loss(model(x), y).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for p, *gs in zip(model.parameters(), *grads, strict=True):
+            p.grad = torch.stack(gs).mean(0)
+        optimizer.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
 def equivalence(zero_class: Any, steps: int = 20) -> dict[str, Any]:
     """Rank side: DDP + Adam and ``zero_class`` + Adam from the same weights on the same data;
     the largest difference in the final parameters, absolute and relative."""
@@ -202,47 +220,3 @@ def traffic_on_ranks(
 
     per_rank = run(traffic_per_step, world_size, reduce_scatter, all_gather, timeout=60)
     return {k: max(r[k] for r in per_rank) for k in per_rank[0]}
-
-
-def memory_points(zero_class: Any, world_sizes: tuple[int, ...] = (2, 3, 4)) -> dict[str, dict]:
-    """Measured bytes per rank (the most any rank holds), in units of P, per scheme and N:
-    DDP + Adam, torch's ``ZeroRedundancyOptimizer`` (ZeRO-1) and ``zero_class`` (ZeRO-2)."""
-    from course.ranks import run
-
-    psi = sum(p.numel() for p in toy_model().parameters())
-    kinds = {"DDP": "DDP", "ZeRO-1": "torch ZeRO-1", "ZeRO-2": "zero"}
-    points: dict[str, dict] = {name: {} for name in kinds}
-    for n in world_sizes:
-        for name, kind in kinds.items():
-            held = run(memory_on_ranks, n, kind, zero_class, timeout=60)
-            points[name][n] = max(sum(h.values()) for h in held) / psi
-    return points
-
-
-def memory_figure(zero_class: Any, world_sizes: tuple[int, ...] = (2, 3, 4)) -> Any:
-    """Bytes per rank against world size: the formulas as lines, the measurements as points."""
-    import plotly.graph_objects as go
-
-    points = memory_points(zero_class, world_sizes)
-    xs = list(range(1, 9))
-    fig = go.Figure()
-    colours = {"DDP": "#4c72b0", "ZeRO-1": "#dd8452", "ZeRO-2": "#55a868"}
-    for name, colour in colours.items():
-        line = [sum(FORMULAS[name](n)) for n in xs]
-        fig.add_scatter(x=xs, y=line, mode="lines", name=f"{name} formula", line_color=colour)
-        measured = points[name]
-        fig.add_scatter(
-            x=list(measured),
-            y=list(measured.values()),
-            mode="markers",
-            name=f"{name} measured",
-            marker={"color": colour, "size": 11, "symbol": "circle-open", "line_width": 3},
-        )
-    fig.update_layout(
-        title="Bytes per rank for parameters, gradients and Adam state (fp32), in units of P",
-        xaxis_title="world size N",
-        yaxis_title="bytes per rank / P",
-        yaxis_rangemode="tozero",
-        height=420,
-    )
-    return fig

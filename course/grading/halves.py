@@ -5,7 +5,7 @@
 
 The contract is ``course.halves``'s: rank ``r``'s shard is chunk ``r`` of the flattened
 tensor (``course.schedule.chunk_bounds``). The functions run on fresh ranks for world sizes
-2 to 5, many tensors per launch (sizes divisible by N and not, smaller than N; float32,
+2 to 4, many tensors per launch (sizes divisible by N and not, smaller than N; float32,
 float64, int32, int64). Inputs and expected values are made here, in the caller; the ranks
 only send back the tensors the student's code produced, and the recorder's messages for the
 pattern (``course.halves.half_violations``). Every launch has a deadline.
@@ -31,22 +31,21 @@ from course.grading.ring import (
     sum_cases,
 )
 from course.halves import Half, half_violations
+from course.halves_record import encoded_args
 from course.recorder import (
     Recorder,
     _scratch_dir,
     describe_failure,
-    encoded_tensor,
     is_secondary,
     log_path,
     read_trace,
     student_traceback,
 )
 from course.schedule import chunk_bounds
-from course.trace import full_mask
 
 __all__ = ["check_all_gather", "check_halves_pattern", "check_reduce_scatter"]
 
-WORLD_SIZES = (2, 3, 4, 5)
+WORLD_SIZES = (2, 3, 4)
 NAMES = {"reduce-scatter": "reduce_scatter", "all-gather": "all_gather"}
 SENTINEL = -7  # what ``out`` holds before all_gather fills it
 
@@ -91,7 +90,7 @@ def _run_cases(half: Half, fn: Callable, cases: list[Case], inputs: list, direct
         for i, case in enumerate(cases):
             progress.write(json.dumps({"case": i}) + "\n")
             if case.recorded:
-                args = _encoded_args(half, rank, world_size, case.shape[0])
+                args = encoded_args(half, rank, world_size, case.shape[0])
                 with Recorder(log_path(directory, rank, f"case{i}")):
                     got = _call(half, fn, *args)
             else:
@@ -106,14 +105,6 @@ def _plain_args(half: Half, rank: int, world_size: int, case: Case, full: Any) -
         return (full[rank].clone(),)
     lo, hi = chunk_bounds(full.numel(), world_size)[rank]
     return full.reshape(-1)[lo:hi].clone(), torch.full(case.shape, SENTINEL, dtype=case.dtype)
-
-
-def _encoded_args(half: Half, rank: int, world_size: int, numel: int) -> tuple:
-    if half == "reduce-scatter":
-        return (encoded_tensor(rank, numel, world_size),)
-    lo, hi = chunk_bounds(numel, world_size)[rank]
-    whole = encoded_tensor(0, numel, world_size) * full_mask(world_size)
-    return whole[lo:hi].clone(), torch.zeros(numel, dtype=torch.float64)
 
 
 def _call(half: Half, fn: Callable, *args: torch.Tensor) -> Any:

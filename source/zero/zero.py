@@ -47,7 +47,7 @@
 import torch
 import torch.distributed as dist
 
-from course import compression, zero
+from course import widgets, zero_report
 from course.grading import (
     check_all_gather,
     check_answer,
@@ -57,6 +57,7 @@ from course.grading import (
     check_zero_memory,
 )
 from course.ranks import run
+from course.schedule import chunk_bounds
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "shard_contract", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## The shard contract
@@ -67,10 +68,26 @@ from course.ranks import run
 # tensor has fewer elements than ranks, the last shards are empty.
 
 # %% nbgrader={"grade": false, "grade_id": "shard_contract_run", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.schedule import chunk_bounds
-
 for numel, n in ((12, 4), (10, 4), (3, 4)):
     print(f"{numel} elements on {n} ranks: shards {chunk_bounds(numel, n)}")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "watch_halves", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## The two halves, step by step
+#
+# The ring widget again, for each half on its own. Each rank's row shows its N chunks,
+# coloured by how many ranks' contributions they hold (orange: all of them).
+#
+# * **Reduce-scatter**: every rank starts with its own contribution in every chunk; at each of
+#   the N-1 steps it passes a partial sum to its right-hand neighbour, which adds its own. At
+#   the end rank r holds chunk r fully reduced: its shard.
+# * **All-gather**: every rank starts with its own shard only (grey: not here yet); the
+#   shards travel round the ring, copied, until every rank holds all of them.
+
+# %% nbgrader={"grade": false, "grade_id": "watch_reduce_scatter", "locked": true, "schema_version": 3, "solution": false, "task": false}
+widgets.half_widget("reduce-scatter", world_size=4)
+
+# %% nbgrader={"grade": false, "grade_id": "watch_all_gather", "locked": true, "schema_version": 3, "solution": false, "task": false}
+widgets.half_widget("all-gather", world_size=4)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_1: what does a reduce-scatter send?
@@ -150,7 +167,7 @@ for r in range(4):
 # (r - s) % N and receive chunk (r - s - 1) % N.
 #
 # Graded in three parts: right shards (3 points), right gathers (3 points), and each really
-# half a ring (4 points), on world sizes 2 to 5 with many sizes and dtypes.
+# half a ring (4 points), on world sizes 2 to 4 with many sizes and dtypes.
 
 # %% nbgrader={"grade": false, "grade_id": "reduce_scatter", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
@@ -200,25 +217,35 @@ out = torch.zeros(7)
 all_gather(shard, out)
 print(f"shard {shard.tolist()}   gathered {out.tolist()}")
 
+# %% [markdown] nbgrader={"grade": false, "grade_id": "watch_yours_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# Now watch **your** two functions, recorded on 4 real ranks. Where a run departs from half a
+# ring (a wrong neighbour, extra messages, a rank that never finishes) the widget says where.
+
+# %% nbgrader={"grade": false, "grade_id": "watch_your_reduce_scatter", "locked": true, "schema_version": 3, "solution": false, "task": false}
+widgets.animate_half(reduce_scatter, "reduce-scatter", world_size=4)
+
+# %% nbgrader={"grade": false, "grade_id": "watch_your_all_gather", "locked": true, "schema_version": 3, "solution": false, "task": false}
+widgets.animate_half(all_gather, "all-gather", world_size=4)
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "visible_halves_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # The grader's checks, on fewer cases. Each stops within its deadline and says which world
 # size, tensor and rank went wrong.
 
 # %% nbgrader={"grade": false, "grade_id": "visible_halves", "locked": true, "schema_version": 3, "solution": false, "task": false}
-print(check_reduce_scatter(reduce_scatter, world_sizes=(2, 3)))
-print(check_all_gather(all_gather, world_sizes=(2, 3)))
+print(check_reduce_scatter(reduce_scatter, world_sizes=(3,)))
+print(check_all_gather(all_gather, world_sizes=(3,)))
 print(check_halves_pattern(reduce_scatter, all_gather, world_sizes=(3,)))
 
 # %% nbgrader={"grade": true, "grade_id": "reduce_scatter_sums", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-# Right shards: world sizes 2 to 5, sizes divisible by N and not, smaller than N, four dtypes.
-print(check_reduce_scatter(reduce_scatter, world_sizes=(2, 3)))
+# Right shards: world sizes 2 to 4, sizes divisible by N and not, smaller than N, four dtypes.
+print(check_reduce_scatter(reduce_scatter, world_sizes=(2,)))
 ### BEGIN HIDDEN TESTS
 print(check_reduce_scatter(reduce_scatter))
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "all_gather_sums", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # Right gathers: every chunk of out holds its rank's shard, on every rank.
-print(check_all_gather(all_gather, world_sizes=(2, 3)))
+print(check_all_gather(all_gather, world_sizes=(2,)))
 ### BEGIN HIDDEN TESTS
 print(check_all_gather(all_gather))
 ### END HIDDEN TESTS
@@ -278,8 +305,7 @@ check_answer(
 # model's size.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for scheme, sent in zero.traffic_on_ranks(reduce_scatter, all_gather, world_size=4).items():
-    print(f"{scheme:9} sends {sent:.2f} x the model's size per rank per step")
+zero_report.report_traffic(reduce_scatter, all_gather, world_size=4)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 2: a ZeRO-2 optimizer
@@ -353,7 +379,7 @@ class ZeroOptimizer:
 # once with DDP + Adam and once with your optimizer, from the same weights on the same data.
 
 # %% nbgrader={"grade": false, "grade_id": "try_zero", "locked": true, "schema_version": 3, "solution": false, "task": false}
-print(run(zero.equivalence, 2, ZeroOptimizer, timeout=60)[0])
+zero_report.report_equivalence(ZeroOptimizer, world_sizes=(2,))
 
 # %% nbgrader={"grade": true, "grade_id": "zero_optimizer_matches_ddp", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Trains like DDP + Adam: 5 steps, world sizes 2 and 3, parameters within 1e-4.
@@ -364,7 +390,6 @@ print(check_zero_matches_ddp(ZeroOptimizer))
 
 # %% nbgrader={"grade": true, "grade_id": "zero_optimizer_memory", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # Holds 1/N: Adam's state and the gradient, measured on 4 ranks after step().
-print(check_zero_memory(ZeroOptimizer))
 ### BEGIN HIDDEN TESTS
 print(check_zero_memory(ZeroOptimizer, world_size=4))
 ### END HIDDEN TESTS
@@ -414,20 +439,14 @@ check_answer(
 # units of P; and the formulas.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-P = sum(p.numel() for p in zero.toy_model().parameters())
-for kind in ("DDP", "zero"):
-    held = run(zero.memory_on_ranks, 4, kind, ZeroOptimizer, timeout=60)[0]
-    parts = ", ".join(f"{k} {v / P:.2f}P" for k, v in held.items())
-    print(f"{kind:5}: {parts}; total {sum(held.values()) / P:.2f}P")
-for name, formula in zero.FORMULAS.items():
-    print(f"formula {name}: {sum(formula(4)):.2f}P")
+zero_report.report_memory(ZeroOptimizer, world_size=4)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "memory_figure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # The same measurement for world sizes 2 to 4, as points on the formulas' lines: ZeRO's saving
 # grows with N, but never below the replicated parameters (4P) for stages 1 and 2.
 
 # %% nbgrader={"grade": false, "grade_id": "memory_figure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero.memory_figure(ZeroOptimizer, world_sizes=(2, 3, 4))
+zero_report.memory_figure(ZeroOptimizer, world_sizes=(2, 3, 4))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_4: the same weights as DDP?
@@ -476,12 +495,7 @@ check_answer(
 # **Measure it**, with your optimizer, on 2, 3 and 4 ranks.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for n in (2, 3, 4):
-    same = run(zero.equivalence, n, ZeroOptimizer, timeout=60)[0]
-    print(
-        f"N = {n}: bit for bit identical: {same['identical']}, largest difference "
-        f"{same['max_rel']:.1e} of the largest parameter"
-    )
+zero_report.report_equivalence(ZeroOptimizer, world_sizes=(2, 3, 4))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_5_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_5: PyTorch's own ZeroRedundancyOptimizer
@@ -527,8 +541,7 @@ check_answer(
 # **Measure it.** The bytes of Adam state each rank holds after one step.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for r, nbytes in enumerate(run(compression.torch_zero_state, 2, timeout=60)):
-    print(f"rank {r} holds {nbytes:,} bytes of Adam state")
+zero_report.report_torch_zero()
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_6_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_6: fp16 compression
@@ -576,9 +589,7 @@ check_answer(
 # makes them the gradient, without and with the hook.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-grads = run(compression.fp16_hook_grads, 2, [7e4, 1e-8, 1e-6, 1.0], timeout=60)[0]
-for name, values in grads.items():
-    print(f"{name:9}: {values}")
+zero_report.report_fp16([7e4, 1e-8, 1e-6, 1.0])
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_7_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_7: PowerSGD's rank, and its first steps
@@ -627,10 +638,7 @@ check_answer(
 # averaged gradient has rank at most 16; error feedback off, to see one step's error).
 
 # %% nbgrader={"grade": false, "grade_id": "zero_7_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for r in (1, 4, 16):
-    rows = run(compression.powersgd_steps, 2, r, 2, timeout=60)[0]
-    sent = ", ".join(f"{row['bytes']:,} B (error {row['error']:.2f})" for row in rows)
-    print(f"r = {r:2}: {sent}")
+zero_report.report_powersgd(ranks=(1, 4, 16), start_iter=2)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "closing", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Where this goes

@@ -86,3 +86,13 @@ def test_wrong_zero_fails_with_the_reason(name: str, check, words: list[str]) ->
 def test_full_state_zero_still_trains_like_ddp() -> None:
     """The full-state optimizer loses the memory points only: it does train like DDP."""
     check_zero_matches_ddp(CELL["FullStateZero"], world_sizes=(2,), seed=1)
+
+
+def test_animate_half_shows_your_run_and_its_deviations() -> None:
+    """Recorded on real ranks: is the model half clean, and a naive all-gather flagged?"""
+    from course.widgets import animate_half
+
+    assert animate_half(CELL["reduce_scatter"], "reduce-scatter", 4).view.deviations == []
+    assert animate_half(CELL["all_gather"], "all-gather", 3).view.deviations == []
+    naive = animate_half(CELL["ag_naive"], "all-gather", 3)
+    assert any("neighbour" in v.text for v in naive.view.deviations)
