@@ -14,20 +14,27 @@ from course.checks.accumulation import (
 from course.checks.answers import check_answer
 from course.checks.buckets import check_bucketed_allreduce, check_overlapping_ddp
 from course.checks.ddp import check_average_hook, check_weighted_loss
+from course.checks.halves import check_all_gather, check_halves_pattern, check_reduce_scatter
 from course.checks.ring import check_ring_allreduce, check_ring_pattern, check_ring_sums
 from course.checks.uneven import check_train_uneven
+from course.checks.zero import check_zero_matches_ddp, check_zero_memory
 
 __all__ = [
     "check_accumulation_syncs",
     "check_accumulation_values",
+    "check_all_gather",
     "check_answer",
     "check_average_hook",
     "check_bucketed_allreduce",
+    "check_halves_pattern",
     "check_overlapping_ddp",
+    "check_reduce_scatter",
     "check_ring_allreduce",
     "check_ring_pattern",
     "check_ring_sums",
     "check_sampler_indices",
     "check_train_uneven",
     "check_weighted_loss",
+    "check_zero_matches_ddp",
+    "check_zero_memory",
 ]

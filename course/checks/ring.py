@@ -23,7 +23,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from course.checks.ring_cases import DTYPES, Case, pattern_cases, sum_cases
+from course.checks.ring_cases import (
+    DTYPES,
+    Case,
+    compare,
+    pattern_cases,
+    refuse_the_reference,
+    running_case,
+    sum_cases,
+)
 from course.checks.ring_cases import inputs as make_inputs
 from course.checks.teaching import failure_message
 from course.ring.encoding import encoded_tensor
@@ -101,7 +109,7 @@ def _run_cases(
 ) -> list[tuple[torch.Tensor, str | None]]:
     """On each rank: call ``fn`` on a fresh tensor per case; return (tensor, returned type)."""
     rank = dist.get_rank()
-    _refuse_the_reference()
+    refuse_the_reference()
     out = []
     with open(log_path(directory, rank, "progress"), "a", buffering=1) as progress:
         for i, case in enumerate(cases):
@@ -109,19 +117,6 @@ def _run_cases(
             out.append(_run_case(fn, case, inputs[i], directory, i, rank))
             progress.write(json.dumps({"done": i}) + "\n")
     return out
-
-
-def _refuse_the_reference() -> None:
-    """On a grading rank, make the course's own ring fail: the student's ring is graded."""
-    import course.ring.reference
-
-    def refuse(*_args: Any) -> None:
-        raise AssertionError(
-            "this calls the course's reference course.ring.reference.ring_allreduce: "
-            "the exercise is to write the ring yourself, with dist.isend/irecv/send/recv"
-        )
-
-    course.ring.reference._ring = refuse  # noqa: SLF001 - the reference's one entry point, refused while grading
 
 
 def _run_case(
@@ -190,23 +185,10 @@ def _launch(fn: Callable, world_size: int, cases: list[Case], inputs: list, dire
 
 def _failure_message(world_size: int, cases: list[Case], failures: dict, directory: str) -> str:
     """Which case was running, what each rank did, and the cause's own traceback."""
-    running = {r: _running_case(directory, r) for r in range(world_size)}
+    running = {r: running_case(directory, r) for r in range(world_size)}
     case_index = min((i for i in running.values() if i is not None), default=None)
     doing = f" while summing {cases[case_index]}" if case_index is not None else ""
     return failure_message("ring_allreduce", world_size, failures, doing, RING_DEADLOCK)
-
-
-def _running_case(directory: str, rank: int) -> int | None:
-    """The case a rank had started but not finished, from its progress log."""
-    current = None
-    try:
-        with open(log_path(directory, rank, "progress")) as f:
-            for line in f:
-                entry = json.loads(line)
-                current = entry.get("case", current if "done" not in entry else None)
-    except (FileNotFoundError, json.JSONDecodeError):
-        pass
-    return current
 
 
 def _judge_sums(world_size: int, case: Case, inputs: list[torch.Tensor], got: list) -> None:
@@ -214,36 +196,12 @@ def _judge_sums(world_size: int, case: Case, inputs: list[torch.Tensor], got: li
     expected64 = torch.stack([t.to(torch.float64) for t in inputs]).sum(0)
     expected = expected64.to(case.dtype)
     for rank, (tensor, returned) in enumerate(got):
-        problem = _compare(tensor, expected, case)
+        problem = compare(tensor, expected, case)
         if problem is None:
             continue
         head = f"ring_allreduce gave a wrong result on {world_size} ranks for {case}, rank {rank}:"
         hints = _hints(tensor, inputs[rank], expected64, world_size, returned)
         raise AssertionError("\n".join([head, "  " + problem, *hints]))
-
-
-def _compare(tensor: Any, expected: torch.Tensor, case: Case) -> str | None:
-    if not isinstance(tensor, torch.Tensor):
-        return f"the tensor came back as a {type(tensor).__name__}"
-    if tensor.shape != expected.shape or tensor.dtype != expected.dtype:
-        return (
-            f"the tensor changed to shape {tuple(tensor.shape)}, dtype {tensor.dtype}; "
-            f"it must keep shape {tuple(expected.shape)}, dtype {expected.dtype}"
-        )
-    if case.dtype.is_floating_point:
-        rtol = 1e-5 if case.dtype == torch.float32 else 1e-12
-        wrong = ~torch.isclose(tensor, expected, rtol=rtol, atol=rtol * 10)
-    else:
-        wrong = tensor != expected
-    count = int(wrong.sum())
-    if not count:
-        return None
-    flat = int(wrong.reshape(-1).nonzero()[0])
-    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(tensor.shape)))
-    return (
-        f"{count} of {tensor.numel()} elements wrong; the first at index {list(index)}: "
-        f"expected {expected.reshape(-1)[flat].item()}, got {tensor.reshape(-1)[flat].item()}"
-    )
 
 
 def _hints(

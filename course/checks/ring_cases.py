@@ -1,4 +1,4 @@
-"""The tensors a ring is graded on: every world size, sizes that do and don't divide by N.
+"""The cases a ring (or half of one) is graded on, and how a rank's answer is compared.
 
 Each rank's input is made by the checker (seeded), never by the ranks, so the oracle the
 verdict compares with cannot be touched by the code under test.
@@ -6,11 +6,24 @@ verdict compares with cannot be touched by the code under test.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["DTYPES", "Case", "inputs", "pattern_cases", "sum_cases"]
+from course.ring.logs import log_path
+
+__all__ = [
+    "DTYPES",
+    "Case",
+    "compare",
+    "inputs",
+    "pattern_cases",
+    "refuse_the_reference",
+    "running_case",
+    "sum_cases",
+]
 
 DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
 
@@ -53,3 +66,54 @@ def inputs(case: Case, world_size: int, seed: int) -> list[torch.Tensor]:
         torch.randint(-99, 100, case.shape, generator=g, dtype=case.dtype)
         for _ in range(world_size)
     ]
+
+
+def compare(tensor: Any, expected: torch.Tensor, case: Case) -> str | None:
+    """What is wrong with a rank's tensor against the expected one (None: nothing)."""
+    if not isinstance(tensor, torch.Tensor):
+        return f"the tensor came back as a {type(tensor).__name__}"
+    if tensor.shape != expected.shape or tensor.dtype != expected.dtype:
+        return (
+            f"the tensor changed to shape {tuple(tensor.shape)}, dtype {tensor.dtype}; "
+            f"it must keep shape {tuple(expected.shape)}, dtype {expected.dtype}"
+        )
+    if case.dtype.is_floating_point:
+        rtol = 1e-5 if case.dtype == torch.float32 else 1e-12
+        wrong = ~torch.isclose(tensor, expected, rtol=rtol, atol=rtol * 10)
+    else:
+        wrong = tensor != expected
+    count = int(wrong.sum())
+    if not count:
+        return None
+    flat = int(wrong.reshape(-1).nonzero()[0])
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(tensor.shape)))
+    return (
+        f"{count} of {tensor.numel()} elements wrong; the first at index {list(index)}: "
+        f"expected {expected.reshape(-1)[flat].item()}, got {tensor.reshape(-1)[flat].item()}"
+    )
+
+
+def refuse_the_reference() -> None:
+    """On a grading rank, make the course's own ring fail: the student's ring is graded."""
+    import course.ring.reference
+
+    def refuse(*_args: Any) -> None:
+        raise AssertionError(
+            "this calls the course's reference course.ring.reference.ring_allreduce: "
+            "the exercise is to write the ring yourself, with dist.isend/irecv/send/recv"
+        )
+
+    course.ring.reference._ring = refuse  # noqa: SLF001 - the reference's one entry point, refused while grading
+
+
+def running_case(directory: str, rank: int) -> int | None:
+    """The case a rank had started but not finished, from its progress log."""
+    current = None
+    try:
+        with open(log_path(directory, rank, "progress")) as f:
+            for line in f:
+                entry = json.loads(line)
+                current = entry.get("case", current if "done" not in entry else None)
+    except (FileNotFoundError, json.JSONDecodeError):
+        pass
+    return current

@@ -22,7 +22,15 @@ from course.pictures.figures import RingView
 from course.ring.schedule import ring_trace
 from course.ring.trace import Trace, bytes_sent
 
-__all__ = ["RingWidget", "animate", "ring_widget", "show_trace"]
+__all__ = [
+    "HalfWidget",
+    "RingWidget",
+    "animate",
+    "animate_half",
+    "half_widget",
+    "ring_widget",
+    "show_trace",
+]
 
 STEP_MS = 900  # one ring step per 0.9 s at 1x: slow enough to follow a chunk round the ring
 SPEEDS = {"0.25x": 4.0, "0.5x": 2.0, "1x": 1.0, "2x": 0.5, "4x": 0.25}
@@ -63,7 +71,7 @@ class RingWidget(widgets.VBox):
 
     def _figure(self, trace: Trace) -> go.FigureWidget:
         """A FigureWidget already at step 0, so nothing is sent before the browser draws it."""
-        self.view = RingView(trace, self.label)
+        self.view = self._view(trace)
         self.play.playing = False
         self.play.value = self.slider.value = 0
         self.play.max = self.slider.max = self.view.last
@@ -71,6 +79,9 @@ class RingWidget(widgets.VBox):
         self.view.apply(fig, self.view.frame(0))
         fig.update_layout(height=570, margin_b=45)  # no play button or slider inside
         return go.FigureWidget(fig)
+
+    def _view(self, trace: Trace) -> RingView:
+        return RingView(trace, self.label)
 
     def load(self, trace: Trace) -> None:
         """Show another trace from its first step (a new world size redraws every trace)."""
@@ -165,3 +176,59 @@ def animate(
     numel = 3 * world_size + 1 if numel is None else numel
     trace = record(fn, world_size, numel=numel, timeout=timeout)
     return RingWidget(trace, f"your {getattr(fn, '__name__', 'function')}")
+
+
+# --- one half of the ring: reduce-scatter alone, all-gather alone -------------------------
+
+
+class HalfWidget(RingWidget):
+    """The ring widget for one half (``course.pictures.halves.HalfView``), same controls."""
+
+    def __init__(
+        self, trace: Trace, half: str, label: str = "reference", simulate: bool = False
+    ) -> None:
+        self.half = half
+        super().__init__(trace, label, simulate)
+
+    def _view(self, trace: Trace) -> RingView:
+        from course.pictures.halves import HalfView
+
+        return HalfView(trace, self.half, self.label)  # type: ignore[arg-type]
+
+    def _on_size(self, _change: dict[str, Any]) -> None:
+        from course.ring.halves import half_trace
+
+        trace = half_trace(self.half, self.world_size.value, self.numel.value, self.itemsize)  # type: ignore[arg-type]
+        self.load(trace)
+
+    def _status(self, step: int) -> str:
+        view = self.view
+        sent = max(bytes_sent(view.trace, upto_step=step), default=0)
+        return (
+            f"<b class='ring-step'>{html.escape(view.counter(step))}</b> &nbsp;|&nbsp; "
+            f"most bytes sent by one rank so far: {sent:,} B "
+            f"(a whole {self.half}: (N-1)/N x {view.trace.nbytes:,} B = {view.formula:,.0f} B)"
+        )
+
+    def _report(self, step: int) -> str:
+        return super()._report(step).replace("a ring all-reduce", f"a ring {self.half}")
+
+
+def half_widget(half: str, world_size: int = 4, numel: int | None = None) -> HalfWidget:
+    """The reference reduce-scatter or all-gather from the simulator, with size controls."""
+    from course.ring.halves import half_trace
+
+    numel = 3 * world_size + 1 if numel is None else numel
+    trace = half_trace(half, world_size, numel, 4)  # type: ignore[arg-type]
+    return HalfWidget(trace, half, "reference", simulate=True)
+
+
+def animate_half(
+    fn: Callable[..., Any], half: str, world_size: int = 4, numel: int | None = None
+) -> HalfWidget:
+    """Record ``fn`` (your ``reduce_scatter`` or ``all_gather``) on real ranks and animate it."""
+    from course.ring.halves_record import record_half
+
+    numel = 3 * world_size + 1 if numel is None else numel
+    trace = record_half(fn, half, world_size, numel)  # type: ignore[arg-type]
+    return HalfWidget(trace, half, f"your {getattr(fn, '__name__', 'function')}")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["COLLECTIVES", "FUNCTIONAL", "Collective", "async_op", "numel_of"]
+__all__ = ["COLLECTIVES", "FUNCTIONAL", "Collective", "async_op", "sizes_of"]
 
 # ProcessGroup method -> the torch.distributed name a student would recognise
 COLLECTIVES = {
@@ -50,17 +50,18 @@ class Collective:
 
     name: str
     numel: int  # elements of every tensor passed in (inputs and outputs alike)
+    nbytes: int  # their bytes
     async_op: bool | None  # as the caller of the torch.distributed function asked; None: unknown
     t: float  # time.perf_counter() when the call was made
 
 
-def numel_of(args: tuple) -> int:
-    """Elements of the tensors among a collective's arguments (lists of tensors included)."""
-    total = 0
+def sizes_of(args: tuple) -> tuple[int, int]:
+    """Elements and bytes of the tensors among a collective's arguments (lists included)."""
+    tensors = []
     for a in args:
         items = a if isinstance(a, list | tuple) else [a]
-        total += sum(t.numel() for t in items if isinstance(t, torch.Tensor))
-    return total
+        tensors += [t for t in items if isinstance(t, torch.Tensor)]
+    return sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors)
 
 
 def async_op() -> bool | None:

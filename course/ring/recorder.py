@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
-from course.ring.collectives import COLLECTIVES, FUNCTIONAL, Collective, async_op, numel_of
+from course.ring.collectives import COLLECTIVES, FUNCTIONAL, Collective, async_op, sizes_of
 from course.ring.encoding import check_encodable, decode_tensor, encoded_tensor
 from course.ring.logs import as_list, log_path, read_trace
 from course.ring.trace import Message, Trace
@@ -47,6 +47,7 @@ from course.ring.trace import Message, Trace
 __all__ = ["Collective", "Recorder", "record", "scratch_dir"]
 
 _active: list[Recorder] = []
+_INHERITED = object()  # a patched attribute the owner did not define itself
 
 
 class _RecvWork:
@@ -110,8 +111,11 @@ class Recorder:
         try:
             self.flush()
         finally:
-            for owner, name, original in reversed(self._saved):
-                setattr(owner, name, original)
+            for owner, name, raw in reversed(self._saved):
+                if raw is _INHERITED:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, raw)
             self._saved.clear()
             _active.remove(self)
             if self._file is not None:
@@ -126,9 +130,11 @@ class Recorder:
     # --- the wrappers -----------------------------------------------------------------
 
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-        original = getattr(owner, name)
-        self._saved.append((owner, name, original))
-        setattr(owner, name, make(original))
+        # Save the raw attribute (vars(), not getattr): getattr on a pybind11 class gives the
+        # unbound function, and putting that back would leave the method without its self.
+        raw = vars(owner).get(name, _INHERITED)
+        self._saved.append((owner, name, raw))
+        setattr(owner, name, make(getattr(owner, name)))
 
     def _wrap_send(self, original: Callable) -> Callable:
         def send(group: Any, tensors: list[torch.Tensor], dst: int, *args: Any, **kw: Any) -> Any:
@@ -156,7 +162,7 @@ class Recorder:
 
     def _wrap_coll(self, name: str, original: Callable) -> Callable:
         def collective(*args: Any, **kwargs: Any) -> Any:
-            call = Collective(name, numel_of(args), async_op(), time.perf_counter())
+            call = Collective(name, *sizes_of(args), async_op(), time.perf_counter())
             self.collectives.append(call)
             self._write({"op": "collective", **asdict(call)})
             return original(*args, **kwargs)

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from course.ring.schedule import expected_holds
 from course.ring.trace import Trace, ranks_in
 
-__all__ = ["Violation", "ring_direction", "ring_violations"]
+__all__ = [
+    "Violation",
+    "neighbour_violations",
+    "ring_direction",
+    "ring_violations",
+    "unfinished_violations",
+]
 
 _NO_DATA = frozenset({"barrier", "monitored_barrier"})  # collectives that move no tensor data
 
@@ -47,18 +53,18 @@ def ring_violations(trace: Trace) -> list[Violation]:
     skipped), sends about ``2(N-1)/N`` of the tensor (one element per chunk of slack), and at
     step ``s`` sends a chunk holding ``s + 1`` ranks in reduce-scatter, all ``N`` in all-gather.
     """
-    found = _unfinished(trace) + _collectives(trace)
+    found = unfinished_violations(trace) + _collectives(trace)
     if trace.world_size > 1:
         direction = ring_direction(trace)
         for rank in range(trace.world_size):
-            found += _neighbours(trace, rank, direction)
+            found += neighbour_violations(trace, rank, direction)
             found += _counts(trace, rank)
             found += _volume(trace, rank)
             found += _payloads(trace, rank, direction)
     return found
 
 
-def _unfinished(trace: Trace) -> list[Violation]:
+def unfinished_violations(trace: Trace) -> list[Violation]:
     return [
         Violation(r, None, f"rank {r} never finished: {trace.blocked.get(r, 'it did not return')}")
         for r in trace.unfinished
@@ -78,7 +84,7 @@ def _collectives(trace: Trace) -> list[Violation]:
     ]
 
 
-def _neighbours(trace: Trace, rank: int, direction: int) -> list[Violation]:
+def neighbour_violations(trace: Trace, rank: int, direction: int) -> list[Violation]:
     """The first send to a non-neighbour and the first receive from one, if any."""
     n = trace.world_size
     found = []

@@ -29,3 +29,23 @@ def test_collectives_are_recorded_whatever_the_import() -> None:
     """Does `from torch.distributed import all_reduce` count as surely as `dist.all_reduce`?"""
     want = [("all_reduce", 3, False), ("all_reduce", 5, True), ("broadcast", 2, False)]
     assert run(_calls, 2) == [want, want]
+
+
+def _twice() -> list[float]:
+    from course.ring.recorder import Recorder
+
+    out = []
+    for _ in range(2):
+        with Recorder():
+            t = torch.ones(2)
+            dist.all_reduce(t)
+        u = torch.ones(3)  # after the recorder: the process group's methods must work as before
+        dist.all_reduce(u)
+        dist.send(u, 1 - dist.get_rank()) if dist.get_rank() == 0 else dist.recv(u, 0)
+        out.append(t.sum().item() + u.sum().item())
+    return out
+
+
+def test_the_process_group_works_after_a_recording() -> None:
+    """After a Recorder exits, do all_reduce and send/recv work as if it had never been?"""
+    assert run(_twice, 2) == [[10.0, 10.0], [10.0, 10.0]]

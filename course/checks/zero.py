@@ -1,0 +1,125 @@
+"""Grade a student's ZeRO optimizer: it trains like DDP, and each rank holds 1/N of the state.
+
+    from course.checks import check_zero_matches_ddp, check_zero_memory
+    print(check_zero_matches_ddp(ZeroOptimizer))
+
+``ZeroOptimizer(params, optimizer_class, **defaults)`` (the signature of torch's
+``ZeroRedundancyOptimizer``) wraps Adam on fresh ranks. The ranks send back the final
+parameters of the student's optimizer and the bytes each rank holds
+(``course.experiments.zero.memory_breakdown``). The oracle, what DDP + Adam computes from
+the same weights and data, is trained here in one process
+(``course.experiments.zero.single_process_params``), and the verdict is made here.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from course.checks.ddp import on_ranks
+from course.experiments.zero import (
+    FORMULAS,
+    final_params,
+    memory_on_ranks,
+    single_process_params,
+    toy_model,
+)
+
+__all__ = ["RTOL", "check_zero_matches_ddp", "check_zero_memory"]
+
+RTOL = 1e-4  # of the largest parameter: float sums in another order differ by about 1e-6
+STEPS = 5
+SLACK = 256  # bytes: Adam's step counters and the like
+
+
+def _trained(zero_class: Any, steps: int, seed: int) -> torch.Tensor:
+    """On each rank: the parameters after ``steps`` steps of the student's optimizer."""
+    return final_params("zero", zero_class, steps, seed)
+
+
+def check_zero_matches_ddp(
+    zero_class: Any, world_sizes: Sequence[int] = (2, 3), seed: int | None = None
+) -> str:
+    """After STEPS steps of Adam, the parameters match DDP's to RTOL on every rank."""
+    _callable(zero_class)
+    seed = random.randrange(1000) if seed is None else seed  # noqa: S311 - test data, not a secret
+    worst = 0.0
+    for n in world_sizes:
+        results = on_ranks("ZeroOptimizer", _trained, n, zero_class, STEPS, seed)
+        ddp = single_process_params(n, STEPS, seed)  # the oracle, computed here
+        for rank, zero in enumerate(results):
+            worst = max(worst, _compare(ddp, zero, n, rank, seed))
+    return (
+        f"ZeroOptimizer matches DDP + Adam after {STEPS} steps on world sizes "
+        f"{', '.join(map(str, world_sizes))} (largest difference {worst:.1e} of the "
+        f"largest parameter, tolerance {RTOL:g})."
+    )
+
+
+def _compare(ddp: Any, zero: Any, n: int, rank: int, seed: int) -> float:
+    where = f"on rank {rank} of {n} (seed {seed})"
+    if not isinstance(zero, torch.Tensor) or zero.shape != ddp.shape:
+        raise AssertionError(f"ZeroOptimizer changed the model's parameters' shapes {where}.")
+    start = torch.cat([p.detach().reshape(-1) for p in toy_model(seed).parameters()])
+    scale = ddp.abs().max().item()
+    err = (ddp - zero).abs().max().item() / scale
+    if err <= RTOL:
+        return err
+    if torch.equal(zero, start):
+        hint = "the parameters never changed: step() must write the updated shards back"
+    elif (zero - start).abs().max() < 1e-3 * (ddp - start).abs().max():
+        hint = "the parameters barely moved: does every rank get all the updated shards?"
+    else:
+        hint = (
+            "check that the gradient is averaged (reduce_scatter sums: divide by world_size), "
+            "that each rank updates exactly its shard (chunk rank of the flattened "
+            "parameters), and that all_gather puts every shard back in place"
+        )
+    raise AssertionError(
+        f"ZeroOptimizer's parameters differ from DDP + Adam's {where} after {STEPS} steps by "
+        f"{err:.2e} of the largest parameter (tolerance {RTOL:g}): {hint}."
+    )
+
+
+def check_zero_memory(zero_class: Any, world_size: int = 4) -> str:
+    """Each rank holds 1/N of Adam's state and of the gradients (ZeRO-2), measured."""
+    _callable(zero_class)
+    results = on_ranks("ZeroOptimizer", memory_on_ranks, world_size, "zero", zero_class)
+    psi = sum(p.numel() for p in toy_model().parameters())
+    _, grads, state = (b * psi for b in FORMULAS["ZeRO-2"](world_size))
+    for rank, held in enumerate(results):
+        for kind, want, full in (("state", state, 8 * psi), ("grads", grads, 4 * psi)):
+            if held[kind] > want * 1.05 + SLACK:
+                raise AssertionError(_too_much(kind, held[kind], want, full, rank, world_size))
+        if held["state"] == 0:
+            raise AssertionError(
+                f"rank {rank} holds no optimizer state: the optimizer_class you were given "
+                "should update this rank's shard (and keep Adam's moments for it)"
+            )
+    return (
+        f"ZeroOptimizer on {world_size} ranks: every rank holds 1/{world_size} of Adam's "
+        f"state ({state:.0f} bytes) and of the gradients ({grads:.0f} bytes)."
+    )
+
+
+def _too_much(kind: str, got: int, want: float, full: int, rank: int, n: int) -> str:
+    noun = {"state": "optimizer state", "grads": "gradient"}[kind]
+    fix = {
+        "state": "give optimizer_class only this rank's shard (one flat tensor) to update",
+        "grads": "after the reduce-scatter set every parameter's .grad to None: only the "
+        "shard's gradient (the optimizer's) should stay",
+    }[kind]
+    return (
+        f"rank {rank} of {n} holds {got} bytes of {noun} after step(); ZeRO-2 keeps 1/{n} of "
+        f"the {full} a full replica holds, {want:.0f} bytes: {fix}."
+    )
+
+
+def _callable(zero_class: Any) -> None:
+    if not callable(zero_class):
+        raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
+            f"expected your ZeroOptimizer class, got {type(zero_class).__name__}"
+        )

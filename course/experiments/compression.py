@@ -1,0 +1,90 @@
+"""Compressed gradients measured: DDP's fp16 and PowerSGD comm hooks, and torch's own ZeRO.
+
+The hooks are PyTorch's (``torch.distributed.algorithms.ddp_comm_hooks``): ``fp16_compress_hook``
+casts each bucket to float16 before the all-reduce; ``powerSGD_hook`` (Vogels et al. 2019,
+"PowerSGD: Practical low-rank gradient compression for distributed optimization") all-reduces
+two thin factors P (n x r) and Q (m x r) of each n x m gradient instead of the gradient, after
+``start_powerSGD_iter`` steps of plain all-reduce. The bytes are counted by the course's
+recorder (``course.ring.recorder``), at the process group, on each rank. Every function here
+is a rank-side program: run it with ``course.ranks.run``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+from course.ring.recorder import Recorder
+
+__all__ = ["fp16_hook_grads", "powersgd_steps", "torch_zero_state"]
+
+
+def fp16_hook_grads(values: Sequence[float]) -> dict[str, list[float]]:
+    """The gradient of ``w . x`` with ``x = values`` is ``values``: DDP's averaged gradient
+    without a hook and with ``fp16_compress_hook``, every rank feeding the same values."""
+    out = {}
+    for name, hook in (("fp32", None), ("fp16 hook", default_hooks.fp16_compress_hook)):
+        model = nn.Linear(len(values), 1, bias=False)
+        ddp = nn.parallel.DistributedDataParallel(model)
+        if hook is not None:
+            ddp.register_comm_hook(dist.group.WORLD, hook)
+        ddp(torch.tensor([list(values)])).sum().backward()
+        out[name] = model.weight.grad.reshape(-1).tolist()
+    return out
+
+
+def powersgd_steps(
+    rank: int, start_iter: int, steps: int = 4, width: int = 256, batch: int = 8
+) -> list[dict[str, float]]:
+    """Per step of DDP with ``powerSGD_hook`` on a ``width x width`` layer: bytes all-reduced
+    by this rank and the relative error of the gradient against the exact average. A batch
+    of ``batch`` samples gives a gradient of rank at most ``batch`` per rank."""
+    torch.manual_seed(0)
+    model = nn.Linear(width, width, bias=False)
+    local = copy.deepcopy(model)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    state = powersgd.PowerSGDState(
+        process_group=None,
+        matrix_approximation_rank=rank,
+        start_powerSGD_iter=start_iter,
+        use_error_feedback=False,  # the error of this step's compression alone
+    )
+    ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    rows = []
+    for _ in range(steps):
+        x = torch.randn(batch, width, generator=g)
+        with Recorder() as recorder:  # the hook's all-reduces, whatever calls them
+            ddp(x).pow(2).sum().backward()
+        sent = sum(c.nbytes for c in recorder.collectives if c.name == "all_reduce")
+        local.zero_grad()
+        local(x).pow(2).sum().backward()
+        exact = local.weight.grad.clone()
+        dist.all_reduce(exact)
+        exact /= dist.get_world_size()
+        err = (model.weight.grad - exact).norm() / exact.norm()
+        rows.append({"bytes": sent, "error": err.item(), "full": exact.nbytes})
+        model.zero_grad()
+    return rows
+
+
+def torch_zero_state(in_features: int = 1000, out_features: int = 10) -> int:
+    """Bytes of Adam state this rank holds under torch's ``ZeroRedundancyOptimizer`` for one
+    ``nn.Linear`` (a weight and a bias), after one step."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    torch.manual_seed(0)
+    model = nn.Linear(in_features, out_features)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
+    ddp(torch.randn(4, in_features)).sum().backward()
+    optimizer.step()
+    return sum(
+        v.nbytes for s in optimizer.optim.state.values() for v in s.values() if torch.is_tensor(v)
+    )

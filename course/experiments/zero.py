@@ -1,0 +1,222 @@
+"""Sharded data parallelism measured: bytes held per rank, bytes sent per step, equivalence.
+
+ZeRO (Rajbhandari et al. 2020, "ZeRO: Memory optimizations toward training trillion
+parameter models") keeps one replica of the parameters per rank but shards what the
+optimizer needs: stage 1 the optimizer state, stage 2 the gradients too, stage 3 the
+parameters as well (FSDP). With fp32 Adam and Psi parameters (4 bytes each for parameters and
+gradients, 8 for Adam's two moments) a rank holds
+
+    DDP: 16 Psi    ZeRO-1: 8 Psi + 8 Psi / N    ZeRO-2: 4 Psi + 12 Psi / N    ZeRO-3: 16 Psi / N
+
+Every experiment takes the sharded code to measure as an argument (the reduce_scatter,
+all_gather and ZeRO optimizer you write in the notebook): the package holds none. Each is a
+plain torch.distributed program, e.g. ``torchrun --nproc-per-node 4`` on a rank function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = [
+    "FORMULAS",
+    "equivalence",
+    "final_params",
+    "held_objects",
+    "inner_optimizers",
+    "memory_breakdown",
+    "memory_on_ranks",
+    "single_process_params",
+    "toy_model",
+    "traffic_on_ranks",
+    "traffic_per_step",
+]
+
+# bytes per parameter held by each rank, with fp32 Adam: (params, grads, optimizer state)
+FORMULAS: dict[str, Callable[[int], tuple[float, float, float]]] = {
+    "DDP": lambda _n: (4, 4, 8),
+    "ZeRO-1": lambda n: (4, 4, 8 / n),
+    "ZeRO-2": lambda n: (4, 4 / n, 8 / n),
+    "ZeRO-3": lambda n: (4 / n, 4 / n, 8 / n),
+}
+
+
+def toy_model(seed: int = 0, width: int = 64, depth: int = 12) -> nn.Module:
+    """Equal square layers without bias: ``depth * width**2`` parameters, the same on every rank."""
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width, bias=False), nn.Tanh()]
+    return nn.Sequential(*layers)
+
+
+def memory_breakdown(model: nn.Module, optimizer: Any) -> dict[str, int]:
+    """Bytes this rank holds in parameters, gradients and optimizer state (tensor sizes).
+
+    Gradients are the model's ``.grad`` plus those of any parameter an inner optimizer
+    updates (a ZeRO shard); the state is every tensor in the optimizers' ``state``.
+    """
+    params = list(model.parameters())
+    optimizers = inner_optimizers(optimizer)
+    state = [
+        v
+        for opt in optimizers
+        for s in opt.state.values()
+        for v in s.values()
+        if isinstance(v, torch.Tensor)
+    ]
+    grads = {id(p.grad): p.grad for p in params if p.grad is not None}
+    for opt in optimizers:
+        for group in opt.param_groups:
+            grads.update({id(q.grad): q.grad for q in group["params"] if q.grad is not None})
+    return {
+        "params": sum(p.nbytes for p in params),
+        "grads": sum(g.nbytes for g in grads.values()),
+        "state": sum(v.nbytes for v in state),
+    }
+
+
+def inner_optimizers(root: Any) -> list[torch.optim.Optimizer]:
+    """The ``torch.optim`` optimizers that hold the state: ``root`` itself, torch's
+    ``ZeroRedundancyOptimizer.optim``, or those a wrapper keeps in its attributes."""
+    inner = getattr(root, "optim", None)
+    if isinstance(inner, torch.optim.Optimizer):
+        return [inner]
+    if isinstance(root, torch.optim.Optimizer):
+        return [root]
+    return [t for t in held_objects(root) if isinstance(t, torch.optim.Optimizer)]
+
+
+def held_objects(root: Any) -> list[Any]:
+    """Objects reachable from ``root`` through attributes and containers (not modules)."""
+    found, stack, seen = [], [root], set()
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (str, bytes, int, float, torch.Tensor, nn.Module)):
+            continue
+        seen.add(id(obj))
+        found.append(obj)
+        if isinstance(obj, dict):
+            stack += list(obj.values())
+        elif isinstance(obj, (list, tuple, set)):
+            stack += list(obj)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            stack += list(vars(obj).values())
+    return found
+
+
+def _batches(steps: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g)) for _ in range(steps)
+    ]
+
+
+def _train(kind: str, zero_class: Any, steps: int, seed: int = 0) -> tuple[nn.Module, Any]:
+    """Adam on this rank's batches: DDP, torch's ZeroRedundancyOptimizer, or ``zero_class``."""
+    model = toy_model(seed)
+    if kind == "DDP":
+        net = nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    elif kind == "torch ZeRO-1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        net = nn.parallel.DistributedDataParallel(model)
+        optimizer = ZeroRedundancyOptimizer(
+            model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-2
+        )
+    else:
+        net, optimizer = model, zero_class(model.parameters(), torch.optim.Adam, lr=1e-2)
+    for i, (x, y) in enumerate(_batches(steps, seed + 100 + dist.get_rank())):
+        if i:
+            optimizer.zero_grad()
+        nn.functional.mse_loss(net(x), y).backward()
+        optimizer.step()
+    return model, optimizer
+
+
+def memory_on_ranks(kind: str, zero_class: Any = None, steps: int = 2) -> dict[str, int]:
+    """Rank side: train ``steps`` steps the ``kind`` way; the bytes this rank then holds."""
+    model, optimizer = _train(kind, zero_class, steps)
+    return memory_breakdown(model, optimizer)
+
+
+def final_params(kind: str, zero_class: Any = None, steps: int = 20, seed: int = 0) -> torch.Tensor:
+    """Rank side: the parameters, flattened, after ``steps`` steps of training ``kind``."""
+    model, _ = _train(kind, zero_class, steps, seed)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def single_process_params(world_size: int, steps: int = 20, seed: int = 0) -> torch.Tensor:
+    """What DDP + Adam computes, in one process: each step, Adam on the average over ranks of
+    the gradients of each rank's batch (the oracle for a sharded optimizer's training)."""
+    model = toy_model(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    batches = [_batches(steps, seed + 100 + r) for r in range(world_size)]
+    for i in range(steps):
+        grads = []
+        for r in range(world_size):
+            model.zero_grad()
+            x, y = batches[r][i]
+            nn.functional.mse_loss(model(x), y).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for p, *gs in zip(model.parameters(), *grads, strict=True):
+            p.grad = torch.stack(gs).mean(0)
+        optimizer.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def equivalence(zero_class: Any, steps: int = 20) -> dict[str, Any]:
+    """Rank side: DDP + Adam and ``zero_class`` + Adam from the same weights on the same data;
+    the largest difference in the final parameters, absolute and relative."""
+    a, b = final_params("DDP", None, steps), final_params("zero", zero_class, steps)
+    diff = (a - b).abs().max().item()
+    return {"identical": torch.equal(a, b), "max_abs": diff, "max_rel": diff / a.abs().max().item()}
+
+
+def traffic_per_step(
+    reduce_scatter: Callable, all_gather: Callable, numel: int = 60_000
+) -> dict[str, float]:
+    """Rank side: bytes this rank sends in one step's communication, in model sizes.
+
+    DDP all-reduces the gradient (``course.ring.reference.ring_allreduce``); ZeRO-1/2
+    reduce-scatter it and all-gather the updated parameters; ZeRO-3 all-gathers the
+    parameters for forward and again for backward, then reduce-scatters the gradient.
+    """
+    from course.ring.recorder import Recorder
+    from course.ring.reference import ring_allreduce
+    from course.ring.schedule import chunk_bounds
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    lo, hi = chunk_bounds(numel, n)[rank]
+    grad, params = torch.ones(numel), torch.zeros(numel)
+    model_bytes = grad.nbytes
+    steps = {
+        "DDP": lambda: ring_allreduce(grad.clone()),
+        "ZeRO-1/2": lambda: all_gather(reduce_scatter(grad.clone()), params),
+        "ZeRO-3": lambda: [
+            all_gather(params[lo:hi].clone(), params),
+            all_gather(params[lo:hi].clone(), params),
+            reduce_scatter(grad.clone()),
+        ],
+    }
+    sent = {}
+    for name, step in steps.items():
+        with Recorder() as recorder:
+            step()
+        sent[name] = sum(m.nbytes for m in recorder.messages if m.op == "send") / model_bytes
+    return sent
+
+
+def traffic_on_ranks(
+    reduce_scatter: Callable, all_gather: Callable, world_size: int = 4
+) -> dict[str, float]:
+    """:func:`traffic_per_step` on fresh ranks: the most any rank sent, per scheme."""
+    from course.ranks import run
+
+    per_rank = run(traffic_per_step, world_size, reduce_scatter, all_gather, timeout=60)
+    return {k: max(r[k] for r in per_rank) for k in per_rank[0]}

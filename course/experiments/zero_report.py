@@ -1,0 +1,142 @@
+"""What the zero notebook's measuring cells print and draw, from ``course.experiments.zero`` and
+``course.experiments.compression`` run on fresh ranks.
+
+Each function measures, then prints a short table (or returns a figure). While nbgrader
+autogrades (``NBGRADER_EXECUTION`` is set) they print one line and measure nothing: the
+measurements decide no points, and a class's worth of notebooks should not pay for them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from course.experiments import compression, zero
+from course.ranks import run
+
+__all__ = [
+    "grading",
+    "memory_figure",
+    "memory_points",
+    "report_equivalence",
+    "report_fp16",
+    "report_memory",
+    "report_powersgd",
+    "report_torch_zero",
+    "report_traffic",
+]
+
+TIMEOUT = 60.0  # seconds per launch: DDP's first construction on a rank imports torch._dynamo
+
+
+def grading() -> bool:
+    """Whether nbgrader is executing this notebook (autograde or validate); says so if it is."""
+    if os.environ.get("NBGRADER_EXECUTION"):
+        print("(measurement skipped while nbgrader runs the notebook: it decides no points)")
+        return True
+    return False
+
+
+def report_traffic(reduce_scatter: Callable, all_gather: Callable, world_size: int = 4) -> None:
+    """Bytes each scheme's step sends per rank, in model sizes (your halves, recorded)."""
+    if grading():
+        return
+    for scheme, sent in zero.traffic_on_ranks(reduce_scatter, all_gather, world_size).items():
+        print(f"{scheme:9} sends {sent:.2f} x the model's size per rank per step")
+
+
+def report_memory(zero_class: Any, world_size: int = 4) -> None:
+    """Bytes held per rank after two steps, DDP + Adam against ``zero_class``, in units of P."""
+    if grading():
+        return
+    psi = sum(p.numel() for p in zero.toy_model().parameters())
+    for kind in ("DDP", "zero"):
+        held = run(zero.memory_on_ranks, world_size, kind, zero_class, timeout=TIMEOUT)[0]
+        parts = ", ".join(f"{k} {v / psi:.2f}P" for k, v in held.items())
+        print(f"{kind:5}: {parts}; total {sum(held.values()) / psi:.2f}P")
+    for name, formula in zero.FORMULAS.items():
+        print(f"formula {name}: {sum(formula(world_size)):.2f}P")
+
+
+def report_equivalence(zero_class: Any, world_sizes: Sequence[int] = (2, 3, 4)) -> None:
+    """DDP + Adam against ``zero_class`` after 20 steps, on each world size."""
+    if grading():
+        return
+    for n in world_sizes:
+        same = run(zero.equivalence, n, zero_class, timeout=TIMEOUT)[0]
+        print(
+            f"N = {n}: bit for bit identical: {same['identical']}, largest difference "
+            f"{same['max_rel']:.1e} of the largest parameter"
+        )
+
+
+def report_torch_zero() -> None:
+    """Adam state per rank under torch's ZeroRedundancyOptimizer, one nn.Linear(1000, 10)."""
+    if grading():
+        return
+    for r, nbytes in enumerate(run(compression.torch_zero_state, 2, timeout=TIMEOUT)):
+        print(f"rank {r} holds {nbytes:,} bytes of Adam state")
+
+
+def report_fp16(values: Sequence[float]) -> None:
+    """DDP's averaged gradient, without and with fp16_compress_hook, on 2 ranks."""
+    if grading():
+        return
+    grads = run(compression.fp16_hook_grads, 2, list(values), timeout=TIMEOUT)[0]
+    for name, got in grads.items():
+        print(f"{name:9}: {got}")
+
+
+def report_powersgd(ranks: Sequence[int] = (1, 4, 16), start_iter: int = 2) -> None:
+    """Bytes all-reduced per step, and the gradient's error, for each PowerSGD rank."""
+    if grading():
+        return
+    for r in ranks:
+        rows = run(compression.powersgd_steps, 2, r, start_iter, timeout=TIMEOUT)[0]
+        sent = ", ".join(f"{row['bytes']:,} B (error {row['error']:.2f})" for row in rows)
+        print(f"r = {r:2}: {sent}")
+
+
+def memory_points(zero_class: Any, world_sizes: tuple[int, ...] = (2, 3, 4)) -> dict[str, dict]:
+    """Measured bytes per rank (the most any rank holds), in units of P, per scheme and N:
+    DDP + Adam, torch's ``ZeroRedundancyOptimizer`` (ZeRO-1) and ``zero_class`` (ZeRO-2)."""
+    psi = sum(p.numel() for p in zero.toy_model().parameters())
+    kinds = {"DDP": "DDP", "ZeRO-1": "torch ZeRO-1", "ZeRO-2": "zero"}
+    points: dict[str, dict] = {name: {} for name in kinds}
+    for n in world_sizes:
+        for name, kind in kinds.items():
+            held = run(zero.memory_on_ranks, n, kind, zero_class, timeout=TIMEOUT)
+            points[name][n] = max(sum(h.values()) for h in held) / psi
+    return points
+
+
+def memory_figure(zero_class: Any, world_sizes: tuple[int, ...] = (2, 3, 4)) -> Any:
+    """Bytes per rank against world size: the formulas as lines, the measurements as points."""
+    import plotly.graph_objects as go
+
+    if grading():
+        return None
+    points = memory_points(zero_class, world_sizes)
+    xs = list(range(1, 9))
+    fig = go.Figure()
+    colours = {"DDP": "#4c72b0", "ZeRO-1": "#dd8452", "ZeRO-2": "#55a868"}
+    for name, colour in colours.items():
+        line = [sum(zero.FORMULAS[name](n)) for n in xs]
+        fig.add_scatter(x=xs, y=line, mode="lines", name=f"{name} formula", line_color=colour)
+        measured = points[name]
+        fig.add_scatter(
+            x=list(measured),
+            y=list(measured.values()),
+            mode="markers",
+            name=f"{name} measured",
+            marker={"color": colour, "size": 11, "symbol": "circle-open", "line_width": 3},
+        )
+    fig.update_layout(
+        title="Bytes per rank for parameters, gradients and Adam state (fp32), in units of P",
+        xaxis_title="world size N",
+        yaxis_title="bytes per rank / P",
+        yaxis_rangemode="tozero",
+        height=420,
+    )
+    return fig
