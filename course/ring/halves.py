@@ -25,6 +25,7 @@ from course.ring.schedule import chunk_bounds, expected_holds
 from course.ring.trace import Message, Trace, full_mask, steps
 from course.ring.verdict import (
     Violation,
+    collective_violations,
     neighbour_violations,
     ring_direction,
     unfinished_violations,
@@ -43,7 +44,6 @@ __all__ = [
 
 Half = Literal["reduce-scatter", "all-gather"]
 HALVES: tuple[Half, Half] = ("reduce-scatter", "all-gather")
-_NO_DATA = frozenset({"barrier", "monitored_barrier"})
 
 
 def _check(half: str) -> None:
@@ -126,7 +126,9 @@ def half_violations(trace: Trace, half: Half) -> list[Violation]:
     whole shard (all-gather).
     """
     _check(half)
-    found = unfinished_violations(trace) + _collectives(trace, half)
+    found = unfinished_violations(trace) + collective_violations(
+        trace, f"your {half.replace('-', '_')} must be"
+    )
     if trace.world_size > 1:
         direction = ring_direction(trace)
         for rank in range(trace.world_size):
@@ -135,19 +137,6 @@ def half_violations(trace: Trace, half: Half) -> list[Violation]:
             found += _volume(trace, rank, half)
             found += _payloads(trace, rank, direction, half)
     return found
-
-
-def _collectives(trace: Trace, half: Half) -> list[Violation]:
-    return [
-        Violation(
-            r,
-            None,
-            f"rank {r} called the collective dist.{name}: your {half.replace('-', '_')} must be "
-            "built from point-to-point calls only (send/recv, isend/irecv, batch_isend_irecv)",
-        )
-        for r, name in trace.collectives
-        if name not in _NO_DATA
-    ]
 
 
 def _counts(trace: Trace, rank: int, half: Half) -> list[Violation]:

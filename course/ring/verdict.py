@@ -14,6 +14,7 @@ from course.ring.trace import Trace, ranks_in
 
 __all__ = [
     "Violation",
+    "collective_violations",
     "neighbour_violations",
     "ring_direction",
     "ring_violations",
@@ -53,7 +54,7 @@ def ring_violations(trace: Trace) -> list[Violation]:
     skipped), sends about ``2(N-1)/N`` of the tensor (one element per chunk of slack), and at
     step ``s`` sends a chunk holding ``s + 1`` ranks in reduce-scatter, all ``N`` in all-gather.
     """
-    found = unfinished_violations(trace) + _collectives(trace)
+    found = unfinished_violations(trace) + collective_violations(trace)
     if trace.world_size > 1:
         direction = ring_direction(trace)
         for rank in range(trace.world_size):
@@ -71,13 +72,14 @@ def unfinished_violations(trace: Trace) -> list[Violation]:
     ]
 
 
-def _collectives(trace: Trace) -> list[Violation]:
+def collective_violations(trace: Trace, what: str = "a ring all-reduce is") -> list[Violation]:
+    """Every collective that moves data: ``what`` must be built from point-to-point calls."""
     return [
         Violation(
             r,
             None,
-            f"rank {r} called the collective dist.{name}: a ring all-reduce is built from "
-            "point-to-point calls only (send/recv, isend/irecv or batch_isend_irecv)",
+            f"rank {r} called the collective dist.{name}: {what} built from point-to-point "
+            "calls only (send/recv, isend/irecv or batch_isend_irecv)",
         )
         for r, name in trace.collectives
         if name not in _NO_DATA
