@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course.instructor.pipeline import assemble, load_specs
+from course.instructor.submissions import assemble, load_specs
 
 pytestmark = pytest.mark.browser
 
