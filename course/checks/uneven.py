@@ -2,8 +2,9 @@
 
 The student's loop runs on fresh ranks that hold different numbers of batches, under a short
 gloo timeout: a loop that leaves a rank waiting for peers that ran out of data fails after
-that timeout (not the whole deadline) with what each rank was doing. The oracle is what
-``torch.distributed.algorithms.join.Join`` gives, simulated in the checker without ranks.
+that timeout (not the whole deadline) with what each rank was doing. The exercise asks for the
+loop without ``torch.distributed.algorithms.join.Join``, so the grading ranks refuse it; the
+oracle is still what Join gives, simulated in the checker without ranks.
 """
 
 # No "from __future__ import annotations", as in the other checks that hand functions to DDP.
@@ -19,10 +20,33 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course.checks.compare import close, fresh_seed
 from course.checks.teaching import failure_message
 
-__all__ = ["check_train_uneven", "join_oracle"]
+__all__ = ["JOIN_REFUSED", "check_train_uneven", "join_oracle", "refuse_join"]
 
 UNEVEN_TIMEOUT, UNEVEN_PG_TIMEOUT = 40.0, 6.0  # a hang costs the gloo timeout, not the deadline
 LR = 0.1
+JOIN_REFUSED = (
+    "this exercise asks for the loop without Join: agree each step, with one small collective "
+    "(an all-reduce of a 'have I a batch?' flag), whether any rank still has data; a rank that "
+    "has run out still runs a forward and backward with its loss multiplied by 0 and steps its "
+    "optimizer, until no rank has data (question accumulation_6 shows what Join does)"
+)
+AGREE_HINT = (
+    "Agree each step whether anyone still has data: all-reduce a 'have I a batch?' flag, stop "
+    "when the sum is 0, and let a rank that has run out still run a backward of its last batch "
+    "with the loss multiplied by 0 and step its optimizer, so that DDP's all-reduce sees every "
+    "rank (what Join's shadowing does, question accumulation_6)."
+)
+
+
+def refuse_join() -> None:
+    """On a grading rank, make ``Join([...])`` fail however it was imported: no Join here."""
+    from torch.distributed.algorithms.join import Join
+
+    def refuse(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError(JOIN_REFUSED)
+
+    Join.__init__ = refuse  # type: ignore[method-assign]
+    Join.__enter__ = refuse  # type: ignore[method-assign]
 
 
 def _batches(seed: int, rank: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -66,6 +90,7 @@ def _uneven_trial(train: Any, counts: list[int], seed: int) -> dict[str, Any]:
     rank = dist.get_rank()
     model = _model(seed)
     ddp = DDP(model)
+    refuse_join()
     train(ddp, torch.optim.SGD(ddp.parameters(), lr=LR), _batches(seed, rank, counts[rank]))
     return {"rank": rank, "student": _params(model)}
 
@@ -90,20 +115,45 @@ def check_train_uneven(
         )
         if not result.ok:
             raise AssertionError(_uneven_failure(result, counts))
-        want, start = join_oracle(counts, s), _params(_model(s))
-        for r in result.results:
-            if close(r["student"], start):
-                raise AssertionError(
-                    f"On rank {r['rank']} of {world_size}: train_uneven left the weights where "
-                    "they started. Implement it above: one optimizer step per batch."
-                )
-            if not close(r["student"], want):
-                raise AssertionError(
-                    f"On rank {r['rank']} of {world_size} (batches per rank {counts}, seed {s}): "
-                    f"the final weights {_show(r['student'])} differ from what one SGD step per "
-                    f"batch gives when the ranks that ran out of data add zeros: {_show(want)}."
-                )
-    return f"train_uneven finishes on {list(world_sizes)} ranks with uneven data, as with Join."
+        problem = _weights_problem([r["student"] for r in result.results], counts, s)
+        if problem:
+            raise AssertionError(problem)
+    return (
+        f"train_uneven finishes on {list(world_sizes)} ranks with uneven data, without Join, "
+        "with the weights Join gives."
+    )
+
+
+def _weights_problem(weights: list[torch.Tensor], counts: list[int], seed: int) -> str | None:
+    """What is wrong with the ranks' final weights against Join's (None: nothing)."""
+    want, start = join_oracle(counts, seed), _params(_model(seed))
+    where = f"(batches per rank {counts}, seed {seed})"
+    if any(close(w, start) for w in weights):
+        rank = next(r for r, w in enumerate(weights) if close(w, start))
+        return (
+            f"On rank {rank} of {len(counts)}: train_uneven left the weights where they "
+            "started. Implement it above: one optimizer step per step of the loop."
+        )
+    if not all(close(w, weights[0]) for w in weights):
+        shown = "; ".join(f"rank {r} {_show(w)}" for r, w in enumerate(weights))
+        return (
+            f"The ranks end with different weights {where}: {shown}. A rank that has run out "
+            "of data must still step its optimizer each step, with the averaged gradient DDP "
+            "gives it, until no rank has data: then every rank takes the same steps."
+        )
+    if close(weights[0], join_oracle([min(counts)] * len(counts), seed)):
+        return (
+            f"The weights {_show(weights[0])} {where} are those after only {min(counts)} "
+            "steps: the loop stopped when the first rank ran out of data. Keep stepping until "
+            f"no rank has data ({max(counts)} steps here), the ranks that ran out adding zeros."
+        )
+    if not close(weights[0], want):
+        return (
+            f"The final weights {_show(weights[0])} {where} differ from what one SGD step per "
+            "step of the loop gives when the ranks that ran out of data add zeros and the sum "
+            f"is divided by the starting world size (as Join does): {_show(want)}."
+        )
+    return None
 
 
 def _show(t: torch.Tensor) -> str:
@@ -113,6 +163,8 @@ def _show(t: torch.Tensor) -> str:
 def _uneven_failure(result: Any, counts: list[int]) -> str:
     """What went wrong, in the student's terms: a crash shows its traceback, a hang says why."""
     failures = result.failures
+    if any(JOIN_REFUSED in f.message for f in failures.values()):
+        return f"train_uneven used Join on {len(counts)} ranks: {JOIN_REFUSED}."
     hung = any("Timed out" in f.message or f.kind == "deadlock" for f in failures.values())
     causes = [f for f in failures.values() if f.is_cause and "Timed out" not in f.message]
     if causes and not hung:
@@ -132,6 +184,6 @@ def _uneven_failure(result: Any, counts: list[int]) -> str:
         "batch waited in the all-reduce of its backward for ranks that had run out of data, "
         f"until gloo gave up ({UNEVEN_PG_TIMEOUT:.0f} s here; 30 minutes by default):\n"
         + "\n".join(lines)
-        + "\nWrap the loop in `with Join([ddp]):`, so that ranks that are done answer the "
-        "others' all-reduces with zeros (question accumulation_6)."
+        + "\n"
+        + AGREE_HINT
     )

@@ -26,7 +26,8 @@
 #    (PyTorch's own DDP, `DistributedSampler` and `Join`, on this machine's CPU);
 # 2. write `sampler_indices`, the indices `DistributedSampler` gives each rank;
 # 3. write `accumulation_step`, one optimizer step from K micro-batches with a single all-reduce;
-# 4. write `train_uneven`, a training loop that survives ranks with different numbers of batches.
+# 4. write `train_uneven`, a training loop that survives ranks with different numbers of batches,
+#    without `Join`.
 #
 # A cell that starts with `%%ranks N` runs on N processes, each a real rank, with `rank`,
 # `world_size`, `torch` and `dist` ready; `run(fn, N, ...)` does the same for a function. Every
@@ -39,7 +40,6 @@ import contextlib
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
@@ -289,7 +289,8 @@ for set_epoch in (False, True):
 # still calls `backward()`, whose all-reduce needs every rank. PyTorch's answer is the `Join`
 # context manager (PyTorch docs, *Distributed training with uneven inputs using the Join context
 # manager*): `with Join([ddp]):` around the loop lets a rank that is done *shadow* the
-# collectives of the ranks still training.
+# collectives of the ranks still training. Questions accumulation_5 and 6 measure a loop without
+# and with `Join`; in Exercise 3 you build the same agreement yourself, without `Join`.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_5_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question accumulation_5: one rank runs out of batches
@@ -325,8 +326,9 @@ check_answer(
     anywhere until gloo's timeout on the wait (here shortened to 5 s; by default it is 30
     minutes): the measured run fails on rank 0 with "Timed out waiting 5000ms for recv" inside
     backward(), while rank 1 finished normally after 2 steps. A real job would look hung. If
-    rank 1's process exited instead, rank 0 would fail with a closed connection. Join, or
-    equal numbers of batches on every rank (DistributedSampler), prevents it.
+    rank 1's process exited instead, rank 0 would fail with a closed connection. Join, a loop
+    in which the ranks agree each step whether anyone still has data (Exercise 3), or equal
+    numbers of batches on every rank (DistributedSampler) prevents it.
     """,
 )
 ### END HIDDEN TESTS
@@ -801,25 +803,49 @@ print(check_accumulation_syncs(accumulation_step, world_sizes=(3,), k=5))
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "uneven_exercise_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Exercise 3: a loop for uneven data
+# ## Exercise 3: a loop for uneven data, without `Join`
 #
-# Write `train_uneven(ddp, optimizer, batches)`: for every `(x, y)` in this rank's `batches`,
-# `zero_grad`, the loss `nn.functional.mse_loss(ddp(x), y)`, `backward()` and
-# `optimizer.step()`, such that it finishes when ranks hold **different** numbers of batches
-# (question accumulation_5) and gives the weights that `Join` gives (question accumulation_6).
+# Write `train_uneven(ddp, optimizer, batches)`, a training loop that finishes when ranks hold
+# **different** numbers of batches (question accumulation_5) **without `Join`**: the ranks agree,
+# each step, whether anyone still has data.
+#
+# Each step of the loop:
+#
+# 1. one small collective: `dist.all_reduce` of a "have I a batch?" flag (1 or 0, as a tensor),
+#    so every rank learns how many ranks still have a batch; if none has, every rank stops;
+# 2. `zero_grad`, the loss `nn.functional.mse_loss(ddp(x), y)` on this rank's next batch, and
+#    `backward()`. A rank that has run out still takes part: it runs its **last** batch with the
+#    loss multiplied by 0, so that DDP's all-reduce in `backward()` sees every rank and the rank
+#    adds a zero gradient;
+# 3. `optimizer.step()`, on every rank, also on a rank that has run out.
+#
+# Every rank has at least one batch. The result: the weights equal what `Join` gives (question
+# accumulation_6): each step's gradient is the sum of the gradients of the ranks that still have
+# data, divided by the world size the run started with, because DDP divides by the world size and
+# the ranks that ran out add zeros. That is what `Join` does too: a rank that has joined shadows
+# each all-reduce with zeros. Since every rank steps with the same averaged gradient, every rank
+# ends with the same weights (`Join` gets there by copying the last rank's weights at the end).
 #
 # It is graded on fresh ranks with 5 and 3 batches (7, 5 and 3 on 3 ranks) under a 6 s gloo
-# timeout: a loop that hangs fails after those 6 s, with what each rank was doing.
+# timeout: a loop that hangs fails after those 6 s, with what each rank was doing. `Join` is
+# refused on the grading ranks: a loop that uses it earns none of this exercise's points.
 
 # %% nbgrader={"grade": false, "grade_id": "train_uneven", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def train_uneven(ddp: DDP, optimizer: torch.optim.Optimizer, batches: list) -> None:
-    """One SGD step per batch of this rank, safe when ranks hold different numbers of batches."""
+    """One SGD step per step of the loop, until no rank has a batch; no Join."""
     ### BEGIN SOLUTION
-    with Join([ddp]):
-        for x, y in batches:
-            optimizer.zero_grad()
-            nn.functional.mse_loss(ddp(x), y).backward()
-            optimizer.step()
+    step = 0
+    while True:
+        mine = step < len(batches)  # has this rank a batch this step?
+        anyone = torch.tensor(float(mine))
+        dist.all_reduce(anyone)  # how many ranks have one
+        if anyone.item() == 0:
+            return
+        x, y = batches[min(step, len(batches) - 1)]  # out of data: the last batch, times 0
+        optimizer.zero_grad()
+        (nn.functional.mse_loss(ddp(x), y) * float(mine)).backward()
+        optimizer.step()
+        step += 1
     ### END SOLUTION
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "uneven_try_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -848,7 +874,7 @@ else:
     print(RankError(result))
 
 # %% nbgrader={"grade": true, "grade_id": "train_uneven_finishes", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-# Finishes with uneven batches, with the weights that Join gives.
+# Finishes with uneven batches, without Join, with the weights that Join gives.
 print(check_train_uneven(train_uneven, world_sizes=(2,)))
 ### BEGIN HIDDEN TESTS
 print(check_train_uneven(train_uneven, world_sizes=(3,)))

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Join
 
@@ -163,7 +164,22 @@ def test_syncing_every_time_still_earns_the_values(by_value, no_leftovers) -> No
 
 
 def train_uneven(ddp, optimizer, batches):
-    """Reference: Join lets ranks that ran out of data shadow the others' all-reduces."""
+    """Reference: agree each step whether anyone has data; a rank that ran out adds zeros."""
+    step = 0
+    while True:
+        anyone = torch.tensor(float(step < len(batches)))
+        dist.all_reduce(anyone)
+        if anyone.item() == 0:
+            return
+        x, y = batches[min(step, len(batches) - 1)]
+        optimizer.zero_grad()
+        (nn.functional.mse_loss(ddp(x), y) * float(step < len(batches))).backward()
+        optimizer.step()
+        step += 1
+
+
+def train_with_join(ddp, optimizer, batches):
+    """Finishes with Join's weights, but the exercise asks for the loop without Join."""
     with Join([ddp]):
         for x, y in batches:
             optimizer.zero_grad()
@@ -171,38 +187,72 @@ def train_uneven(ddp, optimizer, batches):
             optimizer.step()
 
 
-def train_without_join(ddp, optimizer, batches):
+def train_plain(ddp, optimizer, batches):
+    """Wrong: no agreement, so the rank with more batches waits in vain."""
     for x, y in batches:
         optimizer.zero_grad()
         nn.functional.mse_loss(ddp(x), y).backward()
         optimizer.step()
 
 
-def train_join_current_size(ddp, optimizer, batches):
-    """Finishes, but divides by the ranks still training: other weights than Join's default."""
-    with Join([ddp], divide_by_initial_world_size=False):
-        for x, y in batches:
-            optimizer.zero_grad()
-            nn.functional.mse_loss(ddp(x), y).backward()
+def train_no_step_when_done(ddp, optimizer, batches):
+    """Wrong: agrees and adds zeros, but a rank that ran out no longer steps its optimizer."""
+    step = 0
+    while True:
+        anyone = torch.tensor(float(step < len(batches)))
+        dist.all_reduce(anyone)
+        if anyone.item() == 0:
+            return
+        x, y = batches[min(step, len(batches) - 1)]
+        optimizer.zero_grad()
+        (nn.functional.mse_loss(ddp(x), y) * float(step < len(batches))).backward()
+        if step < len(batches):
             optimizer.step()
+        step += 1
+
+
+def train_to_the_shortest(ddp, optimizer, batches):
+    """Wrong: agrees on the smallest number of batches, so everyone stops with the first out."""
+    steps = torch.tensor(len(batches))
+    dist.all_reduce(steps, op=dist.ReduceOp.MIN)
+    for x, y in batches[: int(steps)]:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(ddp(x), y).backward()
+        optimizer.step()
 
 
 def test_reference_uneven_loop_passes(by_value, no_leftovers) -> None:
-    """Does the Join loop finish on 2 and 3 ranks with uneven batches?"""
-    assert "finishes" in check_train_uneven(train_uneven, world_sizes=(2, 3))
+    """Does the loop that agrees each step finish on 2 and 3 ranks with Join's weights?"""
+    assert "without Join" in check_train_uneven(train_uneven, world_sizes=(2, 3))
 
 
-def test_a_loop_without_join_fails_after_the_gloo_timeout(by_value, no_leftovers) -> None:
+def test_a_join_loop_is_refused(by_value, no_leftovers) -> None:
+    """Does a loop that uses Join (right weights) fail, saying the exercise is without Join?"""
+    with pytest.raises(AssertionError) as failure:
+        check_train_uneven(train_with_join, world_sizes=(2,), seed=3)
+    message = str(failure.value)
+    assert "without Join: agree each step" in message and "accumulation_6" in message
+
+
+def test_a_plain_loop_fails_after_the_gloo_timeout(by_value, no_leftovers) -> None:
     """Does the plain loop fail within about pg_timeout, saying that a rank waited and why?"""
     start = time.monotonic()
     with pytest.raises(AssertionError) as failure:
-        check_train_uneven(train_without_join, world_sizes=(2,), seed=2)
+        check_train_uneven(train_plain, world_sizes=(2,), seed=2)
     assert time.monotonic() - start < UNEVEN_PG_TIMEOUT + 15
     message = str(failure.value)
-    assert "did not finish" in message and "rank 0" in message and "Join([ddp])" in message
+    assert "did not finish" in message and "rank 0 (5 batches): waited" in message
+    assert "Agree each step" in message and "Join([ddp])" not in message
 
 
-def test_a_loop_with_other_weights_fails_saying_what_it_expected(by_value, no_leftovers) -> None:
-    """Does a loop that finishes with other weights than Join's default fail, showing both?"""
-    with pytest.raises(AssertionError, match="differ from what one SGD step per batch gives"):
-        check_train_uneven(train_join_current_size, world_sizes=(2,), seed=4)
+@pytest.mark.parametrize(
+    ("fn", "says"),
+    [
+        (train_no_step_when_done, "must still step its optimizer"),
+        (train_to_the_shortest, "stopped when the first rank ran out of data"),
+    ],
+)
+def test_a_loop_with_other_weights_fails_saying_why(by_value, no_leftovers, fn, says) -> None:
+    """Does a loop that finishes with other weights than Join's fail, naming its mistake?"""
+    with pytest.raises(AssertionError, match=says):
+        check_train_uneven(fn, world_sizes=(2,), seed=4)

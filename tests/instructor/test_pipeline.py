@@ -199,9 +199,9 @@ def test_ring_samples_grade_as_their_specs_expect(tmp_path):
 @pytest.mark.ranks
 @pytest.mark.slow
 def test_a_hanging_uneven_loop_costs_one_gloo_timeout(tmp_path):
-    """Does Cy's loop without Join (it hangs on uneven data) lose only its own points, stopped by
-    its check's gloo timeout, with a message that names the fix? (`make demo` grades the other
-    accumulation samples; tests/grading/test_accumulation_check.py their checks.)"""
+    """Does Cy's plain loop (it hangs on uneven data) lose only its own points, stopped by its
+    check's gloo timeout, with a message that names the fix? (`make demo` grades the other
+    accumulation samples; tests/checks/test_accumulation_check.py their checks.)"""
     assignment = "accumulation"
     root = pipeline.prepare_course(tmp_path / "course")
     specs = [s for s in load_specs() if (s.student, s.assignment) == ("cy", assignment)]
@@ -212,4 +212,4 @@ def test_a_hanging_uneven_loop_costs_one_gloo_timeout(tmp_path):
     errors = _autograded_errors(root, "cy", assignment)
     assert list(errors) == ["train_uneven_finishes"], errors
     assert "did not finish" in errors["train_uneven_finishes"]
-    assert "Join([ddp])" in errors["train_uneven_finishes"]
+    assert "Agree each step" in errors["train_uneven_finishes"]
