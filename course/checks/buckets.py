@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from course.checks.ddp import close, fresh_seed, near, on_ranks, ratio, user_traceback
+from course.checks.teaching import teaches
 from course.experiments.buckets import MB, bucket_assignment
 
 __all__ = ["check_bucketed_allreduce", "check_overlapping_ddp"]
@@ -88,6 +89,7 @@ def _bucketed_trial(
     return out
 
 
+@teaches
 def check_bucketed_allreduce(
     bucketed_allreduce: Callable[[list[torch.Tensor], float], None],
     world_sizes: Sequence[int] = (2, 3),
@@ -230,6 +232,7 @@ def _overlap_trial(cls: Any, cap: float, seed: int, steps: int) -> dict[str, Any
     return out
 
 
+@teaches
 def check_overlapping_ddp(
     OverlappingDDP: type,
     world_sizes: Sequence[int] = (2,),

@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course.checks import teaching
+from course.checks.teaching import teaches
 
 __all__ = ["check_average_hook", "check_weighted_loss", "guard_hook"]
 
@@ -112,7 +113,11 @@ def guard_hook(hook: Any, problems: list[str]) -> Any:
             try:
                 v = f.value()
             except Exception as exc:
-                problems.append(f"average_hook's future failed:\n{user_traceback(exc)}")
+                text = user_traceback(exc)
+                hint = teaching.hint_for(text)
+                problems.append(
+                    f"average_hook's future failed{': ' + hint if hint else ''}\n{text}"
+                )
                 return local
             if isinstance(v, list | tuple):
                 problems.append(
@@ -171,6 +176,7 @@ def _hook_trial(hook: Any, seed: int, steps: int) -> dict[str, Any]:
     return {"rank": rank, "problems": problems, "steps": out}
 
 
+@teaches
 def check_average_hook(
     average_hook: Callable[..., Any], world_sizes: Sequence[int] = (2, 3), seed: int | None = None
 ) -> str:
@@ -292,6 +298,7 @@ def _loss_problem(loss: Any, count: int) -> str | None:
     return None
 
 
+@teaches
 def check_weighted_loss(
     weighted_loss: Callable[[torch.Tensor], torch.Tensor],
     world_sizes: Sequence[int] = (2, 3),

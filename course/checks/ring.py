@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from course.checks.teaching import failure_message
+from course.checks.teaching import failure_message, teaches
 from course.ring.recorder import Recorder, encoded_tensor, log_path, read_trace, scratch_dir
 from course.ring.trace import ring_violations
 
@@ -80,6 +80,7 @@ class RingReport:
         return "ring_allreduce passed: " + "; ".join(parts) + "."
 
 
+@teaches
 def check_ring_sums(
     fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int] = WORLD_SIZES
 ) -> RingReport:
@@ -87,6 +88,7 @@ def check_ring_sums(
     return _check(fn, world_sizes, sums=True, pattern=False)
 
 
+@teaches
 def check_ring_pattern(
     fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int] = WORLD_SIZES
 ) -> RingReport:
@@ -94,6 +96,7 @@ def check_ring_pattern(
     return _check(fn, world_sizes, sums=False, pattern=True)
 
 
+@teaches
 def check_ring_allreduce(
     fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int] = WORLD_SIZES
 ) -> RingReport:
