@@ -6,7 +6,8 @@
 
 The only module of the package that imports ipywidgets. The picture is
 ``figures.RingView`` (the same drawing as the kernel-free ``ring_figure``) in a plotly
-``FigureWidget``; a step only pushes the properties that change, in one ``batch_update``.
+``FigureWidget``; a step only pushes the properties that change. The widget has one heading
+and one step counter, in the status line above the figure (the figure itself has no title).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from course.pictures.figures import RingView
+from course.pictures.style import BAD, runs_text
 from course.ring.schedule import ring_trace
 from course.ring.trace import Trace, bytes_sent
 
@@ -51,10 +53,10 @@ class RingWidget(widgets.VBox):
                 value=trace.world_size, min=2, max=MAX_WORLD_SIZE, description="world_size"
             )
             self.numel = widgets.BoundedIntText(
-                value=trace.numel, min=0, max=1 << 16, description="numel"
+                value=trace.numel, min=1, max=1 << 16, description="numel"
             )
-            for control in (self.world_size, self.numel):
-                control.observe(self._on_size, "value")
+            self.world_size.observe(self._on_world_size, "value")
+            self.numel.observe(self._on_size, "value")
             rows.append(widgets.HBox([self.world_size, self.numel]))
         self.figure = self._figure(trace)
         super().__init__([*rows, self.status, self.figure, self.report])
@@ -69,7 +71,8 @@ class RingWidget(widgets.VBox):
         self.play.max = self.slider.max = self.view.last
         fig = self.view.base()
         self.view.apply(fig, self.view.frame(0))
-        fig.update_layout(height=570, margin_b=45)  # no play button or slider inside
+        # No play button or slider inside, and no title: the status line above is the title.
+        fig.update_layout(height=540, margin_b=45, margin_t=10, title_text="")
         return go.FigureWidget(fig)
 
     def load(self, trace: Trace) -> None:
@@ -87,7 +90,6 @@ class RingWidget(widgets.VBox):
         for index, props in frame.data.items():
             data = {key.replace("marker_", "marker."): [value] for key, value in props.items()}
             self.figure.plotly_restyle(data, trace_indexes=[index])
-        self.figure.plotly_relayout({"title.text": frame.title})
         self.status.value = self._status(step)
         self.report.value = self._report(step)
 
@@ -99,6 +101,14 @@ class RingWidget(widgets.VBox):
     def _on_speed(self, change: dict[str, Any]) -> None:
         self.play.interval = round(STEP_MS * SPEEDS[change["new"]])
 
+    def _on_world_size(self, change: dict[str, Any]) -> None:
+        """A new world size keeps about 3 elements per chunk (numel follows N), then redraws."""
+        with self.numel.hold_trait_notifications():
+            self.numel.unobserve(self._on_size, "value")
+            self.numel.value = default_numel(change["new"])
+            self.numel.observe(self._on_size, "value")
+        self._on_size(change)
+
     def _on_size(self, _change: dict[str, Any]) -> None:
         self.load(ring_trace(self.world_size.value, self.numel.value, self.itemsize))
 
@@ -106,6 +116,7 @@ class RingWidget(widgets.VBox):
         view = self.view
         sent = max(bytes_sent(view.trace, upto_step=step), default=0)
         return (
+            f"<div class='ring-heading' style='font-size:15px'>{html.escape(view.heading)}</div>"
             f"<b class='ring-step'>{html.escape(view.counter(step))}</b> &nbsp;|&nbsp; "
             f"most bytes sent by one rank so far: {sent:,} B "
             f"(a whole ring: 2(N-1)/N x {view.trace.nbytes:,} B = {view.formula:,.0f} B)"
@@ -116,15 +127,15 @@ class RingWidget(widgets.VBox):
         if not view.deviations:
             return "<p>No deviations: every message is where a ring all-reduce puts it.</p>"
         here = set(map(id, view.at(step)))
-        head = f"<b style='color:#d62728'>{len(view.deviations)} deviation(s) from the ring"
+        head = f"<b style='color:{BAD}'>{len(view.deviations)} deviation(s) from the ring"
         if view.trace.unfinished:
-            stuck = ", ".join(map(str, view.trace.unfinished))
+            stuck = runs_text(list(view.trace.unfinished))
             head += (
                 f"; the run did not finish (rank(s) {stuck}), the animation ends where it stopped"
             )
         items = [
-            f"<li style='{'font-weight:bold;color:#d62728' if id(v) in here else 'color:#555'}'>"
-            f"{'&#9654; ' if id(v) in here else ''}{html.escape(v.text)}</li>"
+            f"<li style='{f'font-weight:bold;color:{BAD}' if id(v) in here else 'color:#555'}'>"
+            f"{'&#9654; ' if id(v) in here else ''}{html.escape(v.line)}</li>"
             for v in view.deviations
         ]
         return f"{head}</b> (bold: shown at this step)<ul>{''.join(items)}</ul>"
@@ -147,21 +158,34 @@ def ring_widget(world_size: int = 4, numel: int | None = None, itemsize: int = 4
         raise ValueError(
             f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, got world_size={world_size}"
         )
-    numel = 3 * world_size + 1 if numel is None else numel
+    numel = default_numel(world_size) if numel is None else numel
     return RingWidget(ring_trace(world_size, numel, itemsize), "reference ring", simulate=True)
+
+
+def default_numel(world_size: int) -> int:
+    """Elements of the drawn tensor: 3 per chunk and one more, so chunks differ by one."""
+    return 3 * world_size + 1
 
 
 def animate(
     fn: Callable[[Any], Any], world_size: int = 4, numel: int | None = None, timeout: float = 20.0
-) -> RingWidget:
+) -> RingWidget | widgets.HTML:
     """Run ``fn(tensor)`` on ``world_size`` real ranks, record every message and animate it;
-    a run that deadlocks or crashes is animated up to where it stopped."""
+    a run that deadlocks or crashes is animated up to where it stopped; a function still
+    left as the released stub is not run, and the widget says so."""
     from course.ring.recorder import record  # torch only when a real run is asked for
 
     if not 2 <= world_size <= MAX_WORLD_SIZE:
         raise ValueError(
             f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, got world_size={world_size}"
         )
-    numel = 3 * world_size + 1 if numel is None else numel
+    from course.checks.teaching import not_implemented
+
+    message = not_implemented(fn)
+    if message:
+        return widgets.HTML(
+            f"<p class='ring-report'>Nothing to animate yet: {html.escape(message)}</p>"
+        )
+    numel = default_numel(world_size) if numel is None else numel
     trace = record(fn, world_size, numel=numel, timeout=timeout)
     return RingWidget(trace, f"your {getattr(fn, '__name__', 'function')}")

@@ -248,8 +248,9 @@ def run_notebook(lab: Lab, page: object):
 
 
 def open_notebook(page: object, lab: Lab, path: str, timeout_s: float = 60.0) -> None:
-    """Open ``path`` (relative to the lab's root) and wait until its kernel is up and idle."""
-    page.goto(lab.url(f"lab/tree/{path}"))
+    """Open ``path`` (relative to the lab's root) in a workspace of its own (no tab left over
+    from another test takes the clicks), and wait until its kernel is up and idle."""
+    page.goto(lab.url(f"lab/workspaces/{Path(path).stem}/tree/{path}"))
     page.wait_for_selector(".jp-Notebook .jp-Cell", state="attached")
     deadline = time.monotonic() + timeout_s
     while not _kernel_idle(lab, path):  # the page says "idle" before the kernel even starts
