@@ -153,6 +153,7 @@ def _bytes(view: RingView) -> list[go.BaseTraceType]:
         name=f"2(N-1)/N x size = {view.formula:,.0f} B",
         line={"color": FULL, "dash": "dash", "width": 2},
         hoverinfo="name",
+        visible=view.formulas,
     )
     return [bars, formula]
 
@@ -160,7 +161,7 @@ def _bytes(view: RingView) -> list[go.BaseTraceType]:
 def layout(view: RingView) -> go.Layout:
     """Three panels: the ring (left), the chunks (top right), the bytes (bottom right)."""
     n, tick = view.n, view.size.tick
-    top = max(view.formula, *bytes_sent(view.trace), 1) * 1.15
+    top = max(view.formula if view.formulas else 0, *bytes_sent(view.trace), 1) * 1.15
     axis = {"showgrid": False, "zeroline": False}
     hidden = {**axis, "visible": False, "range": [-1.25, 1.25]}
     right = {**axis, "domain": [0.46, 0.78], "dtick": tick}

@@ -54,8 +54,10 @@ def _overlapping(m: Message, bounds: list[tuple[int, int]]) -> list[int]:
 class RingView:
     """Per-step drawing data for one trace; shared by the static figure and the widget."""
 
-    def __init__(self, trace: Trace, label: str = "reference ring") -> None:
-        self.trace, self.label = trace, label
+    def __init__(self, trace: Trace, label: str = "reference ring", formulas: bool = True) -> None:
+        """``formulas=False`` leaves out the ring's closed forms (2(N-1) steps, 2(N-1)/N x
+        size), for a picture shown before the questions that ask for them."""
+        self.trace, self.label, self.formulas = trace, label, formulas
         self.n = trace.world_size
         self.size = style.sizes(self.n)
         self.bounds = chunk_bounds(trace.numel, self.n)
@@ -99,7 +101,7 @@ class RingView:
 
     def counter(self, step: int) -> str:
         """``step 3 / 6 - reduce-scatter``; see :func:`course.pictures.style.counter`."""
-        return style.counter(step, self.n)
+        return style.counter(step, self.n, total=self.formulas)
 
     def frame(self, step: int) -> Frame:
         """The picture after ``step`` ring steps (0 = start, ``self.last`` = end of the trace)."""

@@ -34,8 +34,14 @@ MAX_WORLD_SIZE = 32
 class RingWidget(widgets.VBox):
     """Play/step/scrub controls, a step counter and a deviation report around one trace."""
 
-    def __init__(self, trace: Trace, label: str = "reference ring", simulate: bool = False):
-        self.label, self.itemsize = label, trace.itemsize
+    def __init__(
+        self,
+        trace: Trace,
+        label: str = "reference ring",
+        simulate: bool = False,
+        formulas: bool = True,
+    ):
+        self.label, self.itemsize, self.formulas = label, trace.itemsize, formulas
         self.play = widgets.Play(interval=STEP_MS, description="play", show_repeat=False)
         self.slider = widgets.IntSlider(description="step", continuous_update=True)
         widgets.jslink((self.play, "value"), (self.slider, "value"))
@@ -65,7 +71,7 @@ class RingWidget(widgets.VBox):
 
     def _figure(self, trace: Trace) -> go.FigureWidget:
         """A FigureWidget already at step 0, so nothing is sent before the browser draws it."""
-        self.view = RingView(trace, self.label)
+        self.view = RingView(trace, self.label, self.formulas)
         self.play.playing = False
         self.play.value = self.slider.value = 0
         self.play.max = self.slider.max = self.view.last
@@ -115,11 +121,15 @@ class RingWidget(widgets.VBox):
     def _status(self, step: int) -> str:
         view = self.view
         sent = max(bytes_sent(view.trace, upto_step=step), default=0)
+        whole = (
+            f"(a whole ring: 2(N-1)/N x {view.trace.nbytes:,} B = {view.formula:,.0f} B)"
+            if self.formulas
+            else f"(the tensor: {view.trace.nbytes:,} B)"
+        )
         return (
             f"<div class='ring-heading' style='font-size:15px'>{html.escape(view.heading)}</div>"
             f"<b class='ring-step'>{html.escape(view.counter(step))}</b> &nbsp;|&nbsp; "
-            f"most bytes sent by one rank so far: {sent:,} B "
-            f"(a whole ring: 2(N-1)/N x {view.trace.nbytes:,} B = {view.formula:,.0f} B)"
+            f"most bytes sent by one rank so far: {sent:,} B {whole}"
         )
 
     def _report(self, step: int) -> str:
@@ -152,14 +162,18 @@ def show_trace(trace: Trace, label: str = "your run") -> RingWidget:
     return RingWidget(trace, label)
 
 
-def ring_widget(world_size: int = 4, numel: int | None = None, itemsize: int = 4) -> RingWidget:
-    """The reference ring from the simulator, with world_size and numel controls."""
+def ring_widget(
+    world_size: int = 4, numel: int | None = None, itemsize: int = 4, formulas: bool = True
+) -> RingWidget:
+    """The reference ring from the simulator, with world_size and numel controls;
+    ``formulas=False`` leaves out the closed forms a question asks for."""
     if not 2 <= world_size <= MAX_WORLD_SIZE:
         raise ValueError(
             f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, got world_size={world_size}"
         )
     numel = default_numel(world_size) if numel is None else numel
-    return RingWidget(ring_trace(world_size, numel, itemsize), "reference ring", simulate=True)
+    trace = ring_trace(world_size, numel, itemsize)
+    return RingWidget(trace, "reference ring", simulate=True, formulas=formulas)
 
 
 def default_numel(world_size: int) -> int:

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from course.pictures.figures import BAD, BAD_ARROWS, GRID, RANKS, WAITING
+from course.pictures.figures import BAD, BAD_ARROWS, FORMULA, GRID, RANKS, WAITING
 from course.pictures.widgets import RingWidget, animate, ring_widget, show_trace
 from course.ring.schedule import ring_trace
 
@@ -127,3 +127,13 @@ def test_animate_a_stub_says_it_is_not_implemented() -> None:
 
     shown = animate(ring_allreduce)
     assert "ring_allreduce is not implemented yet" in shown.value
+
+
+def test_before_the_questions_the_widget_states_no_formula() -> None:
+    """With formulas=False, does the widget leave out 2(N-1) and 2(N-1)/N, which ring_1 and
+    ring_2 ask for, while still counting steps and bytes as they happen?"""
+    w = ring_widget(world_size=4, formulas=False)
+    w.slider.value = 2
+    assert "step 2 - reduce-scatter" in w.status.value and "/ 6" not in w.status.value
+    assert "2(N-1)" not in w.status.value
+    assert w.figure.data[FORMULA].visible is False
