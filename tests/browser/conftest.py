@@ -53,7 +53,15 @@ QUIET_SETTINGS = {
     },
 }
 
-__all__ = ["Lab", "artifact", "open_notebook", "run_all", "wait_for_idle", "write_notebook"]
+__all__ = [
+    "Lab",
+    "artifact",
+    "open_notebook",
+    "run_all",
+    "running_lab",
+    "wait_for_idle",
+    "write_notebook",
+]
 
 
 @dataclass(frozen=True)
@@ -165,12 +173,11 @@ def _need_chromium() -> None:
         )
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    """JupyterLab on a free port, serving a temp folder, with a random token."""
+@contextlib.contextmanager
+def running_lab(root: Path, home: Path, cwd: Path | None = None) -> Iterator[Lab]:
+    """JupyterLab on a free port serving ``root``, with a random token, started in ``cwd``
+    (where jupyter looks for an ``nbgrader_config.py``); stopped with everything it started."""
     _need_chromium()
-    root = tmp_path_factory.mktemp("lab-root")
-    home = tmp_path_factory.mktemp("lab-home")
     _quiet_settings(home / "settings")
     port, token = _free_port(), secrets.token_hex(16)
     env = {
@@ -189,7 +196,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 "--ServerApp.port_retries=0",
                 *(["--allow-root"] if os.geteuid() == 0 else []),
             ],
-            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root,
+            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd or root,
         )  # fmt: skip
     running = Lab(f"http://127.0.0.1:{port}/", token, root)
     try:
@@ -197,6 +204,14 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         yield running
     finally:
         _stop(running, proc)
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """JupyterLab on a free port, serving a temp folder, with a random token."""
+    root = tmp_path_factory.mktemp("lab-root")
+    with running_lab(root, tmp_path_factory.mktemp("lab-home")) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")
