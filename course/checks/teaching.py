@@ -89,11 +89,13 @@ def _is_stub(fn: Any) -> bool:
 
 
 def not_implemented(obj: Any) -> str | None:
-    """If ``obj`` (a function, or a class's own methods) is still the released stub, say so."""
+    """If ``obj`` (a function, or a class all of whose own methods are stubs) is still the
+    released stub, say so. A class with some methods written is left to the check: an empty
+    method can be meant (a ``zero_grad`` that does nothing, say)."""
     if isinstance(obj, type):
         own = [v for v in vars(obj).values() if callable(v) and hasattr(v, "__code__")]
         stubs = [f"{obj.__name__}.{f.__name__}" for f in own if _is_stub(f)]
-        if not stubs:
+        if not stubs or len(stubs) < len(own):
             return None
         names = ", ".join(stubs)
         return f"{names} {'is' if len(stubs) == 1 else 'are'} not implemented yet: {_WHAT_TO_DO}"
