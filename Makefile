@@ -44,13 +44,23 @@ format: $(STAMP)
 test: setup lint
 	$(PY) -m pytest
 
+# Students work in copies (git-ignored), never in the committed release/: `make lab` opens
+# work/ (copies of release/); `make lab WORK=selfstudy-work FROM=selfstudy` the self-study
+# build. jupyter refuses to run as root without --allow-root (a fresh machine, a container).
+WORK ?= work
+FROM ?= release
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: setup
-	$(BIN)/jupyter lab --notebook-dir=.
+	$(if $(filter selfstudy,$(FROM)),$(MAKE) selfstudy,)
+	$(PY) -m course.instructor.workcopies $(WORK) --from $(FROM)
+	$(BIN)/jupyter lab --notebook-dir=$(WORK) $(ALLOW_ROOT)
 
 benchmarks: setup
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf submitted autograded feedback exchange gradebook.db selfstudy test-artifacts
+	@echo "kept work/ (your answers); remove it yourself to start over"
 
 -include mk/*.mk

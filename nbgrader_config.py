@@ -5,12 +5,22 @@ that finds this config, and a copy of the course (tests, CI) is self-contained. 
 whole instructor workflow with ``make demo``; see autograde/README.md.
 """
 
+import contextlib
 import os
 
 c = get_config()  # noqa: F821 - injected by traitlets when it loads this file
 
 c.CourseDirectory.course_id = "sync-data-parallel"
 c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
+
+# nbgrader's exchange (release_assignment, fetch, submit, collect, and the formgrader's
+# Release and Collect buttons) lives in the course, not in /srv/nbgrader/exchange: it works
+# without root, one course per checkout. nbgrader refuses an exchange that does not exist, so
+# it is made here (git-ignored). On a shared JupyterHub, point every user at one shared,
+# world-writable folder instead (nbgrader's docs, "Setting up the exchange").
+c.Exchange.root = os.path.join(c.CourseDirectory.root, "exchange")
+with contextlib.suppress(OSError):  # a read-only copy: nbgrader then says it is missing
+    os.makedirs(c.Exchange.root, exist_ok=True)
 
 # The source notebooks are authored as jupytext percent scripts (source/<a>/<a>.py) beside
 # the generated .ipynb: release the notebook only, never the script that holds the answers.

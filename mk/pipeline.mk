@@ -3,7 +3,7 @@
 
 PIPELINE := $(PY) -m course.instructor.pipeline
 
-.PHONY: release demo autograde selfstudy
+.PHONY: release demo autograde selfstudy student-view
 
 ## release: source/<a>/<a>.py -> .ipynb (course.instructor.authoring), then nbgrader generate_assignment into release/ (commit both)
 release: setup
@@ -21,3 +21,8 @@ autograde: setup
 ## selfstudy: build selfstudy/<a>/<a>.ipynb, with instant feedback on every quiz item
 selfstudy: setup
 	$(PIPELINE) selfstudy
+
+## student-view: what students get, for a student repo / Binder: make student-view DEST=../dp-course REPO=you/dp-course
+student-view: setup
+	@test -n "$(DEST)" || { echo "usage: make student-view DEST=<new folder> REPO=<owner/name> [SELFSTUDY=0]"; exit 2; }
+	$(PY) -m course.instructor.studentview $(DEST) --repo $(or $(REPO),OWNER/NAME) $(if $(filter 0,$(SELFSTUDY)),--no-selfstudy,)

@@ -21,7 +21,7 @@ from torch.utils.data import DistributedSampler
 
 from course.checks.compare import close, fresh_seed, near
 from course.checks.ddp import on_ranks
-from course.checks.teaching import user_traceback
+from course.checks.teaching import teaches, user_traceback
 from course.experiments.accumulation import counting_hook
 from course.ring.recorder import Recorder
 
@@ -83,6 +83,7 @@ def _oracle_indices(
     return list(sampler)
 
 
+@teaches
 def check_sampler_indices(sampler_indices: Callable[..., Any], part: str = "in order") -> str:
     """Compare the student's indices with ``DistributedSampler``'s, rank by rank, case by case."""
     cases = SAMPLER_CASES[part]
@@ -195,6 +196,7 @@ def _accumulation_results(step: Any, world_sizes: Sequence[int], k: int, seed: i
     return out
 
 
+@teaches
 def check_accumulation_values(
     accumulation_step: Callable[..., Any],
     world_sizes: Sequence[int] = (2,),
@@ -237,6 +239,7 @@ def _update_hint(got: torch.Tensor, want: torch.Tensor, k: int) -> str:
     return f"expected an update starting {want[:3].tolist()}, got {got[:3].tolist()}."
 
 
+@teaches
 def check_accumulation_syncs(
     accumulation_step: Callable[..., Any],
     world_sizes: Sequence[int] = (2,),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import builtins
 import textwrap
 
+from course.checks.teaching import teaches
+
 __all__ = ["check_answer", "normalise_answer"]
 
 # Captured at import: a submission that rebinds builtins later cannot change the verdict.
@@ -37,6 +39,7 @@ def normalise_answer(name: str, value: object, choices: str = "abcd") -> str:
     return letter
 
 
+@teaches
 def check_answer(
     name: str,
     value: object,

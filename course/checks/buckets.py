@@ -20,7 +20,7 @@ from torch import nn
 
 from course.checks.compare import close, fresh_seed, near, ratio
 from course.checks.ddp import on_ranks
-from course.checks.teaching import user_traceback
+from course.checks.teaching import teaches, user_traceback
 from course.experiments.buckets import MB, bucket_assignment
 from course.ring.recorder import Recorder
 
@@ -85,6 +85,7 @@ def _bucketed_trial(
     return out
 
 
+@teaches
 def check_bucketed_allreduce(
     bucketed_allreduce: Callable[[list[torch.Tensor], float], None],
     world_sizes: Sequence[int] = (2, 3),
@@ -226,6 +227,7 @@ def _overlap_trial(cls: Any, cap: float, seed: int, steps: int) -> dict[str, Any
     return out
 
 
+@teaches
 def check_overlapping_ddp(
     OverlappingDDP: type,  # noqa: N803 - the name of the class the student wrote
     world_sizes: Sequence[int] = (2,),

@@ -11,7 +11,6 @@ comes back as the student's own traceback.
 # compares annotations as objects.
 
 import copy
-import inspect
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,9 +22,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course.checks import teaching
 from course.checks.compare import close, fresh_seed, near, ratio
-from course.checks.teaching import user_traceback
+from course.checks.hooks import guard_hook, hook_signature_problem
+from course.checks.teaching import teaches, user_traceback
 
-__all__ = ["check_average_hook", "check_weighted_loss", "guard_hook"]
+__all__ = ["check_average_hook", "check_weighted_loss"]
 
 TIMEOUT = 30.0  # seconds per launch; DDP's first construction on a rank imports torch._dynamo
 
@@ -36,79 +36,6 @@ def on_ranks(name: str, fn: Callable[..., Any], world_size: int, *args: Any) -> 
 
 
 # --- exercise (a): an averaging comm hook -----------------------------------------
-
-
-def _hook_signature_problem(hook: Any) -> str | None:
-    """What DDP.register_comm_hook would reject in the hook's signature, said plainly."""
-    if not callable(hook):
-        return f"average_hook should be a function, but it is {type(hook).__name__}."
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    if hook is default_hooks.allreduce_hook:
-        return "that is PyTorch's own allreduce_hook: write your own average_hook above."
-    try:
-        params = inspect.signature(hook).parameters
-    except (TypeError, ValueError):
-        return None
-    if list(params)[:2] != ["state", "bucket"]:
-        return (
-            f"average_hook's parameters are {list(params)}; DDP calls hook(state, bucket) and "
-            "looks the second one up by its name, so define it as "
-            "def average_hook(state, bucket: dist.GradBucket)."
-        )
-    note = params["bucket"].annotation
-    if note not in (inspect.Parameter.empty, dist.GradBucket):
-        return f"annotate bucket as dist.GradBucket (not {note!r}): DDP rejects other annotations."
-    return None
-
-
-def guard_hook(hook: Any, problems: list[str]) -> Any:
-    """Wrap the student's hook: record anything DDP would choke on and keep the run alive."""
-
-    def guarded(state, bucket):  # noqa: ANN001, ANN202 - DDP inspects a hook's annotations
-        buffer = bucket.buffer()
-        shape, local = buffer.shape, buffer.clone()
-        fut = hook(state, bucket)  # an exception here fails the rank with the student's traceback
-        if not isinstance(fut, torch._C.Future):  # noqa: SLF001 - work.get_future() gives the C++ base class
-            problems.append(
-                f"average_hook returned {type(fut).__name__}, not a torch.futures.Future. "
-                "Return the future of the all-reduce: dist.all_reduce(..., async_op=True)"
-                ".get_future(), then .then(...) to turn its value into one tensor."
-            )
-            return _done(local)
-
-        def value(f: torch.futures.Future) -> torch.Tensor:
-            try:
-                v = f.value()
-            except Exception as exc:  # noqa: BLE001 - the student's code may raise anything; each becomes a message
-                problems.append(f"average_hook's future failed:\n{user_traceback(exc)}")
-                return local
-            if isinstance(v, list | tuple):
-                problems.append(
-                    "average_hook's future holds a list of tensors (that is what "
-                    "work.get_future() gives); DDP needs a future of ONE tensor. Return "
-                    "fut.then(lambda f: f.value()[0]) instead."
-                )
-                return local
-            if not isinstance(v, torch.Tensor) or v.shape != shape:
-                is_tensor = isinstance(v, torch.Tensor)
-                what = f"shape {tuple(v.shape)}" if is_tensor else type(v).__name__
-                problems.append(
-                    f"average_hook's future holds a {what}, but DDP needs a tensor shaped like "
-                    f"bucket.buffer(), {tuple(shape)}."
-                )
-                return local
-            return v
-
-        return fut.then(value)
-
-    return guarded
-
-
-def _done(t: torch.Tensor) -> torch.futures.Future:
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(t)
-    return fut
 
 
 def _hook_model(seed: int) -> nn.Module:
@@ -140,11 +67,12 @@ def _hook_trial(hook: Any, seed: int, steps: int) -> dict[str, Any]:
     return {"rank": rank, "problems": problems, "steps": out}
 
 
+@teaches
 def check_average_hook(
     average_hook: Callable[..., Any], world_sizes: Sequence[int] = (2, 3), seed: int | None = None
 ) -> str:
     """Check a comm hook on fresh ranks: .grad must equal what DDP's default gives."""
-    problem = _hook_signature_problem(average_hook)
+    problem = hook_signature_problem(average_hook)
     if problem:
         raise AssertionError(problem)
     for world_size in world_sizes:
@@ -261,6 +189,7 @@ def _loss_problem(loss: Any, count: int) -> str | None:
     return None
 
 
+@teaches
 def check_weighted_loss(
     weighted_loss: Callable[[torch.Tensor], torch.Tensor],
     world_sizes: Sequence[int] = (2, 3),

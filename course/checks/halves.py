@@ -29,7 +29,7 @@ from course.checks.ring_cases import (
     running_case,
     sum_cases,
 )
-from course.checks.teaching import failure_message
+from course.checks.teaching import failure_message, teaches
 from course.ring.halves import Half, half_violations
 from course.ring.halves_record import encoded_args
 from course.ring.logs import log_path, read_trace
@@ -48,18 +48,21 @@ HALF_DEADLOCK = (
 )
 
 
+@teaches
 def check_reduce_scatter(fn: Callable, world_sizes: Sequence[int] = WORLD_SIZES) -> str:
     """Every rank ``r`` gets back the sum over ranks of chunk ``r`` (communication not judged)."""
     n = _run_all("reduce-scatter", fn, world_sizes, sums=True)
     return f"reduce_scatter passed: right shards for {n} tensors on world sizes {_ws(world_sizes)}."
 
 
+@teaches
 def check_all_gather(fn: Callable, world_sizes: Sequence[int] = WORLD_SIZES) -> str:
     """Every rank's ``out`` holds every rank's shard in its chunk (communication not judged)."""
     n = _run_all("all-gather", fn, world_sizes, sums=True)
     return f"all_gather passed: {n} tensors filled right on world sizes {_ws(world_sizes)}."
 
 
+@teaches
 def check_halves_pattern(
     reduce_scatter: Callable, all_gather: Callable, world_sizes: Sequence[int] = WORLD_SIZES
 ) -> str:

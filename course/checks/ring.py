@@ -33,7 +33,7 @@ from course.checks.ring_cases import (
     sum_cases,
 )
 from course.checks.ring_cases import inputs as make_inputs
-from course.checks.teaching import failure_message
+from course.checks.teaching import failure_message, teaches
 from course.ring.encoding import encoded_tensor
 from course.ring.logs import log_path, read_trace
 from course.ring.recorder import Recorder, scratch_dir
@@ -77,6 +77,7 @@ class RingReport:
         return "ring_allreduce passed: " + "; ".join(parts) + "."
 
 
+@teaches
 def check_ring_sums(
     fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int] = WORLD_SIZES
 ) -> RingReport:
@@ -84,6 +85,7 @@ def check_ring_sums(
     return _check(fn, world_sizes, sums=True, pattern=False)
 
 
+@teaches
 def check_ring_pattern(
     fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int] = WORLD_SIZES
 ) -> RingReport:
@@ -91,6 +93,7 @@ def check_ring_pattern(
     return _check(fn, world_sizes, sums=False, pattern=True)
 
 
+@teaches
 def check_ring_allreduce(
     fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int] = WORLD_SIZES
 ) -> RingReport:

@@ -4,17 +4,36 @@ The launcher has already decided what each rank did and where in the student's c
 (``course.ranks.RankFailure``: kind, message, ``where``, the student's own traceback); this
 module only words it: which ranks failed and how, what the check was doing, the hint that
 fits (a deadlock, a message that did not fit its buffer) and the first cause's traceback.
+
+A failed check raises :class:`CheckFailed`, an ``AssertionError`` that IPython renders as its
+message alone: the student (in JupyterLab, and in nbgrader's feedback page, which stores what
+IPython rendered) reads the teaching line first, never the checker's own source.
 """
 
 from __future__ import annotations
 
+import dis
+import functools
+import re
 import traceback
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from course.ranks import RankError, RankFailure
 
-__all__ = ["DEADLOCK_HINT", "failure_message", "on_ranks", "user_traceback"]
+__all__ = [
+    "DEADLOCK_HINT",
+    "CheckFailed",
+    "failure_message",
+    "hint_for",
+    "not_implemented",
+    "on_ranks",
+    "say_if_unimplemented",
+    "teaches",
+    "user_traceback",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 DEADLOCK_HINT = (
     "Every rank was waiting for another and none could go on: a deadlock. Look at the line "
@@ -25,6 +44,99 @@ ABORT_HINT = (
     "gloo aborts a rank when a message does not fit the buffer posted to receive it: check "
     "that each send and the peer's receive use the same number of elements and dtype."
 )
+FUTURE_LIST_HINT = (
+    "A future from dist.all_reduce(..., async_op=True).get_future() holds a *list* of "
+    "tensors (one per tensor reduced), not a tensor: take fut.value()[0] before dividing, "
+    "e.g. fut.then(lambda f: f.value()[0] / world_size)."
+)
+# The mistakes students make most, recognised in an error's text: (pattern, hint).
+COMMON_MISTAKES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"unsupported operand type\(s\) for \S+: 'list' and"), FUTURE_LIST_HINT),
+    (re.compile(r"'list' object has no attribute '(div|mul|add|sub)_?'"), FUTURE_LIST_HINT),
+)
+RED, BOLD, RESET = "\x1b[0;31m", "\x1b[1m", "\x1b[0m"
+
+
+class CheckFailed(AssertionError):  # noqa: N818 - the heading students read: "Check failed"
+    """A check's verdict on the student's work: IPython shows the message, not our source."""
+
+    def _render_traceback_(self) -> list[str]:
+        """The lines IPython prints (and nbgrader stores) instead of a traceback."""
+        head, *rest = str(self).splitlines() or [""]
+        return [f"{RED}{BOLD}Check failed:{RESET} {head}", *rest]
+
+
+def hint_for(text: str) -> str | None:
+    """The hint for a common mistake recognised in an error's text, if any."""
+    for pattern, hint in COMMON_MISTAKES:
+        if pattern.search(text):
+            return hint
+    return None
+
+
+def _is_stub(fn: Any) -> bool:
+    """Whether ``fn`` is a function whose body is only a docstring, comments, pass or ``...``."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("RESUME", "NOP", "RETURN_VALUE", "RETURN_CONST", "POP_TOP"):
+            if ins.opname == "RETURN_CONST" and ins.argval is not None:
+                return False
+            continue
+        if ins.opname == "LOAD_CONST" and ins.argval in (None, Ellipsis):
+            continue
+        return False
+    return True
+
+
+def not_implemented(obj: Any) -> str | None:
+    """If ``obj`` (a function, or a class all of whose own methods are stubs) is still the
+    released stub, say so. A class with some methods written is left to the check: an empty
+    method can be meant (a ``zero_grad`` that does nothing, say)."""
+    if isinstance(obj, type):
+        own = [v for v in vars(obj).values() if callable(v) and hasattr(v, "__code__")]
+        stubs = [f"{obj.__name__}.{f.__name__}" for f in own if _is_stub(f)]
+        if not stubs or len(stubs) < len(own):
+            return None
+        names = ", ".join(stubs)
+        return f"{names} {'is' if len(stubs) == 1 else 'are'} not implemented yet: {_WHAT_TO_DO}"
+    if _is_stub(obj):
+        return f"{obj.__name__} is not implemented yet: {_WHAT_TO_DO}"
+    return None
+
+
+_WHAT_TO_DO = (
+    "its body is still only the docstring. Replace # YOUR CODE HERE with your code, run that "
+    "cell, then run this one again."
+)
+
+
+def say_if_unimplemented(obj: Any) -> None:
+    """Print, once (on rank 0 when in a process group), that ``obj`` is still a stub."""
+    import torch.distributed as dist
+
+    message = not_implemented(obj)
+    if message and (not dist.is_initialized() or dist.get_rank() == 0):
+        print(f"Note: {message}")
+
+
+def teaches(check: F) -> F:
+    """Make a check refuse an unimplemented stub and fail with :class:`CheckFailed`."""
+
+    @functools.wraps(check)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        message = not_implemented(args[0]) if args else None
+        if message:
+            raise CheckFailed(message)
+        try:
+            return check(*args, **kwargs)
+        except CheckFailed:
+            raise
+        except AssertionError as err:
+            raise CheckFailed(str(err)) from None
+
+    return wrapper  # type: ignore[return-value]
 
 
 def failure_message(
@@ -43,6 +155,8 @@ def failure_message(
         lines.append(deadlock_hint)
     if any("SIGABRT" in f.message for f in causes):
         lines.append(ABORT_HINT)
+    hints = {hint_for(f"{f.message}\n{f.traceback}") for f in causes} - {None}
+    lines += sorted(hints)
     for f in causes[:1]:
         if f.traceback.strip():
             lines += [f"Rank {f.rank}'s traceback:", f.traceback]
@@ -58,9 +172,9 @@ def on_ranks(
     try:
         return run(fn, world_size, *args, timeout=timeout)
     except RankError as err:
-        raise AssertionError(failure_message(name, world_size, err.failures)) from None
+        raise CheckFailed(failure_message(name, world_size, err.failures)) from None
     except TypeError as err:  # the launcher could not pickle the student's code
-        raise AssertionError(f"{name} could not be sent to the ranks: {err}") from None
+        raise CheckFailed(f"{name} could not be sent to the ranks: {err}") from None
 
 
 def user_traceback(exc: BaseException) -> str:

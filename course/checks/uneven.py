@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course.checks.compare import close, fresh_seed
-from course.checks.teaching import failure_message
+from course.checks.teaching import failure_message, teaches
 
 __all__ = ["JOIN_REFUSED", "check_train_uneven", "join_oracle", "refuse_join"]
 
@@ -95,6 +95,7 @@ def _uneven_trial(train: Any, counts: list[int], seed: int) -> dict[str, Any]:
     return {"rank": rank, "student": _params(model)}
 
 
+@teaches
 def check_train_uneven(
     train_uneven: Callable[..., Any], world_sizes: Sequence[int] = (2,), seed: int | None = None
 ) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from course.checks.ddp import on_ranks
+from course.checks.teaching import teaches
 from course.experiments.zero import (
     FORMULAS,
     final_params,
@@ -40,6 +41,7 @@ def _trained(zero_class: Any, steps: int, seed: int) -> torch.Tensor:
     return final_params("zero", zero_class, steps, seed)
 
 
+@teaches
 def check_zero_matches_ddp(
     zero_class: Any, world_sizes: Sequence[int] = (2, 3), seed: int | None = None
 ) -> str:
@@ -84,6 +86,7 @@ def _compare(ddp: Any, zero: Any, n: int, rank: int, seed: int) -> float:
     )
 
 
+@teaches
 def check_zero_memory(zero_class: Any, world_size: int = 4) -> str:
     """Each rank holds 1/N of Adam's state and of the gradients (ZeRO-2), measured."""
     _callable(zero_class)

@@ -198,7 +198,13 @@ def overlap_timeline(
 
 
 def timeline_figure(timeline: dict[str, Any], title: str = "Backward against communication") -> Any:
-    """A plotly timeline: gradient-ready ticks for backward, one bar per bucket's all-reduce."""
+    """A plotly timeline: gradient-ready ticks for backward, one row per bucket's all-reduce.
+
+    Each row is split where the bucket before it finished: the light part is time the bucket
+    spent queued while an earlier bucket's all-reduce was still in flight, the solid part the
+    rest, up to done. Two lines mark the last gradient ready and backward's return, which
+    comes later because DDP's backward waits for every bucket before it writes ``.grad``.
+    """
     import plotly.graph_objects as go
 
     ms = 1000.0
@@ -212,21 +218,39 @@ def timeline_figure(timeline: dict[str, Any], title: str = "Backward against com
         text=[f"param {i} grad ready" for i, _ in ready],
         name="gradient ready",
     )
-    for b in timeline["buckets"]:
-        fig.add_bar(
-            base=[b["start"] * ms],
-            x=[(b.get("done", b["start"]) - b["start"]) * ms],
-            y=[f"bucket {b['bucket']}"],
-            orientation="h",
-            name=f"bucket {b['bucket']}: params {b['params']}",
-            text=[f"{b['nbytes'] / MB:.2f} MiB"],
-        )
-    end = max((t for _, t in ready), default=0.0) * ms
-    fig.add_vline(x=end, line_dash="dash", annotation_text="last gradient ready")
+    for segment in _bucket_segments(timeline["buckets"]):
+        fig.add_bar(orientation="h", **segment)
+    last = max((t for _, t in ready), default=0.0) * ms
+    returned = timeline["backward_returned"] * ms
+    fig.add_vline(x=last, line_dash="dash", annotation_text="last gradient ready")
+    fig.add_vline(
+        x=returned,
+        line_dash="dot",
+        annotation_text="backward() returned: DDP waited for every bucket",
+        annotation_position="bottom right",
+    )
     fig.update_layout(
         title=title, xaxis_title="ms since backward started", barmode="overlay", showlegend=True
     )
     return fig
+
+
+def _bucket_segments(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Bar segments per bucket: queued behind the previous bucket (light), then the rest."""
+    ms, previous_done, out = 1000.0, 0.0, []
+    for b in sorted(log, key=lambda b: b["start"]):
+        start, done = b["start"], b.get("done", b["start"])
+        own = max(start, min(previous_done, done))
+        row = [f"bucket {b['bucket']}"]
+        label = f"bucket {b['bucket']}: params {b['params']}, {b['nbytes'] / MB:.2f} MiB"
+        if own > start:
+            out.append(
+                {"base": [start * ms], "x": [(own - start) * ms], "y": row, "opacity": 0.35,
+                 "name": f"{label}, queued while the previous bucket was in flight"}
+            )  # fmt: skip
+        out.append({"base": [own * ms], "x": [(done - own) * ms], "y": row, "name": label})
+        previous_done = max(previous_done, done)
+    return out
 
 
 if __name__ == "__main__":  # torchrun --nproc-per-node 2 -m course.experiments.buckets

@@ -171,12 +171,21 @@ def uneven_step(local_batch_sizes: Sequence[int] = (1, 3), seed: int = 0) -> dic
 
 
 def loss_figure(curves: dict[str, Sequence[float]], title: str = "Loss per step") -> Any:
-    """A plotly figure of loss curves on a log axis, one line per run."""
+    """A plotly figure of loss curves on a log axis, one line per run. Curves that coincide
+    stay visible: each has its own dash, marker and width, the first drawn widest."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    for name, losses in curves.items():
-        fig.add_scatter(y=list(losses), mode="lines+markers", name=name)
+    dashes = ("solid", "dash", "dot", "dashdot")
+    symbols = ("circle-open", "x-thin-open", "square-open", "diamond-open")
+    for i, (name, losses) in enumerate(curves.items()):
+        fig.add_scatter(
+            y=list(losses),
+            mode="lines+markers",
+            name=name,
+            line={"dash": dashes[i % 4], "width": max(5 - 1.3 * i, 1.5)},
+            marker={"symbol": symbols[i % 4], "size": 9 - i, "line": {"width": 1.5}},
+        )
     fig.update_layout(title=title, xaxis_title="step", yaxis_title="loss (pooled mean)")
     fig.update_yaxes(type="log")
     return fig

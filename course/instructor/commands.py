@@ -123,8 +123,8 @@ class CellError:
 
     @property
     def expected(self) -> bool:
-        """Checks of unanswered items fail with AssertionError; anything else is a bug."""
-        return self.ename == "AssertionError"
+        """Checks of unanswered items fail with CheckFailed (an AssertionError); else a bug."""
+        return self.ename in ("AssertionError", "CheckFailed")
 
 
 def execute(path: Path, out: Path | None = None, timeout: int = 120) -> list[CellError]:

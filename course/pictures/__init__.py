@@ -1,5 +1,7 @@
 """The pictures: the ring animation as a plotly figure (``figures``) and as a widget (``widgets``).
 
-``figures`` needs no kernel (exported HTML, feedback pages); ``widgets`` is the only module
-that imports ipywidgets.
+``style`` (colours, sizes, the step counter), ``base`` (the figure's traces and layout),
+``view`` (what changes at each step), ``deviations`` (a run that is not a ring, in words) and
+``figures`` (the kernel-free animation) need no kernel (exported HTML, feedback pages);
+``widgets`` is the only module that imports ipywidgets.
 """

@@ -1,7 +1,7 @@
-"""One half of the ring, drawn: the ring picture of ``course.pictures.figures`` for a reduce-scatter
-alone or an all-gather alone, from the same trace format.
+"""One half of the ring, drawn: the ring picture for a reduce-scatter alone or an all-gather
+alone, from the same trace format.
 
-:class:`HalfView` is a :class:`~course.pictures.figures.RingView` that counts ``N-1`` steps, draws
+:class:`HalfView` is a :class:`~course.pictures.view.RingView` that counts ``N-1`` steps, draws
 ``(N-1)/N x size`` as the bytes line, starts from the half's own state (every rank's own
 contribution everywhere, or each rank's shard whole and nothing else) and reports
 deviations from half a ring (``course.ring.halves.half_violations``). :func:`half_figure` plays
@@ -14,21 +14,20 @@ from functools import cached_property
 
 import plotly.graph_objects as go
 
-from course.pictures.figures import (
-    FORMULA,
-    RingView,
-    _as_trace,
-    _notes_annotation,
-    _play_buttons,
-    _slider,
-)
+from course.pictures.base import FORMULA
+from course.pictures.deviations import Deviation, deviations
+from course.pictures.figures import animation
+from course.pictures.view import RingView
 from course.ring.halves import Half, half_bytes_formula, half_states, half_violations
 from course.ring.trace import Trace
-from course.ring.verdict import Violation
 
 __all__ = ["HalfView", "half_figure"]
 
 TITLES = {"reduce-scatter": "Reduce-scatter alone", "all-gather": "All-gather alone"}
+STARTS = {
+    "reduce-scatter": "each rank holds only its own contribution",
+    "all-gather": "each rank holds only its own shard",
+}
 
 
 class HalfView(RingView):
@@ -43,34 +42,30 @@ class HalfView(RingView):
         self.formula = half_bytes_formula(trace.nbytes, self.n)
 
     @cached_property
-    def deviations(self) -> list[Violation]:
+    def deviations(self) -> list[Deviation]:
         """Where the run departs from half a ring; the reference has none."""
-        return half_violations(self.trace, self.half)
+        return deviations(self.trace, half_violations(self.trace, self.half))
 
-    def _title(self, step: int) -> str:
+    @property
+    def heading(self) -> str:
+        """What is drawn: which half, whose run, on how many ranks, of what tensor."""
         t = self.trace
-        head = (
+        return (
             f"{TITLES[self.half]}, {self.label}: N = {self.n}, {t.numel} elements x {t.itemsize} B"
         )
-        return f"{head}<br><b>{self.counter(step)}</b>"
 
     def counter(self, step: int) -> str:
-        """``steps done: 2 / 3 - arrows: step 1``."""
-        done = f"steps done: {step} / {self.ideal}"
+        """``step 2 / 3 - reduce-scatter``: steps count from 1, as for the whole ring."""
         if step == 0:
-            start = (
-                "each rank holds only its own contribution"
-                if self.half == "reduce-scatter"
-                else "each rank holds only its own shard"
-            )
-            return f"{done} - start: {start}"
+            return f"step 0 / {self.ideal} - start: {STARTS[self.half]}"
         extra = " (extra: half a ring needs only N-1)" if step > self.ideal else ""
-        return f"{done} - arrows: step {step - 1}, {self.half}{extra}"
+        return f"step {step} / {self.ideal} - {self.half}{extra}"
 
-    def _describe_cell(self, rank: int, chunk: int, mask: int) -> str:
-        if mask == 0:
+    def _cell_text(self, rank: int, chunk: int, mask: int) -> str:
+        lo, hi = self.bounds[chunk]
+        if mask == 0 and lo < hi:
             return f"rank {rank}, chunk {chunk}: not received yet"
-        return super()._describe_cell(rank, chunk, mask)
+        return super()._cell_text(rank, chunk, mask)
 
     def base(self) -> go.Figure:
         """The ring figure at step 0, with the bytes line of one half."""
@@ -83,21 +78,4 @@ def half_figure(
     trace: Trace, half: Half, label: str = "reference", duration_ms: int = 900
 ) -> go.Figure:
     """A self-contained animation of one half (frames, play button, slider): no kernel needed."""
-    view = HalfView(trace, half, label)
-    fig = view.base()
-    frames = [view.frame(k) for k in range(view.last + 1)]
-    fig.frames = [
-        go.Frame(
-            name=str(f.step),
-            traces=list(f.data),
-            data=[_as_trace(fig.data[i], props) for i, props in f.data.items()],
-            layout={"title": {"text": f.title}, "annotations": [_notes_annotation(f.notes)]},
-        )
-        for f in frames
-    ]
-    view.apply(fig, frames[0])
-    fig.update_layout(annotations=[_notes_annotation(frames[0].notes)])
-    fig.update_layout(
-        updatemenus=[_play_buttons(duration_ms)], sliders=[_slider(view, duration_ms)]
-    )
-    return fig
+    return animation(HalfView(trace, half, label), duration_ms)

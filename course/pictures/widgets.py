@@ -6,7 +6,8 @@
 
 The only module of the package that imports ipywidgets. The picture is
 ``figures.RingView`` (the same drawing as the kernel-free ``ring_figure``) in a plotly
-``FigureWidget``; a step only pushes the properties that change, in one ``batch_update``.
+``FigureWidget``; a step only pushes the properties that change. The widget has one heading
+and one step counter, in the status line above the figure (the figure itself has no title).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from course.pictures.figures import RingView
+from course.pictures.style import BAD, runs_text
 from course.ring.schedule import ring_trace
 from course.ring.trace import Trace, bytes_sent
 
@@ -40,8 +42,14 @@ MAX_WORLD_SIZE = 32
 class RingWidget(widgets.VBox):
     """Play/step/scrub controls, a step counter and a deviation report around one trace."""
 
-    def __init__(self, trace: Trace, label: str = "reference ring", simulate: bool = False) -> None:
-        self.label, self.itemsize = label, trace.itemsize
+    def __init__(
+        self,
+        trace: Trace,
+        label: str = "reference ring",
+        simulate: bool = False,
+        formulas: bool = True,
+    ) -> None:
+        self.label, self.itemsize, self.formulas = label, trace.itemsize, formulas
         self.play = widgets.Play(interval=STEP_MS, description="play", show_repeat=False)
         self.slider = widgets.IntSlider(description="step", continuous_update=True)
         widgets.jslink((self.play, "value"), (self.slider, "value"))
@@ -59,10 +67,10 @@ class RingWidget(widgets.VBox):
                 value=trace.world_size, min=2, max=MAX_WORLD_SIZE, description="world_size"
             )
             self.numel = widgets.BoundedIntText(
-                value=trace.numel, min=0, max=1 << 16, description="numel"
+                value=trace.numel, min=1, max=1 << 16, description="numel"
             )
-            for control in (self.world_size, self.numel):
-                control.observe(self._on_size, "value")
+            self.world_size.observe(self._on_world_size, "value")
+            self.numel.observe(self._on_size, "value")
             rows.append(widgets.HBox([self.world_size, self.numel]))
         self.figure = self._figure(trace)
         super().__init__([*rows, self.status, self.figure, self.report])
@@ -77,11 +85,12 @@ class RingWidget(widgets.VBox):
         self.play.max = self.slider.max = self.view.last
         fig = self.view.base()
         self.view.apply(fig, self.view.frame(0))
-        fig.update_layout(height=570, margin_b=45)  # no play button or slider inside
+        # No play button or slider inside, and no title: the status line above is the title.
+        fig.update_layout(height=540, margin_b=45, margin_t=10, title_text="")
         return go.FigureWidget(fig)
 
     def _view(self, trace: Trace) -> RingView:
-        return RingView(trace, self.label)
+        return RingView(trace, self.label, self.formulas)
 
     def load(self, trace: Trace) -> None:
         """Show another trace from its first step (a new world size redraws every trace)."""
@@ -98,7 +107,6 @@ class RingWidget(widgets.VBox):
         for index, props in frame.data.items():
             data = {key.replace("marker_", "marker."): [value] for key, value in props.items()}
             self.figure.plotly_restyle(data, trace_indexes=[index])
-        self.figure.plotly_relayout({"title.text": frame.title})
         self.status.value = self._status(step)
         self.report.value = self._report(step)
 
@@ -110,16 +118,32 @@ class RingWidget(widgets.VBox):
     def _on_speed(self, change: dict[str, Any]) -> None:
         self.play.interval = round(STEP_MS * SPEEDS[change["new"]])
 
+    def _on_world_size(self, change: dict[str, Any]) -> None:
+        """A new world size keeps about 3 elements per chunk (numel follows N), then redraws."""
+        with self.numel.hold_trait_notifications():
+            self.numel.unobserve(self._on_size, "value")
+            self.numel.value = default_numel(change["new"])
+            self.numel.observe(self._on_size, "value")
+        self._on_size(change)
+
     def _on_size(self, _change: dict[str, Any]) -> None:
         self.load(ring_trace(self.world_size.value, self.numel.value, self.itemsize))
+
+    def _whole(self) -> str:
+        """The bytes one rank sends in the whole collective, as the status line says it."""
+        view = self.view
+        if not self.formulas:
+            return f"(the tensor: {view.trace.nbytes:,} B)"
+        return f"(a whole ring: 2(N-1)/N x {view.trace.nbytes:,} B = {view.formula:,.0f} B)"
 
     def _status(self, step: int) -> str:
         view = self.view
         sent = max(bytes_sent(view.trace, upto_step=step), default=0)
+        whole = self._whole()
         return (
+            f"<div class='ring-heading' style='font-size:15px'>{html.escape(view.heading)}</div>"
             f"<b class='ring-step'>{html.escape(view.counter(step))}</b> &nbsp;|&nbsp; "
-            f"most bytes sent by one rank so far: {sent:,} B "
-            f"(a whole ring: 2(N-1)/N x {view.trace.nbytes:,} B = {view.formula:,.0f} B)"
+            f"most bytes sent by one rank so far: {sent:,} B {whole}"
         )
 
     def _report(self, step: int) -> str:
@@ -127,15 +151,15 @@ class RingWidget(widgets.VBox):
         if not view.deviations:
             return "<p>No deviations: every message is where a ring all-reduce puts it.</p>"
         here = set(map(id, view.at(step)))
-        head = f"<b style='color:#d62728'>{len(view.deviations)} deviation(s) from the ring"
+        head = f"<b style='color:{BAD}'>{len(view.deviations)} deviation(s) from the ring"
         if view.trace.unfinished:
-            stuck = ", ".join(map(str, view.trace.unfinished))
+            stuck = runs_text(list(view.trace.unfinished))
             head += (
                 f"; the run did not finish (rank(s) {stuck}), the animation ends where it stopped"
             )
         items = [
-            f"<li style='{'font-weight:bold;color:#d62728' if id(v) in here else 'color:#555'}'>"
-            f"{'&#9654; ' if id(v) in here else ''}{html.escape(v.text)}</li>"
+            f"<li style='{f'font-weight:bold;color:{BAD}' if id(v) in here else 'color:#555'}'>"
+            f"{'&#9654; ' if id(v) in here else ''}{html.escape(v.line)}</li>"
             for v in view.deviations
         ]
         return f"{head}</b> (bold: shown at this step)<ul>{''.join(items)}</ul>"
@@ -152,28 +176,45 @@ def show_trace(trace: Trace, label: str = "your run") -> RingWidget:
     return RingWidget(trace, label)
 
 
-def ring_widget(world_size: int = 4, numel: int | None = None, itemsize: int = 4) -> RingWidget:
-    """The reference ring from the simulator, with world_size and numel controls."""
+def ring_widget(
+    world_size: int = 4, numel: int | None = None, itemsize: int = 4, formulas: bool = True
+) -> RingWidget:
+    """The reference ring from the simulator, with world_size and numel controls;
+    ``formulas=False`` leaves out the closed forms a question asks for."""
     if not 2 <= world_size <= MAX_WORLD_SIZE:
         raise ValueError(
             f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, got world_size={world_size}"
         )
-    numel = 3 * world_size + 1 if numel is None else numel
-    return RingWidget(ring_trace(world_size, numel, itemsize), "reference ring", simulate=True)
+    numel = default_numel(world_size) if numel is None else numel
+    trace = ring_trace(world_size, numel, itemsize)
+    return RingWidget(trace, "reference ring", simulate=True, formulas=formulas)
+
+
+def default_numel(world_size: int) -> int:
+    """Elements of the drawn tensor: 3 per chunk and one more, so chunks differ by one."""
+    return 3 * world_size + 1
 
 
 def animate(
     fn: Callable[[Any], Any], world_size: int = 4, numel: int | None = None, timeout: float = 20.0
-) -> RingWidget:
+) -> RingWidget | widgets.HTML:
     """Run ``fn(tensor)`` on ``world_size`` real ranks, record every message and animate it;
-    a run that deadlocks or crashes is animated up to where it stopped."""
+    a run that deadlocks or crashes is animated up to where it stopped; a function still
+    left as the released stub is not run, and the widget says so."""
     from course.ring.recorder import record  # torch only when a real run is asked for
 
     if not 2 <= world_size <= MAX_WORLD_SIZE:
         raise ValueError(
             f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, got world_size={world_size}"
         )
-    numel = 3 * world_size + 1 if numel is None else numel
+    from course.checks.teaching import not_implemented
+
+    message = not_implemented(fn)
+    if message:
+        return widgets.HTML(
+            f"<p class='ring-report'>Nothing to animate yet: {html.escape(message)}</p>"
+        )
+    numel = default_numel(world_size) if numel is None else numel
     trace = record(fn, world_size, numel=numel, timeout=timeout)
     return RingWidget(trace, f"your {getattr(fn, '__name__', 'function')}")
 
@@ -198,17 +239,12 @@ class HalfWidget(RingWidget):
     def _on_size(self, _change: dict[str, Any]) -> None:
         from course.ring.halves import half_trace
 
-        trace = half_trace(self.half, self.world_size.value, self.numel.value, self.itemsize)  # type: ignore[arg-type]
-        self.load(trace)
+        size = (self.world_size.value, self.numel.value, self.itemsize)
+        self.load(half_trace(self.half, *size))  # type: ignore[arg-type]
 
-    def _status(self, step: int) -> str:
+    def _whole(self) -> str:
         view = self.view
-        sent = max(bytes_sent(view.trace, upto_step=step), default=0)
-        return (
-            f"<b class='ring-step'>{html.escape(view.counter(step))}</b> &nbsp;|&nbsp; "
-            f"most bytes sent by one rank so far: {sent:,} B "
-            f"(a whole {self.half}: (N-1)/N x {view.trace.nbytes:,} B = {view.formula:,.0f} B)"
-        )
+        return f"(a whole {self.half}: (N-1)/N x {view.trace.nbytes:,} B = {view.formula:,.0f} B)"
 
     def _report(self, step: int) -> str:
         return super()._report(step).replace("a ring all-reduce", f"a ring {self.half}")
@@ -218,17 +254,24 @@ def half_widget(half: str, world_size: int = 4, numel: int | None = None) -> Hal
     """The reference reduce-scatter or all-gather from the simulator, with size controls."""
     from course.ring.halves import half_trace
 
-    numel = 3 * world_size + 1 if numel is None else numel
+    numel = default_numel(world_size) if numel is None else numel
     trace = half_trace(half, world_size, numel, 4)  # type: ignore[arg-type]
     return HalfWidget(trace, half, "reference", simulate=True)
 
 
 def animate_half(
     fn: Callable[..., Any], half: str, world_size: int = 4, numel: int | None = None
-) -> HalfWidget:
-    """Record ``fn`` (your ``reduce_scatter`` or ``all_gather``) on real ranks and animate it."""
+) -> HalfWidget | widgets.HTML:
+    """Record ``fn`` (your ``reduce_scatter`` or ``all_gather``) on real ranks and animate it;
+    a function still left as the released stub is not run, and the widget says so."""
+    from course.checks.teaching import not_implemented
     from course.ring.halves_record import record_half
 
-    numel = 3 * world_size + 1 if numel is None else numel
+    message = not_implemented(fn)
+    if message:
+        return widgets.HTML(
+            f"<p class='ring-report'>Nothing to animate yet: {html.escape(message)}</p>"
+        )
+    numel = default_numel(world_size) if numel is None else numel
     trace = record_half(fn, half, world_size, numel)  # type: ignore[arg-type]
     return HalfWidget(trace, half, f"your {getattr(fn, '__name__', 'function')}")

@@ -101,7 +101,7 @@ def neighbour_violations(trace: Trace, rank: int, direction: int) -> list[Violat
                 Violation(
                     rank,
                     bad.order,
-                    f"rank {rank}, step {bad.order}: {verb} {peer}, expected its ring "
+                    f"rank {rank}, step {bad.order + 1}: {verb} {peer}, expected its ring "
                     f"neighbour rank {want} (in a ring every rank {verb.split()[0]} only "
                     f"{'to' if op == 'send' else 'from'} one neighbour, the same way round "
                     "for every rank)",
@@ -157,7 +157,7 @@ def _payloads(trace: Trace, rank: int, direction: int) -> list[Violation]:
         if m.numel == 0:
             continue
         want = expected_holds(rank, step, n, direction)
-        where = f"rank {rank}, step {step}"
+        where = f"rank {rank}, step {step + 1}"  # steps count from 1 in words
         if m.holds is None or m.holds == 0:
             return [
                 Violation(
@@ -174,7 +174,7 @@ def _payloads(trace: Trace, rank: int, direction: int) -> list[Violation]:
                     rank,
                     step,
                     f"{where}: sent a chunk holding ranks {_ranks(m.holds)} but a {stage} step "
-                    f"{step} chunk should hold {want.bit_count()} ranks ({_ranks(want)})",
+                    f"{step + 1} chunk should hold {want.bit_count()} ranks ({_ranks(want)})",
                 )
             ]
     return []

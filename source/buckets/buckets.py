@@ -51,10 +51,11 @@ from course.ranks import run
 #
 # * a) It reduces per-rank GPU and host memory, since bucketed gradients replace the need to keep
 #   separate per-parameter communication buffers alive.
-# * b) It is mathematically required: per-parameter averaging is not numerically valid without
-#   first grouping tensors.
+# * b) A layer's gradients must be averaged together: averaged one parameter at a time, a
+#   layer's weight and bias would get inconsistent updates.
 # * c) It cuts the per-call overhead, and lets communication overlap with backward.
-# * d) It is meant to make results bit-identical across backends.
+# * d) It makes every all-reduce wait until backward has produced all the gradients, so that
+#   no rank reduces a gradient that is not final yet.
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_buckets_1 = ""  # your answer: one letter, "a" to "d"
@@ -77,9 +78,10 @@ check_answer(
     bytes. And because backward produces gradients layer by layer, from the last layer to the
     first, a bucket that is complete can be reduced while the earlier layers are still being
     differentiated: the timeline shows the first bucket's all-reduce starting well before the
-    last gradient is ready. Per-parameter averaging gives the same numbers, so nothing about it
-    is invalid; buckets cost memory rather than save it (DDP keeps a flat buffer per bucket,
-    as large as the gradients it holds); and bucketing says nothing about other backends.
+    last gradient is ready, so nothing waits for backward to finish. Averaging one parameter
+    at a time gives exactly the same numbers (every element is averaged on its own either
+    way), and buckets cost memory rather than save it (DDP keeps a flat buffer per bucket, as
+    large as the gradients it holds).
     """,
 )
 ### END HIDDEN TESTS
@@ -100,8 +102,12 @@ print(f"same averaged values either way: {timing['same_result']}")
 # **Measure it (2): overlap.** One DDP training step of 8 layers `Linear(512, 512)` on 2 ranks,
 # `bucket_cap_mb=1` (about one layer per bucket). A comm hook records when each bucket's
 # all-reduce starts and finishes; a hook on each parameter records when its gradient is ready.
-# Ticks on the top row: gradients becoming ready during backward. Bars: the buckets'
-# all-reduces. The dashed line: the last gradient ready.
+# Ticks on the top row: gradients becoming ready during backward. One row per bucket, from
+# the moment DDP queued its all-reduce to the moment it was done; the light part is time it
+# spent queued while the bucket before it was still in flight, so the rows are a queue, not
+# all-reduces running side by side. The dashed line: the last gradient ready. The dotted
+# line: `backward()` returning, later than the last gradient because DDP's backward waits
+# for every bucket's all-reduce, then writes the averages into `.grad`.
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_1_timeline", "locked": true, "schema_version": 3, "solution": false, "task": false}
 timeline = run(buckets.overlap_timeline, 2, 1.0)[0]
@@ -274,6 +280,9 @@ def bucketed_allreduce(grads: list[torch.Tensor], bucket_cap_mb: float) -> None:
 
 # %% nbgrader={"grade": false, "grade_id": "bucketed_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 2 --timeout 20
+from course.checks.teaching import say_if_unimplemented
+
+say_if_unimplemented(bucketed_allreduce)  # a note if the cell above is still the empty stub
 grads = [torch.full((100,), rank + 1.0) for _ in range(4)]
 calls = []
 real_all_reduce = dist.all_reduce
@@ -375,6 +384,10 @@ class OverlappingDDP:
 # %%ranks 2 --timeout 20
 import copy
 
+from course.checks.teaching import say_if_unimplemented
+
+say_if_unimplemented(OverlappingDDP)  # a note if the class above is still the empty stub
+
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
 reference = copy.deepcopy(model)
@@ -397,3 +410,18 @@ print(check_overlapping_ddp(OverlappingDDP, world_sizes=(2,)))
 ### BEGIN HIDDEN TESTS
 print(check_overlapping_ddp(OverlappingDDP, world_sizes=(3, 4), bucket_cap_mb=0.02))
 ### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "summary", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## What the measurements showed
+#
+# * **Calls.** Averaging 200 small gradients with one all-reduce each took far longer than
+#   the same bytes in a few bucketed calls, and gave exactly the same values.
+# * **Overlap.** The first bucket's all-reduce was queued while backward was still producing
+#   the earlier layers' gradients; the buckets then ran as a queue, and `backward()` returned
+#   only once DDP had waited for the last of them.
+# * **DDP's buckets.** From the second step on they follow the order backward produces
+#   gradients, last layer first, each up to `bucket_cap_mb`; the first step uses one bucket
+#   for everything, and the default cap starts with a small first bucket.
+# * **Your code**: `bucketed_allreduce` was checked for its averages, its number of calls and
+#   their order; `OverlappingDDP` for DDP's gradients, with every bucket's all-reduce
+#   started during backward.

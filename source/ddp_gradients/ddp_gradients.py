@@ -123,10 +123,13 @@ print(f"local gradient {local.tolist()}   all_reduce(SUM) {summed.tolist()}   "
 # Keeping the same learning rate as the single-GPU run, what is the most likely immediate
 # symptom?
 #
-# * a) No change; PyTorch auto-rescales the optimizer's learning rate.
-# * b) Training becomes bit-deterministic across runs.
-# * c) The loss curve is identical to the single-GPU run.
-# * d) The effective step size is about 4x too large for the learning rate.
+# * a) No visible change: each rank's gradient is already a mean over its own samples, so a
+#   sum of such means behaves like a mean.
+# * b) Each step is about 4x too small: every rank holds only a quarter of the batch, so its
+#   share of the summed gradient is a quarter of the single-GPU gradient.
+# * c) Only rank 0 steps 4x too far; the other ranks keep their local gradients, so the
+#   replicas drift apart.
+# * d) Every rank steps about 4x too far, as if the learning rate were 4x larger.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ddp_2 = ""  # your answer: one letter, "a" to "d"
@@ -148,7 +151,9 @@ check_answer(
     weights 4 times further: the same as running with 4 * lr. Nothing in PyTorch rescales
     the learning rate for you. In the measured run the same lr that converges with DDP's
     default makes the SUM run blow up, while the SUM run at lr / 4 follows the default run's
-    curve step for step. Determinism has nothing to do with it: both runs repeat exactly.
+    curve step for step. A sum of local means is not a mean: with 4 ranks it is 4 times one.
+    The all-reduce leaves the same sum on every rank, so all replicas take the same too-large
+    step and stay identical; nothing is a quarter of the usual size either.
     """,
 )
 ### END HIDDEN TESTS
@@ -183,7 +188,7 @@ curves = {
 }
 for name, losses in curves.items():
     print(f"{name:24} loss at steps 0, 10, 20, 29: " + "  ".join(f"{losses[i]:.3g}" for i in (0, 10, 20, 29)))
-ddp.loss_figure(curves, title="Same learning rate, SUM hook against DDP's default (4 ranks)")
+ddp.loss_figure(curves, title="SUM hook against DDP's default (4 ranks): three curves coincide")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question ddp_3: uneven local batches
@@ -191,15 +196,16 @@ ddp.loss_figure(curves, title="Same learning rate, SUM hook against DDP's defaul
 # *Difficulty 2/3*
 #
 # Rank 0 processes a local batch of 1 sample and rank 1 a local batch of 3 samples in the same
-# DDP step (an uneven split), each with the usual mean loss over its own samples. Measured
-# below: DDP's synced gradient equals the **flat** average of the two ranks' local
-# per-sample-mean gradients (each weighted 1/world_size), not the mean over all 4 samples
-# pooled together. What does this imply?
+# DDP step (an uneven split), each with the usual mean loss over its own samples. Compare
+# DDP's synced `.grad` with the gradient of the mean loss over all 4 samples pooled together.
+# Which is true?
 #
-# * a) Nothing in practice; DDP re-weights by local batch size first.
-# * b) The synced gradient is undefined (NaN) when batch sizes differ.
-# * c) Rank 0's sample is silently dropped from the average.
-# * d) Rank 1's 3 samples are under-weighted against a true pooled mean.
+# * a) They are equal: DDP weights each rank's gradient by its local batch size.
+# * b) `.grad` is the sum of the two local mean gradients, so it is about twice the pooled
+#   mean.
+# * c) `.grad` is rank 1's local mean gradient: the larger batch's gradient wins.
+# * d) `.grad` weighs the two local means equally, so rank 1's 3 samples count for less than
+#   in the pooled mean.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ddp_3 = ""  # your answer: one letter, "a" to "d"
@@ -219,8 +225,9 @@ check_answer(
     The pooled mean over 1 + 3 = 4 samples gives every sample the weight 1/4, so rank 1's
     three samples carry 3/4 of it. DDP averages the two local means with 1/2 each: rank 0's
     single sample gets 1/2 and each of rank 1's samples gets 1/6. Rank 1's samples are
-    under-represented and rank 0's over-represented. Nothing is dropped and nothing is NaN:
-    the measured gradient is finite and lies between the two local means. To get the pooled
+    under-represented and rank 0's over-represented. DDP does not look at batch sizes, and
+    it averages, it does not sum: the measured gradient lies between the two local means,
+    halfway. To get the pooled
     mean, weight each rank's summed loss by world_size / (total number of samples), which
     needs an all-reduce of the sample count: the second exercise below.
     """,
@@ -241,6 +248,7 @@ for r in uneven:
 print(f"local mean, rank 0 (1 sample):   {fmt(uneven[0]['local_means'][0])}")
 print(f"local mean, rank 1 (3 samples):  {fmt(uneven[0]['local_means'][1])}")
 print(f"flat average of the local means: {fmt(uneven[0]['flat_average'])}")
+print(f"sum of the two local means:      {fmt([a + b for a, b in zip(*uneven[0]['local_means'])])}")
 print(f"pooled mean over all 4 samples:  {fmt(uneven[0]['pooled_mean'])}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -333,13 +341,15 @@ def average_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.T
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course.checks.ddp import guard_hook
+from course.checks.hooks import guard_hook
+from course.checks.teaching import say_if_unimplemented
 
 torch.manual_seed(0)
 m = nn.Linear(2, 1, bias=False)
 ddp = DDP(m)
 problems = []  # what DDP would crash on (a hook that returns no Future...), in words
 ddp.register_comm_hook(None, guard_hook(average_hook, problems))
+say_if_unimplemented(average_hook)  # a note if the cell above is still the empty stub
 ddp(torch.full((1, 2), float(rank + 1))).sum().backward()
 print(problems[0] if problems else m.weight.grad.tolist())
 
@@ -392,6 +402,7 @@ def weighted_loss(loss_per_sample: torch.Tensor) -> torch.Tensor:
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from course.checks.teaching import say_if_unimplemented
 from course.experiments.ddp import regression_data
 
 x, y = regression_data(samples=4, features=3, seed=0)
@@ -401,6 +412,7 @@ torch.manual_seed(0)
 nn.init.normal_(model.weight)
 ddp = DDP(model)
 loss_per_sample = ((ddp(x[lo:hi]) - y[lo:hi]) ** 2).mean(dim=1)
+say_if_unimplemented(weighted_loss)  # a note if the cell above is still the empty stub
 loss = weighted_loss(loss_per_sample)
 if isinstance(loss, torch.Tensor):
     loss.backward()
@@ -414,3 +426,17 @@ print(check_weighted_loss(weighted_loss, world_sizes=(2,)))
 ### BEGIN HIDDEN TESTS
 print(check_weighted_loss(weighted_loss, world_sizes=(3, 4)))
 ### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "summary", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## What the measurements showed
+#
+# * **`.grad` after backward** held the same value on every rank, the local gradients'
+#   average (a plain `all_reduce` would have left their sum).
+# * **A SUM hook** made every `.grad` 4 times DDP's on 4 ranks; at the same learning rate the
+#   loss blew up, and at a quarter of it the run matched DDP's default step for step.
+# * **Uneven batches** (1 and 3 samples): `.grad` was the flat average of the two local
+#   means, not the mean over the 4 samples; only a loss that all-reduces the sample count
+#   gives the pooled mean.
+# * **Construction**: right after `DDP(m)` every rank held rank 0's initial weights.
+# * **Your hook and your loss** were checked against DDP's own averaging and against a
+#   single process that sees every sample.

@@ -18,8 +18,8 @@
 # In synchronous data-parallel training every rank computes gradients on its own slice of the
 # batch, and before the optimizer step all ranks must hold the same **sum** (or average) of
 # those gradients. That operation is an **all-reduce**, and the algorithm behind it in gloo,
-# NCCL and Horovod for large tensors is the **ring**: the tensor is cut into N chunks, and for
-# 2(N-1) steps every rank sends one chunk to its right-hand neighbour while it receives one from
+# NCCL and Horovod for large tensors is the **ring**: the tensor is cut into N chunks, and at
+# every step each rank sends one chunk to its right-hand neighbour while it receives one from
 # its left-hand neighbour.
 #
 # In this notebook you will
@@ -67,16 +67,18 @@ print(f"rank {rank} of {world_size} holds {t.item()}")
 # Each rank's tensor is cut into N chunks. The widget colours each chunk by how many ranks'
 # contributions it already holds.
 #
-# * **Reduce-scatter** (steps 1 to N-1): at step s rank r sends the chunk it has been summing to
-#   rank r+1, which adds its own copy and passes it on. After N-1 steps every rank holds *one*
-#   chunk that is fully reduced, a different one on each rank.
-# * **All-gather** (steps N to 2(N-1)): the fully reduced chunks travel round the ring once
-#   more, this time copied, not added, until every rank holds all of them.
+# * **Reduce-scatter**: at each step rank r sends the chunk it has been summing to rank r+1,
+#   which adds its own copy and passes it on, until every rank holds *one* chunk that is fully
+#   reduced, a different one on each rank.
+# * **All-gather**: the fully reduced chunks then travel round the ring, this time copied, not
+#   added, until every rank holds all of them.
 #
-# Press play, or step through; change the world size and watch what stays the same.
+# Press play, or step through; change the world size and watch what stays the same. The
+# arrows are the messages of the step the counter names; the grid shows the chunks once they
+# have landed.
 
 # %% nbgrader={"grade": false, "grade_id": "watch_ring_widget", "locked": true, "schema_version": 3, "solution": false, "task": false}
-widgets.ring_widget(world_size=4)
+widgets.ring_widget(world_size=4, formulas=False)  # the formulas come after the questions
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question ring_1: how many steps?
@@ -87,10 +89,10 @@ widgets.ring_widget(world_size=4)
 # all-gather) does the algorithm run, whatever the size of the tensor? In one step every rank
 # sends one message and receives one.
 #
-# * a) N steps, one per rank.
-# * b) 2(N-1) steps: N-1 of reduce-scatter, then N-1 of all-gather.
-# * c) log2(N) steps, like a tree reduction.
-# * d) 1 step: a single collective call.
+# * a) N steps: one per rank, as each rank's chunk goes once round the ring.
+# * b) 2(N-1) steps: one pass round the ring to sum the chunks, a second to share the sums.
+# * c) log2(N) steps: as in a tree, the number of ranks a partial sum covers doubles each step.
+# * d) N-1 steps: each chunk visits the other N-1 ranks once, and then every rank has the sum.
 #
 # Set `answer_ring_1` to your letter and run the cell below it.
 
@@ -113,7 +115,8 @@ check_answer(
     step each rank passes one partial chunk to its neighbour, which adds its own copy; after
     N-1 steps each rank owns one fully reduced chunk. All-gather: N-1 more steps pass those
     finished chunks round until every rank has all N. That is 2(N-1) steps, whatever the
-    tensor size (the measuring cell counts 2, 4, 6, ... for N = 2, 3, 4, ...). log2(N)
+    tensor size (the measuring cell counts 2, 4, 6, ... for N = 2, 3, 4, ...). N-1 steps is
+    only the reduce-scatter: after it each rank holds one finished chunk, not all N. log2(N)
     steps belongs to tree and recursive-doubling all-reduces, which send the whole tensor at
     every step instead of a 1/N chunk.
     """,
@@ -128,10 +131,10 @@ check_answer(
 # %% nbgrader={"grade": false, "grade_id": "ring_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.ring.reference import ring_allreduce as reference_ring
 
-print(" N | steps measured |  N  | 2(N-1) | ceil(log2 N)")
+print(" N | steps measured |  N  | N-1 | 2(N-1) | ceil(log2 N)")
 for n in (2, 3, 4, 5, 6, 8):
     trace = record(reference_ring, n, numel=1000)
-    print(f"{n:2} | {steps(trace):14} | {n:3} | {2 * (n - 1):6} | {(n - 1).bit_length():12}")
+    print(f"{n:2} | {steps(trace):14} | {n:3} | {n - 1:3} | {2 * (n - 1):6} | {(n - 1).bit_length():12}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question ring_2: how many bytes does each rank send?
@@ -142,10 +145,10 @@ for n in (2, 3, 4, 5, 6, 8):
 # is 800 MB. Roughly how much data does **each** rank send over the network in total during the
 # ring all-reduce, ignoring protocol overhead?
 #
-# * a) 800 MB, since the tensor is forwarded just once per rank.
-# * b) 6400 MB: a full copy sent to each of the 7 other ranks, plus its own.
-# * c) About 1400 MB, since the 2(N-1)/N factor applies here.
-# * d) 100 MB: no chunk is ever re-sent.
+# * a) 800 MB: each rank passes its tensor once, to its neighbour.
+# * b) 5600 MB: each rank sends a full copy to each of the 7 other ranks.
+# * c) About 1400 MB: 14 messages of 100 MB each.
+# * d) About 700 MB: 7 messages of 100 MB each, one per step of the ring.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ring_2 = ""  # your answer: one letter, "a" to "d"
@@ -165,9 +168,10 @@ check_answer(
     Each rank sends one chunk of size S/N per step, for 2(N-1) steps: 2(N-1)/N times S in
     all. With N = 8 that is 14/8 = 1.75 times the tensor, 1.75 x 800 MB = 1400 MB per rank
     (the measuring cell: 14 sends of 1 MB for an 8 MB tensor). Half of it is the
-    reduce-scatter, half the all-gather. Sending a full copy to each of 7 peers would be
-    5600 MB, four times more, and the ring's cost per rank barely grows with N: it tends to
-    2 S, which is why it is called bandwidth-optimal.
+    reduce-scatter, half the all-gather: counting only the reduce-scatter gives 700 MB.
+    Sending a full copy to each of 7 peers would be 5600 MB, four times more, and the ring's
+    cost per rank barely grows with N: it tends to 2 S, which is why it is called
+    bandwidth-optimal.
     """,
 )
 ### END HIDDEN TESTS
@@ -199,10 +203,17 @@ print(
 # ## Why the ring? The alpha-beta cost model
 #
 # A message of n bytes costs about alpha + n * beta: a fixed latency alpha, plus n over the
-# link's bandwidth. The ring pays alpha 2(N-1) times but sends only 2(N-1)/N times the tensor;
-# a tree (recursive doubling) pays alpha only log2 N times but sends the *whole* tensor at every
-# step; the naive exchange sends the whole tensor to every peer. The figure plots the
-# predictions: for small messages latency wins, for gradients (megabytes) bandwidth does.
+# link's bandwidth. The figure compares four ways to all-reduce:
+#
+# * the **ring** pays alpha 2(N-1) times but sends only 2(N-1)/N times the tensor;
+# * **recursive doubling** (a tree) pays alpha only log2 N times but sends the *whole* tensor
+#   at every step;
+# * the **naive** exchange sends the whole tensor to every peer;
+# * a **parameter server** is one extra machine: every rank pushes its whole tensor to it and
+#   pulls the sum back, so the server's one link carries N tensors each way (Li et al., 2014,
+#   the design of early large-scale training before all-reduce took over).
+#
+# For small messages latency wins, for gradients (megabytes) bandwidth does.
 
 # %% nbgrader={"grade": false, "grade_id": "cost_model_figure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 cost.cost_figure(world_size=8)
@@ -337,6 +348,9 @@ def ring_allreduce(tensor: torch.Tensor) -> None:
 
 # %% nbgrader={"grade": false, "grade_id": "try_it", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 3 --timeout 20
+from course.checks.teaching import say_if_unimplemented
+
+say_if_unimplemented(ring_allreduce)  # a note if the cell above is still the empty stub
 t = torch.full((7,), rank + 1.0)
 ring_allreduce(t)
 print(t.tolist())
@@ -376,10 +390,24 @@ print(check_ring_pattern(ring_allreduce))
 #
 # Bus bandwidth, as nccl-tests reports it: size x 2(N-1)/N / time, the rate at which each
 # rank's link moves data. Yours against gloo's own `dist.all_reduce` on the same ranks. On one
-# machine the "network" is shared memory and the 2 CPU cores do the adding, so expect a few
-# GB/s, not a datacenter's.
+# machine gloo's ranks still talk over TCP, through the loopback interface, and the CPU cores
+# do the copying and the adding, so expect roughly 0.25 to 1.5 GB/s, not a datacenter's
+# tens of GB/s.
 
 # %% nbgrader={"grade": false, "grade_id": "benchmark", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.ring.bandwidth import compare_busbw
 
 rows = compare_busbw(ring_allreduce, world_size=2, megabytes=(1, 16))
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "summary", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## What the measurements showed
+#
+# * **Steps.** The recorded ring took 2, 4, 6, 8, 10 and 14 steps on 2, 3, 4, 5, 6 and 8
+#   ranks: two passes of N-1 steps, whatever the tensor size.
+# * **Bytes.** Each of 8 ranks sent 14 chunks of 1/8 of the tensor, 1.75 times its size;
+#   more ranks would push that towards twice the size, never more.
+# * **Blocking order.** With blocking calls and every rank sending first, every rank waited
+#   in `dist.send` until the deadline, on 2 ranks and on 3; ordering by rank parity, or
+#   `isend` before `recv`, finished at once.
+# * **Your ring** has been checked for its sums and for its pattern (neighbours only, 2(N-1)
+#   messages, 2(N-1)/N of the tensor), and timed against gloo's own all-reduce.

@@ -53,7 +53,15 @@ QUIET_SETTINGS = {
     },
 }
 
-__all__ = ["Lab", "artifact", "open_notebook", "run_all", "wait_for_idle", "write_notebook"]
+__all__ = [
+    "Lab",
+    "artifact",
+    "open_notebook",
+    "run_all",
+    "running_lab",
+    "wait_for_idle",
+    "write_notebook",
+]
 
 
 @dataclass(frozen=True)
@@ -166,12 +174,11 @@ def _need_chromium() -> None:
         )
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    """JupyterLab on a free port, serving a temp folder, with a random token."""
+@contextlib.contextmanager
+def running_lab(root: Path, home: Path, cwd: Path | None = None) -> Iterator[Lab]:
+    """JupyterLab on a free port serving ``root``, with a random token, started in ``cwd``
+    (where jupyter looks for an ``nbgrader_config.py``); stopped with everything it started."""
     _need_chromium()
-    root = tmp_path_factory.mktemp("lab-root")
-    home = tmp_path_factory.mktemp("lab-home")
     _quiet_settings(home / "settings")
     port, token = _free_port(), secrets.token_hex(16)
     env = {
@@ -190,7 +197,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
                 "--ServerApp.port_retries=0",
                 *(["--allow-root"] if os.geteuid() == 0 else []),
             ],
-            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root,
+            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd or root,
         )  # fmt: skip
     running = Lab(f"http://127.0.0.1:{port}/", token, root)
     try:
@@ -198,6 +205,14 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         yield running
     finally:
         _stop(running, proc)
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """JupyterLab on a free port, serving a temp folder, with a random token."""
+    root = tmp_path_factory.mktemp("lab-root")
+    with running_lab(root, tmp_path_factory.mktemp("lab-home")) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")
@@ -249,8 +264,9 @@ def run_notebook(lab: Lab, page: object):
 
 
 def open_notebook(page: object, lab: Lab, path: str, timeout_s: float = 60.0) -> None:
-    """Open ``path`` (relative to the lab's root) and wait until its kernel is up and idle."""
-    page.goto(lab.url(f"lab/tree/{path}"))
+    """Open ``path`` (relative to the lab's root) in a workspace of its own (no tab left over
+    from another test takes the clicks), and wait until its kernel is up and idle."""
+    page.goto(lab.url(f"lab/workspaces/{Path(path).stem}/tree/{path}"))
     page.wait_for_selector(".jp-Notebook .jp-Cell", state="attached")
     deadline = time.monotonic() + timeout_s
     while not _kernel_idle(lab, path):  # the page says "idle" before the kernel even starts

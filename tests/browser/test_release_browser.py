@@ -44,9 +44,14 @@ def test_release_run_all_stops_at_the_first_unanswered_item(lab, page, artifact)
     _widget_rendered(page)
     first = page.locator(STDERR).first.text_content()
     assert "answer_ring_1 is still empty" in first, first[:500]
+    # The teaching line first, and nothing of the checker's own source or frames.
+    assert first.lstrip().startswith("Check failed: answer_ring_1 is still empty"), first[:500]
+    for leak in ("Traceback", "File ", "raise ", "def ", "normalise_answer"):
+        assert leak not in first, first[:800]
     page.locator(STDERR).first.scroll_into_view_if_needed()
     page.wait_for_timeout(1000)  # let JupyterLab render the cells scrolled into view
     page.screenshot(path=artifact("release-run-all.png"), full_page=False)
+    page.locator(STDERR).first.screenshot(path=artifact("check-failed.png"))
 
 
 def test_a_finished_notebook_runs_all_cells_in_the_browser(lab, page, artifact):

@@ -23,7 +23,7 @@ import dataclasses
 from course.ring.schedule import ring_trace
 from course.pictures.widgets import show_trace
 ref = ring_trace(4, 13)
-# rank 1 sends its step-1 chunk to rank 3 instead of its neighbour rank 2
+# rank 1 sends its step-2 chunk to rank 3 instead of its neighbour rank 2
 bad = dataclasses.replace(ref, messages=tuple(
     dataclasses.replace(m, peer=3) if (m.rank, m.op, m.order) == (1, "send", 1) else m
     for m in ref.messages))
@@ -44,16 +44,16 @@ def test_widget_draws_plays_and_reports(run_notebook, artifact) -> None:
     page.wait_for_function(
         "document.querySelectorAll('.js-plotly-plot .heatmaplayer').length >= 3", timeout=60_000
     )
-    assert _step_text(page, 0).startswith("steps done: 0 / 6")
-    assert _step_text(page, 1).startswith("steps done: 3 / 14")
+    assert _step_text(page, 0).startswith("step 0 / 6")
+    assert _step_text(page, 1).startswith("step 3 / 14")
 
     first = page.locator(".jp-OutputArea-output").nth(0)
     first.locator(".widget-play button").first.click()  # the play button of the Play widget
     page.wait_for_function(
-        "() => /steps done: [2-6] \\/ 6/.test(document.querySelector('.ring-step').textContent)",
+        "() => /step [2-6] \\/ 6/.test(document.querySelector('.ring-step').textContent)",
         timeout=15_000,
     )
-    assert re.match(r"steps done: [2-6] / 6", _step_text(page, 0))
+    assert re.match(r"step [2-6] / 6", _step_text(page, 0))
     first.screenshot(path=artifact("widget-n4-playing.png"))
     page.locator(".jp-OutputArea-output").nth(1).screenshot(path=artifact("widget-n8-step3.png"))
 
@@ -87,13 +87,50 @@ def test_exported_figure_plays_offline(browser, artifact, tmp_path) -> None:
     page.goto(page_path.as_uri())
     title = page.locator(".gtitle")
     title.wait_for()
-    assert "steps done: 0 / 14" in title.text_content()
+    assert "step 0 / 14" in title.text_content()
     page.get_by_text("Play", exact=True).click()
     page.wait_for_function(
-        "() => /steps done: ([3-9]|1[0-4]) \\/ 14/"
-        ".test(document.querySelector('.gtitle').textContent)",
+        "() => /step ([3-9]|1[0-4]) \\/ 14/.test(document.querySelector('.gtitle').textContent)",
         timeout=15_000,
     )
     page.get_by_text("Pause", exact=True).click()
     page.locator(".js-plotly-plot").screenshot(path=artifact("static-n8-playing.png"))
     context.close()
+
+
+LARGE = """\
+from course.pictures.widgets import ring_widget
+w16 = ring_widget(world_size=16)
+w16.slider.value = 9
+w16"""
+LARGEST = """\
+w32 = ring_widget(world_size=32)
+w32.slider.value = 40
+w32"""
+DEADLOCK = """\
+from course.pictures.widgets import show_trace
+from course.ring.trace import Message, Trace
+n = 16
+posted = tuple(Message(r, (r - 1) % n, "recv", 0, 3, 24, None, None) for r in range(n))
+blocked = {r: f"deadlocked in dist.recv at ring.py line 5" for r in range(n)}
+show_trace(Trace(n, 3 * n + 1, 8, posted, (), tuple(range(n)), blocked), "your ring_allreduce")"""
+
+
+def test_widget_is_legible_at_16_and_32_ranks_and_shows_a_deadlock(run_notebook, artifact):
+    """At N = 16 and 32, and for a run where every rank blocks in its first receive, is there
+    one title, one step counter matching the arrows, and one deviation line with a count?"""
+    page = run_notebook("ring_sizes.ipynb", [LARGE, LARGEST, DEADLOCK])
+    page.wait_for_function(  # three 32 x 32 grids take a while on a busy machine
+        "document.querySelectorAll('.js-plotly-plot .heatmaplayer').length >= 3", timeout=120_000
+    )
+    assert _step_text(page, 0).startswith("step 9 / 30 - reduce-scatter")
+    assert _step_text(page, 1).startswith("step 40 / 62 - all-gather")
+    outputs = page.locator(".jp-OutputArea-output")
+    assert outputs.nth(0).locator(".gtitle").count() == 0  # the status line is the only title
+    report = page.locator(".ring-report").nth(2).inner_text()
+    assert report.count("never finished") == 1 and "the same on 15 more ranks: 1-15" in report
+    assert "made 1 receives" not in report
+    dashed = page.locator(".js-plotly-plot").nth(2).locator("path.js-line[style*='dasharray']")
+    assert dashed.count() >= 1  # the blocked receives, drawn dashed
+    for i, name in enumerate(("widget-n16.png", "widget-n32.png", "widget-deadlock.png")):
+        outputs.nth(i).screenshot(path=artifact(name))

@@ -25,6 +25,11 @@ def list_hook(state, bucket):
     return dist.all_reduce(bucket.buffer().div_(dist.get_world_size()), async_op=True).get_future()
 
 
+def list_divide_hook(state, bucket):
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value() / dist.get_world_size())
+
+
 def stub_hook(state, bucket):
     """The released stub: a docstring and nothing else."""
 
@@ -80,7 +85,8 @@ def test_reference_hook_passes(by_value, no_leftovers) -> None:
     [
         (sum_hook, "world_size (2) times too large"),
         (list_hook, "list of tensors"),
-        (stub_hook, "returned NoneType, not a torch.futures.Future"),
+        (list_divide_hook, "take fut.value()[0] before dividing"),
+        (stub_hook, "stub_hook is not implemented yet"),
         (local_hook, "own local gradient, not synced"),
         (crashing_hook, "student bug on rank 1"),
     ],

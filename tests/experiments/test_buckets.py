@@ -58,4 +58,21 @@ def test_overlap_timeline_starts_communication_during_backward(run_ranks) -> Non
     assert tl["buckets"][0]["start"] < last_ready
     assert all(b["done"] >= b["start"] for b in tl["buckets"])
     fig = buckets.timeline_figure(tl)
-    assert len(fig.data) == 1 + len(tl["buckets"])
+    solid = [d for d in fig.data if "queued" not in d.name]
+    assert len(solid) == 1 + len(tl["buckets"])  # the ticks, then one row per bucket
+
+
+def test_timeline_shows_buckets_as_a_queue() -> None:
+    """Is a bucket queued while the previous one is in flight drawn light up to the moment
+    that one finished, and solid from there (not as if both ran side by side)?"""
+    log = [
+        {"bucket": 0, "nbytes": MB, "params": [3], "start": 0.001, "done": 0.005},
+        {"bucket": 1, "nbytes": MB, "params": [2], "start": 0.002, "done": 0.008},
+    ]
+    first, queued, second = buckets._bucket_segments(log)  # noqa: SLF001 - the timeline's parts
+    assert first["base"] == [1.0] and first["x"] == pytest.approx([4.0])
+    assert "queued" in queued["name"] and queued["x"] == pytest.approx([3.0])
+    assert second["base"] == pytest.approx([5.0]) and second["x"] == pytest.approx([3.0])
+    tl = {"grad_ready": [(0, 0.004)], "buckets": log, "backward_returned": 0.009}
+    shapes = buckets.timeline_figure(tl).layout.shapes
+    assert [s.x0 for s in shapes] == pytest.approx([4.0, 9.0])  # last ready, backward returned

@@ -66,3 +66,4 @@ def test_loss_figure_has_one_trace_per_run() -> None:
     """Does the loss figure draw each run as one line on a log axis?"""
     fig = ddp.loss_figure({"a": [1.0, 0.5], "b": [1.0, 2.0]})
     assert [t.name for t in fig.data] == ["a", "b"] and fig.layout.yaxis.type == "log"
+    assert fig.data[0].line.dash != fig.data[1].line.dash  # curves that coincide stay visible

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from course.pictures.figures import BAD, BAD_ARROWS, GRID, RANKS
+from course.pictures.figures import BAD, BAD_ARROWS, FORMULA, GRID, RANKS, WAITING
 from course.pictures.widgets import RingWidget, animate, ring_widget, show_trace
 from course.ring.schedule import ring_trace
 
@@ -24,8 +24,8 @@ def test_step_buttons_move_the_picture() -> None:
     for _ in range(3):
         w.forward.click()
     assert w.slider.value == 3
-    assert "steps done: 3 / 6" in w.figure.layout.title.text
-    assert "steps done: 3 / 6" in w.status.value and "reduce-scatter" in w.status.value
+    assert not w.figure.layout.title.text  # one title: the status line's
+    assert "step 3 / 6 - reduce-scatter" in w.status.value and "N = 4" in w.status.value
     assert (_z(w) == 4).sum(axis=1).tolist() == [1, 1, 1, 1]  # reduce-scatter is done
     for _ in range(10):
         w.forward.click()
@@ -50,6 +50,7 @@ def test_world_size_control_rebuilds_from_the_simulator() -> None:
     w.slider.value = 5
     w.world_size.value = 7
     assert _z(w).shape == (7, 7) and w.slider.max == 12 and w.slider.value == 0
+    assert w.numel.value == 22 and not np.isnan(_z(w)).any()  # numel follows N: no empty chunk
     assert w.figure in w.children
     w.numel.value = 3  # fewer elements than ranks: four empty chunks
     assert np.isnan(_z(w)).sum() == 7 * 4
@@ -109,7 +110,30 @@ def test_animate_records_a_real_run() -> None:
 @pytest.mark.ranks
 def test_animate_a_deadlock_says_who_was_blocked() -> None:
     """Does a deadlocked run animate what little it did and say every rank never finished?"""
-    w = animate(_recv_first, world_size=2, numel=4, timeout=3.0)
+    w = animate(_recv_first, world_size=2, numel=4, timeout=6.0)
     assert w.slider.max == 0
-    assert w.report.value.count("never finished") == 2
+    assert w.report.value.count("never finished") == 1  # one line, with a count
+    assert "the same on 1 more rank: 1" in w.report.value and " made " not in w.report.value
     assert all(c == BAD for c in w.figure.data[RANKS].marker.color)
+    assert len(w.figure.data[WAITING].x) == 6  # both blocked receives, drawn dashed
+
+
+def test_animate_a_stub_says_it_is_not_implemented() -> None:
+    """Does animating the released stub say so, without starting any rank?"""
+
+    def ring_allreduce(tensor) -> None:
+        """Sum ``tensor`` in place across all ranks, with point-to-point calls only."""
+        # YOUR CODE HERE
+
+    shown = animate(ring_allreduce)
+    assert "ring_allreduce is not implemented yet" in shown.value
+
+
+def test_before_the_questions_the_widget_states_no_formula() -> None:
+    """With formulas=False, does the widget leave out 2(N-1) and 2(N-1)/N, which ring_1 and
+    ring_2 ask for, while still counting steps and bytes as they happen?"""
+    w = ring_widget(world_size=4, formulas=False)
+    w.slider.value = 2
+    assert "step 2 - reduce-scatter" in w.status.value and "/ 6" not in w.status.value
+    assert "2(N-1)" not in w.status.value
+    assert w.figure.data[FORMULA].visible is False

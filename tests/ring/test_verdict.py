@@ -68,7 +68,7 @@ def test_send_to_a_non_neighbour_is_named() -> None:
     """Is a send that skips a neighbour reported with its rank, step and the right peer?"""
     trace = _replace(ring_trace(4, 8, 8), rank=2, op="send", order=3, peer=0)
     texts = [v.text for v in ring_violations(trace)]
-    assert "rank 2, step 3: sent to rank 0, expected its ring neighbour rank 3" in texts[0]
+    assert "rank 2, step 4: sent to rank 0, expected its ring neighbour rank 3" in texts[0]
 
 
 def test_wrong_holds_is_named_with_the_expected_count() -> None:

@@ -1,0 +1,74 @@
+"""An instructor in formgrader: are the assignments listed, the exchange ready, and an
+autograded submission open for manual grading?"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from course.instructor import pipeline
+from course.instructor.pipeline import load_specs
+
+pytestmark = [pytest.mark.browser, pytest.mark.nbgrader, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+TOY = REPO / "tests" / "fixtures" / "toy_course"
+
+
+def _running_lab():
+    """``running_lab`` from tests/browser/conftest.py (two conftest modules share a name)."""
+    name = "course_browser_conftest"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("conftest.py"))
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name].running_lab
+
+
+@pytest.fixture(scope="module")
+def graded_course(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A course (the toy fixture) released, with ada's submission autograded by nbgrader."""
+    root = pipeline.prepare_course(tmp_path_factory.mktemp("formgrader") / "course", TOY / "source")
+    pipeline.release(root)
+    ada = [s for s in load_specs(TOY / "submissions") if s.student == "ada"]
+    pipeline.submit(root, ada)
+    before = os.environ.get("COURSE_RECHECK")
+    os.environ["COURSE_RECHECK"] = "0"  # the grades are not what this test is about
+    try:
+        pipeline.autograde(root, "toy")
+    finally:
+        if before is None:
+            os.environ.pop("COURSE_RECHECK", None)
+        else:
+            os.environ["COURSE_RECHECK"] = before
+    assert (root / "autograded" / "ada" / "toy" / "toy.ipynb").exists()
+    return root
+
+
+def test_formgrader_lists_assignments_and_opens_a_submission(
+    graded_course, browser, tmp_path, artifact
+) -> None:
+    """As an instructor: no exchange warning, the assignment listed with Release available,
+    and ada's autograded notebook open for manual grading with its scores."""
+    with _running_lab()(graded_course, tmp_path / "home", cwd=graded_course) as lab:
+        context = browser.new_context(viewport={"width": 1280, "height": 1000})
+        context.set_default_timeout(30_000)
+        page = context.new_page()
+        page.goto(lab.url("formgrader/manage_assignments"))
+        page.wait_for_selector("text=toy")
+        assert page.locator("#warning-exchange").count() == 0
+        assert (graded_course / "exchange").is_dir()  # course-local, made without root
+        page.screenshot(path=artifact("formgrader-assignments.png"))
+
+        page.goto(lab.url("formgrader/gradebook/toy/toy"))
+        page.locator("a[href*='/formgrader/submissions/']").first.click()
+        page.wait_for_selector(".nbgrader_cell, .panel", timeout=30_000)
+        page.wait_for_selector("input.score", timeout=30_000)
+        assert page.locator("input.score").count() >= 1
+        assert "toy" in page.title() or "toy" in page.content()
+        page.screenshot(path=artifact("formgrader-manual-grading.png"), full_page=False)
+        context.close()

@@ -1,0 +1,120 @@
+"""The student view: everything a student needs, nothing an instructor keeps, and it runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course.instructor.selfstudy import quiz_items
+from course.instructor.studentview import LEFT_OUT, export
+
+REPO = Path(__file__).resolve().parents[2]
+KEY_ARGUMENT = re.compile(r"""\bkey\s*=\s*["'][a-z]["']""")
+
+
+@pytest.fixture(scope="module")
+def view(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dest = tmp_path_factory.mktemp("studentview") / "dp-course"
+    export(dest, "someone/dp-course")
+    return dest
+
+
+def _explanation_sentences() -> list[str]:
+    sentences = []
+    for path in sorted((REPO / "source").glob("*/*.ipynb")):
+        for item in quiz_items(nbformat.read(path, as_version=4)):
+            flat = " ".join(item.explanation.split())
+            sentences += [s for s in re.split(r"(?<=[.:;!?])\s+", flat) if len(s) >= 30]
+    return sentences
+
+
+def test_the_view_has_what_students_need_and_no_source_or_keys(view: Path) -> None:
+    """Release notebooks, the package without the instructor's tools, the environment, a
+    postBuild and a README with a Binder badge; no source/, no key, no explanation?"""
+    assert sorted(p.name for p in (view / "release").iterdir()) == sorted(
+        p.name for p in (REPO / "release").iterdir()
+    )
+    assert (view / "environment.yml").exists() and (view / "pyproject.toml").exists()
+    assert not (view / "source").exists() and not (view / "autograde").exists()
+    assert all(not (view / rel).exists() for rel in LEFT_OUT)
+    assert (view / "course" / "checks" / "teaching.py").exists()
+    assert os.access(view / "postBuild", os.X_OK)
+    readme = (view / "README.md").read_text()
+    assert (
+        "(https://mybinder.org/v2/gh/someone/dp-course/HEAD"
+        "?urlpath=lab/tree/work/ring_allreduce/ring_allreduce.ipynb)" in readme
+    )
+    text = {p: p.read_text(errors="replace") for p in view.rglob("*") if p.is_file()}
+    assert not [p for p, t in text.items() if KEY_ARGUMENT.search(t)]
+    flat = {p: " ".join(t.split()) for p, t in text.items()}
+    leaks = [s for s in _explanation_sentences() if any(s in t for t in flat.values())]
+    assert not leaks, leaks[:3]
+    assert set(json.loads((view / "selfstudy.json").read_text())) == {
+        p.name for p in (REPO / "release").iterdir()
+    }
+
+
+def _fresh_venv(tmp_path: Path) -> Path:
+    """A new venv whose only course is the view's; torch and the rest come from this venv."""
+    fresh = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", fresh], check=True)
+    purelib = sysconfig.get_paths(vars={"base": str(fresh), "platbase": str(fresh)})["purelib"]
+    here = sysconfig.get_paths()["purelib"]  # this venv's packages, but not its editable course
+    Path(purelib).mkdir(parents=True, exist_ok=True)
+    (Path(purelib) / "dependencies.pth").write_text(here + "\n")
+    return fresh
+
+
+TRIED = ("setup", "meet_ranks_run", "watch_ring_widget", "ring_1_answer", "ring_1_check")
+TRIED += ("ring_allreduce", "try_it")
+
+
+@pytest.mark.slow
+@pytest.mark.ranks
+def test_the_view_installs_in_a_fresh_venv_and_its_notebook_runs(view: Path, tmp_path) -> None:
+    """Installed from the view alone, does postBuild build self-study work copies, and does
+    the ring notebook run: ranks, the widget, sealed feedback, the stub's note?"""
+    fresh = _fresh_venv(tmp_path)
+    python = fresh / "bin" / "python"
+    env = {**os.environ, "PATH": f"{fresh / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", view],
+        check=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    where = subprocess.run(
+        [python, "-c", "import course; print(course.__file__)"],
+        check=True, env=env, cwd=tmp_path, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    assert where.startswith(str(fresh)), where
+    subprocess.run(["bash", "postBuild"], check=True, env=env, cwd=view)
+    notebook = view / "work" / "ring_allreduce" / "ring_allreduce.ipynb"
+    nb = nbformat.read(notebook, as_version=4)
+    release = nbformat.read(view / "release" / "ring_allreduce" / "ring_allreduce.ipynb", 4)
+    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in release.cells]
+    nb.cells = [c for c, gid in zip(nb.cells, ids, strict=True) if gid in TRIED]
+    assert len(nb.cells) == len(TRIED)
+    trimmed = tmp_path / "trimmed.ipynb"
+    nbformat.write(nb, trimmed)
+    runner = (
+        "import sys, nbformat\n"
+        "from nbclient import NotebookClient\n"
+        "nb = nbformat.read(sys.argv[1], as_version=4)\n"
+        "NotebookClient(nb, timeout=120, kernel_name='python3', allow_errors=True).execute()\n"
+        "nbformat.write(nb, sys.argv[1])\n"
+    )
+    subprocess.run([python, "-c", runner, trimmed], check=True, env=env, cwd=view, timeout=300)
+    outputs = [o for c in nbformat.read(trimmed, as_version=4).cells for o in c.outputs]
+    errors = [o for o in outputs if o.output_type == "error"]
+    assert not errors, [f"{o.ename}: {o.evalue}" for o in errors]
+    text = "\n".join(o.get("text", "") for o in outputs)
+    assert "holds 10.0" in text  # four real ranks summed
+    assert "No feedback yet" in text  # the sealed self-study check of ring_1
+    assert "ring_allreduce is not implemented yet" in text  # the stub says so
