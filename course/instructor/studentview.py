@@ -122,7 +122,8 @@ notebooks in `work/` are yours: save your answers there.
 **On your machine** (Python 3.11):
 
 ```sh
-python -m venv .venv && .venv/bin/pip install -e .
+python -m venv .venv     # the CPU build of torch: the default one brings GBs of CUDA
+.venv/bin/pip install --extra-index-url https://download.pytorch.org/whl/cpu -e .
 .venv/bin/{build}
 .venv/bin/jupyter lab work      # open {first}/{first}.ipynb first
 ```
