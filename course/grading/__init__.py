@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from course.grading.answers import check_answer
 from course.grading.buckets import check_bucketed_allreduce, check_overlapping_ddp
+from course.grading.compression import check_error_feedback_hook
 from course.grading.ddp import check_average_hook, check_weighted_loss
 from course.grading.halves import check_all_gather, check_halves_pattern, check_reduce_scatter
 from course.grading.ring import check_ring_allreduce, check_ring_pattern, check_ring_sums
@@ -18,6 +19,7 @@ __all__ = [
     "check_answer",
     "check_average_hook",
     "check_bucketed_allreduce",
+    "check_error_feedback_hook",
     "check_halves_pattern",
     "check_overlapping_ddp",
     "check_reduce_scatter",
