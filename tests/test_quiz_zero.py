@@ -1,7 +1,7 @@
 """Do the measurements support each keyed answer of the zero quiz, and no other?
 
 Keys are read from the source notebook's hidden checks. The sharded code measured is the
-model solution, kept in tests/grading/halves_impls.py (the package holds none).
+model solution, kept in tests/checks/halves_impls.py (the package holds none).
 """
 
 from __future__ import annotations

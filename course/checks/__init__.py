@@ -13,6 +13,7 @@ from course.checks.accumulation import (
 )
 from course.checks.answers import check_answer
 from course.checks.buckets import check_bucketed_allreduce, check_overlapping_ddp
+from course.checks.compression import check_error_feedback_hook
 from course.checks.ddp import check_average_hook, check_weighted_loss
 from course.checks.halves import check_all_gather, check_halves_pattern, check_reduce_scatter
 from course.checks.ring import check_ring_allreduce, check_ring_pattern, check_ring_sums
@@ -26,6 +27,7 @@ __all__ = [
     "check_answer",
     "check_average_hook",
     "check_bucketed_allreduce",
+    "check_error_feedback_hook",
     "check_halves_pattern",
     "check_overlapping_ddp",
     "check_reduce_scatter",

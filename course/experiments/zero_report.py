@@ -19,6 +19,7 @@ __all__ = [
     "grading",
     "memory_figure",
     "memory_points",
+    "report_ef_training",
     "report_equivalence",
     "report_fp16",
     "report_memory",
@@ -86,6 +87,17 @@ def report_fp16(values: Sequence[float]) -> None:
     grads = run(compression.fp16_hook_grads, 2, list(values), timeout=TIMEOUT)[0]
     for name, got in grads.items():
         print(f"{name:9}: {got}")
+
+
+def report_ef_training(hook: Any, scale: float = 1e-8) -> None:
+    """Weights after 200 SGD steps with gradients of ``scale``: fp32, plain fp16, ``hook``."""
+    from course.checks.compression import runs
+
+    if grading():
+        return
+    weights = run(runs, 2, hook, scale, timeout=TIMEOUT)[0]
+    for name, w in weights.items():
+        print(f"{name:5}: first weights {[f'{v:.3g}' for v in w[:4].tolist()]}")
 
 
 def report_powersgd(ranks: Sequence[int] = (1, 4, 16), start_iter: int = 2) -> None:

@@ -53,6 +53,7 @@ from course.experiments import zero_report
 from course.checks import (
     check_all_gather,
     check_answer,
+    check_error_feedback_hook,
     check_halves_pattern,
     check_reduce_scatter,
     check_zero_matches_ddp,
@@ -592,6 +593,54 @@ check_answer(
 
 # %% nbgrader={"grade": false, "grade_id": "zero_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 zero_report.report_fp16([7e4, 1e-8, 1e-6, 1.0])
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_3_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Exercise 3 (optional): error feedback
+#
+# Plain fp16 compression loses every gradient element below float16's smallest subnormal,
+# about 6e-8, at every step: if the gradients stay that small, the weights never move.
+# **Error feedback** (Seide et al. 2014; Karimireddy et al. 2019) keeps what compression
+# dropped and adds it to the next step's gradient before compressing: small gradients
+# accumulate until they are large enough to send.
+#
+# Write `ef_fp16_hook(state, bucket)`, a DDP comm hook: `state` is a dict (empty at first) where
+# you keep each bucket's residual under `bucket.index()`. Add the residual to
+# `bucket.buffer()`, cast to float16, keep the new residual (the corrected gradient minus the
+# float16 value cast back), all-reduce the float16 tensor with `async_op=True`, and return a
+# future whose value is the **average** over ranks, as float32 (write it into the buffer and
+# return the buffer). Graded (3 points) on 2 ranks: 200 SGD steps with gradients of about
+# 1e-8 must end within 5% of fp32 training, where `fp16_compress_hook` does not move at all.
+
+# %% nbgrader={"grade": false, "grade_id": "ef_fp16_hook", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def ef_fp16_hook(state: dict, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """fp16 compression with error feedback: the residual joins the next step's gradient."""
+    ### BEGIN SOLUTION
+    buffer = bucket.buffer()
+    corrected = buffer + state.get(bucket.index(), 0)
+    compressed = corrected.to(torch.float16)
+    state[bucket.index()] = corrected - compressed.to(buffer.dtype)
+    future = dist.all_reduce(compressed, async_op=True).get_future()
+
+    def average(fut: torch.futures.Future) -> torch.Tensor:
+        buffer.copy_(fut.value()[0].to(buffer.dtype).div_(dist.get_world_size()))
+        return buffer
+
+    return future.then(average)
+    ### END SOLUTION
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "try_ef_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Try it**: the first weights after 200 steps, without compression, with plain fp16 and with
+# your hook.
+
+# %% nbgrader={"grade": false, "grade_id": "try_ef", "locked": true, "schema_version": 3, "solution": false, "task": false}
+zero_report.report_ef_training(ef_fp16_hook)
+
+# %% nbgrader={"grade": true, "grade_id": "ef_fp16_hook_trains", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+# Within 5% of fp32 training where plain fp16 compression loses every gradient.
+### BEGIN HIDDEN TESTS
+print(check_error_feedback_hook(ef_fp16_hook))
+### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_7_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_7: PowerSGD's rank, and its first steps

@@ -56,9 +56,13 @@ def test_release_animates_the_halves_and_stops_at_the_first_item(lab, page, arti
     assert len(steps) == 2 and all("/ 3" in s for s in steps), steps
     first = page.locator(STDERR).first.text_content()
     assert "answer_zero_1 is still empty" in first, first[:500]
-    widget = page.locator(".js-plotly-plot").first
-    widget.scroll_into_view_if_needed()
-    page.wait_for_timeout(1500)
+    forward = page.locator("button[title='one step forward']").first
+    forward.scroll_into_view_if_needed()
+    forward.click()
+    forward.click()
+    page.wait_for_selector(".ring-step:has-text('steps done: 2 / 3')", timeout=15_000)
+    page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()
+    page.wait_for_timeout(1500)  # let plotly restyle the grid
     page.screenshot(path=artifact("zero-reduce-scatter.png"), full_page=False)
 
 
@@ -73,3 +77,7 @@ def test_a_finished_zero_notebook_runs_all_cells(lab, page, artifact):
     assert not tracebacks, tracebacks[0][:800]
     assert page.locator(".ring-step").count() == 4  # two reference halves, then yours
     page.screenshot(path=artifact("zero-finished.png"), full_page=False)
+    figure = page.locator(".js-plotly-plot", has_text="Bytes per rank")
+    figure.scroll_into_view_if_needed()
+    page.wait_for_timeout(1000)
+    page.screenshot(path=artifact("zero-memory-figure.png"), full_page=False)

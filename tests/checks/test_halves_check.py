@@ -96,3 +96,13 @@ def test_animate_half_shows_your_run_and_its_deviations() -> None:
     assert animate_half(CELL["all_gather"], "all-gather", 3).view.deviations == []
     naive = animate_half(CELL["ag_naive"], "all-gather", 3)
     assert any("neighbour" in v.text for v in naive.view.deviations)
+
+
+def test_error_feedback_hook_check() -> None:
+    """Does the error-feedback hook pass, and plain fp16 compression fail, saying what to keep?"""
+    from course.checks import check_error_feedback_hook
+
+    assert "within 5%" in check_error_feedback_hook(CELL["ef_fp16_hook"])
+    with pytest.raises(AssertionError) as failure:
+        check_error_feedback_hook(CELL["fp16_no_feedback"])
+    assert "keep the error" in str(failure.value)

@@ -213,3 +213,33 @@ def test_a_hanging_uneven_loop_costs_one_gloo_timeout(tmp_path):
     assert list(errors) == ["train_uneven_finishes"], errors
     assert "did not finish" in errors["train_uneven_finishes"]
     assert "Agree each step" in errors["train_uneven_finishes"]
+
+
+def test_the_zero_samples_cover_the_failure_kinds():
+    """Do the zero samples include right, wrong answers, a wrong reduce_scatter, full state?"""
+    subs = {s.student: s for s in load_specs() if s.assignment == "zero"}
+    assert len(subs) >= 3
+    assert any(s.answers == {"*": "wrong"} for s in subs.values())
+    texts = [" ".join(s.cells.values()) for s in subs.values() if isinstance(s.cells, dict)]
+    assert any("chunks[(rank + 1) % n].clone()" in t for t in texts)  # the unshifted ring
+    assert any("optimizer_class(self.params" in t for t in texts)  # Adam state for everything
+
+
+@pytest.mark.nbgrader
+@pytest.mark.ranks
+@pytest.mark.slow
+def test_zero_samples_grade_as_their_specs_expect(tmp_path):
+    """Do the zero samples (right; wrong shards and full state) get their expected grades?
+
+    Ben's blank notebook (every cell 0) is left to `make demo`: it adds a minute and
+    tests nothing the others do not.
+    """
+    root = pipeline.prepare_course(tmp_path / "course")
+    specs = [s for s in load_specs() if s.assignment == "zero" and s.student != "ben"]
+    start = time.monotonic()
+    seconds = _run(root, specs, "zero")
+    print(f"autograde zero: {seconds} ({time.monotonic() - start:.0f} s in all)")
+    assert check_expectations(grades.grade_rows(root), specs) == []
+    errors = _autograded_errors(root, "cy", "zero")
+    assert "chunk_bounds" in errors["reduce_scatter_sums"]
+    assert "only this rank's shard" in errors["zero_optimizer_memory"]

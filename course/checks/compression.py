@@ -1,0 +1,93 @@
+"""Grade a student's error-feedback fp16 comm hook: it trains like fp32 where plain fp16 fails.
+
+    from course.checks import check_error_feedback_hook
+    print(check_error_feedback_hook(ef_fp16_hook))
+
+Error feedback (Seide et al. 2014, "1-bit SGD"; Karimireddy et al. 2019, "Error feedback
+fixes SignSGD") adds what the last compression dropped to the next gradient before
+compressing it. The check trains ``nn.Linear(8, 1)`` with SGD under DDP on 2 fresh ranks,
+once without a hook, once with ``fp16_compress_hook``, once with the student's hook (its
+``state`` is a dict it may keep residuals in), with gradients of about 1e-8: below float16's
+smallest subnormal (6e-8), so plain fp16 sends zeros. The weights come back; the verdict is
+made here.
+"""
+
+# No "from __future__ import annotations": the hook wrapper is handed to DDP, which
+# compares annotations as objects.
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from course.checks.ddp import on_ranks
+from course.checks.teaching import teaches
+
+__all__ = ["check_error_feedback_hook", "runs"]
+
+STEPS = 200
+TOLERANCE = 0.05  # of the fp32 run's displacement: one float16 quantum in 200 steps is ~1%
+
+
+def _train(hook: Any, scale: float, steps: int) -> torch.Tensor:
+    """On each rank: SGD on loss ``scale * (w . x)``, so every step's gradient is ``scale * x``."""
+    rank = dist.get_rank()
+    model = nn.Linear(8, 1, bias=False)
+    nn.init.zeros_(model.weight)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    if hook is not None:
+        ddp.register_comm_hook({} if hook != "fp16" else dist.group.WORLD, _pick(hook))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    x = torch.linspace(1.0, 2.0, 8).reshape(1, 8) * (1 + rank)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        (scale * ddp(x).sum()).backward()
+        optimizer.step()
+    return model.weight.detach().reshape(-1).clone()
+
+
+def _pick(hook: Any) -> Any:
+    if hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        return default_hooks.fp16_compress_hook
+    return hook
+
+
+def runs(hook: Any, scale: float = 1e-8, steps: int = STEPS) -> dict[str, torch.Tensor]:
+    """On each rank: the weights after training without a hook, with fp16, with ``hook``."""
+    kinds = (("fp32", None), ("fp16", "fp16"), ("yours", hook))
+    return {name: _train(h, scale, steps) for name, h in kinds}
+
+
+@teaches
+def check_error_feedback_hook(hook: Any, scale: float = 1e-8) -> str:
+    """The student's hook trains within TOLERANCE of fp32, at gradients plain fp16 loses."""
+    if not callable(hook):
+        raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
+            f"expected your ef_fp16_hook function, got {type(hook).__name__}"
+        )
+    results = on_ranks("ef_fp16_hook", runs, 2, hook, scale, STEPS)
+    for rank, run in enumerate(results):
+        moved = run["fp32"].abs().max().item()
+        err = (run["yours"] - run["fp32"]).abs().max().item() / moved
+        if math.isnan(err):
+            err = float("inf")
+        if err > TOLERANCE:
+            plain = (run["fp16"] - run["fp32"]).abs().max().item() / moved
+            hint = (
+                "keep the error, corrected - compressed.float(), in state (per bucket.index()) "
+                "and add it to the next step's gradient before compressing; and make the "
+                "future's value the average over ranks (the sum / world_size) as float32"
+            )
+            raise AssertionError(
+                f"on rank {rank}, after {STEPS} SGD steps with gradients of about {scale:g}, "
+                f"your weights differ from fp32 training by {err:.1%} of how far fp32 moved them "
+                f"(tolerance {TOLERANCE:.0%}; plain fp16 compression: {plain:.0%}): {hint}."
+            )
+    return (
+        f"ef_fp16_hook trains within {TOLERANCE:.0%} of fp32 over {STEPS} steps with gradients "
+        f"of {scale:g}, where plain fp16 compression does not move the weights at all."
+    )
