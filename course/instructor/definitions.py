@@ -11,6 +11,8 @@ import ast
 import builtins
 from collections.abc import Iterable
 
+from course.ranks.magics import bound_names
+
 __all__ = ["definitions_only", "judge_cells", "strip_magics"]
 
 _BUILTIN_NAMES = frozenset(vars(builtins))  # as at import, before any student code
@@ -57,15 +59,6 @@ def _allowed(node: ast.stmt, in_class: bool = False) -> bool:  # noqa: PLR0911 -
     return False
 
 
-def _bound_names(node: ast.stmt) -> set[str]:
-    if isinstance(node, ast.Import | ast.ImportFrom):
-        return {(a.asname or a.name).split(".")[0] for a in node.names}
-    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-        return {node.name}
-    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-    return {t.id for t in targets if isinstance(t, ast.Name)}
-
-
 def definitions_only(
     source: str, reserved: set[str] = frozenset(), same_imports: set[str] = frozenset()
 ) -> tuple[str, list[str]]:
@@ -82,7 +75,7 @@ def definitions_only(
     kept, dropped = [], []
     for node in tree.body:
         repeat = isinstance(node, ast.Import | ast.ImportFrom) and ast.dump(node) in same_imports
-        clash = _bound_names(node) & reserved if _allowed(node) and not repeat else set()
+        clash = bound_names(node, deep=False) & reserved if _allowed(node) and not repeat else set()
         if _allowed(node) and not clash:
             kept.append(node)
         else:

@@ -18,7 +18,6 @@ import base64
 import copy
 import hashlib
 import json
-import re
 import secrets
 import textwrap
 from collections.abc import Iterator
@@ -32,7 +31,6 @@ __all__ = [
     "CODE_STUB",
     "QuizItem",
     "build_selfstudy",
-    "clear_solutions",
     "feedback",
     "grade_id",
     "hidden_region",
@@ -45,7 +43,6 @@ __all__ = [
 
 CODE_STUB = "# YOUR CODE HERE"  # as c.ClearSolutions.code_stub in nbgrader_config.py
 _BEGIN_HIDDEN, _END_HIDDEN = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
-_BEGIN_SOLUTION, _END_SOLUTION = "BEGIN SOLUTION", "END SOLUTION"
 _SEAL_VERSION = "sealed-v1"
 
 
@@ -197,21 +194,6 @@ def feedback(name: str, value: object, sealed: str, choices: str = "abcd") -> bo
 # --- building the self-study notebook ------------------------------------------------------
 
 
-def clear_solutions(source: str, stub: str = CODE_STUB) -> str:
-    """Replace each ``### BEGIN/END SOLUTION`` region by the stub, as nbgrader's release does."""
-    out, inside = [], False
-    for line in source.split("\n"):
-        if _BEGIN_SOLUTION in line:
-            inside = True
-            indent = re.match(r"\s*", line).group(0)
-            out.extend(indent + s for s in stub.split("\n"))
-        elif _END_SOLUTION in line:
-            inside = False
-        elif not inside:
-            out.append(line)
-    return "\n".join(out)
-
-
 def _feedback_source(item: QuizItem) -> str:
     sealed = seal(item.key, item.explanation)
     return (
@@ -223,7 +205,9 @@ def _feedback_source(item: QuizItem) -> str:
 
 def build_selfstudy(source_nb: NotebookNode) -> NotebookNode:
     """A self-study notebook from a SOURCE notebook: solutions cleared, quiz checks sealed."""
-    nb = copy.deepcopy(source_nb)
+    from nbgrader.preprocessors import ClearSolutions  # nbgrader's own release step
+
+    nb, _ = ClearSolutions(code_stub={"python": CODE_STUB}).preprocess(copy.deepcopy(source_nb), {})
     items = {f"{q.item_id}_check": q for q in quiz_items(nb)}
     for cell in nb.cells:
         meta = cell.metadata.pop("nbgrader", {})
@@ -232,9 +216,7 @@ def build_selfstudy(source_nb: NotebookNode) -> NotebookNode:
             cell.source = _feedback_source(items[gid])
         else:
             cell.source = strip_hidden_markers(cell.source)
-        if meta.get("solution"):
-            cell.source = clear_solutions(cell.source)
-        elif meta.get("locked"):
+        if meta.get("locked") and not meta.get("solution"):
             cell.metadata.update(editable=False, deletable=False)
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None

@@ -27,9 +27,9 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from course.ranks import launcher as ranks
 from course.ranks.failures import CELL_NAME
 
-__all__ = ["RanksMagics"]
+__all__ = ["RanksMagics", "bound_names"]
 
-PROVIDED = {"rank", "world_size", "torch", "dist"}  # defined on every rank already
+PROVIDED = {"rank", "world_size", "torch", "dist", "device"}  # defined on every rank already
 
 
 @magics_class
@@ -109,7 +109,7 @@ class RanksMagics(Magics):
         """The notebook variables the cell uses but does not define, to copy to every rank."""
         user_ns = self.shell.user_ns
         hidden = set(getattr(self.shell, "user_ns_hidden", {}))
-        names = (_names(code) - _bound(cell) - PROVIDED - hidden) & set(user_ns)
+        names = (_names(code) - bound_names(ast.parse(cell)) - PROVIDED - hidden) & set(user_ns)
         return {n: user_ns[n] for n in sorted(names) if not n.startswith("_")}
 
 
@@ -122,10 +122,17 @@ def _names(code: types.CodeType) -> set[str]:
     return names
 
 
-def _bound(cell: str) -> set[str]:
-    """Names the cell binds itself (assignments, defs, imports, loop targets)."""
+def bound_names(tree: ast.AST, *, deep: bool = True) -> set[str]:
+    """Names a cell binds itself (``deep``: anywhere in it) or one statement binds (not deep):
+    assignment targets, ``def`` and ``class`` names, imports."""
+    if deep:
+        nodes: list[ast.AST] = list(ast.walk(tree))
+    else:
+        targets = tree.targets if isinstance(tree, ast.Assign) else [getattr(tree, "target", None)]
+        nodes = [tree, *getattr(tree, "names", [])]
+        nodes += [n for t in targets if isinstance(t, ast.AST) for n in ast.walk(t)]
     bound = set()
-    for node in ast.walk(ast.parse(cell)):
+    for node in nodes:
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             bound.add(node.id)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
