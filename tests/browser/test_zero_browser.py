@@ -60,7 +60,7 @@ def test_release_animates_the_halves_and_stops_at_the_first_item(lab, page, arti
     forward.scroll_into_view_if_needed()
     forward.click()
     forward.click()
-    page.wait_for_selector(".ring-step:has-text('steps done: 2 / 3')", timeout=15_000)
+    page.wait_for_selector(".ring-step:has-text('step 2 / 3')", timeout=15_000)
     page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()
     page.wait_for_timeout(1500)  # let plotly restyle the grid
     page.screenshot(path=artifact("zero-reduce-scatter.png"), full_page=False)
