@@ -34,10 +34,15 @@ REPO = Path(__file__).resolve().parents[2]
 LEFT_OUT = (
     "course/instructor/authoring.py",
     "course/instructor/classrun.py",
+    "course/instructor/commands.py",
+    "course/instructor/definitions.py",
+    "course/instructor/grades.py",
     "course/instructor/integrity.py",
     "course/instructor/pipeline.py",
+    "course/instructor/rejudge.py",
     "course/instructor/sandbox.py",
     "course/instructor/studentview.py",
+    "course/instructor/submissions.py",
 )
 TOP_LEVEL = ("pyproject.toml", "environment.yml")
 BADGE = "https://mybinder.org/badge_logo.svg"
