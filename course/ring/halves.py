@@ -26,6 +26,7 @@ from course.ring.trace import Message, Trace, full_mask, steps
 from course.ring.verdict import (
     Violation,
     collective_violations,
+    count_violations,
     neighbour_violations,
     ring_direction,
     unfinished_violations,
@@ -133,26 +134,10 @@ def half_violations(trace: Trace, half: Half) -> list[Violation]:
         direction = ring_direction(trace)
         for rank in range(trace.world_size):
             found += neighbour_violations(trace, rank, direction)
-            found += _counts(trace, rank, half)
+            want = trace.world_size - 1
+            found += count_violations(trace, rank, want, f"a ring {half} makes N-1 = {want}")
             found += _volume(trace, rank, half)
             found += _payloads(trace, rank, direction, half)
-    return found
-
-
-def _counts(trace: Trace, rank: int, half: Half) -> list[Violation]:
-    n, want = trace.world_size, trace.world_size - 1
-    found = []
-    for op, noun in (("send", "sends"), ("recv", "receives")):
-        made = trace.of(rank, op)
-        skipped_empties = trace.numel < n and len(made) < want and all(m.numel for m in made)
-        if len(made) != want and not skipped_empties:
-            found.append(
-                Violation(
-                    rank,
-                    None,
-                    f"rank {rank} made {len(made)} {noun}; a ring {half} makes N-1 = {want}",
-                )
-            )
     return found
 
 
@@ -177,7 +162,7 @@ def _payloads(trace: Trace, rank: int, direction: int, half: Half) -> list[Viola
     n = trace.world_size
     sends = trace.of(rank, "send")
     if len(sends) != n - 1:
-        return []  # steps cannot be matched up; _counts has said why
+        return []  # steps cannot be matched up; count_violations has said why
     bounds = {lo for lo, hi in chunk_bounds(trace.numel, n) if hi > lo}
     for step, m in enumerate(sends):
         if m.numel == 0:

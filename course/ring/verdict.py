@@ -15,6 +15,7 @@ from course.ring.trace import Trace, ranks_in
 __all__ = [
     "Violation",
     "collective_violations",
+    "count_violations",
     "neighbour_violations",
     "ring_direction",
     "ring_violations",
@@ -55,11 +56,17 @@ def ring_violations(trace: Trace) -> list[Violation]:
     step ``s`` sends a chunk holding ``s + 1`` ranks in reduce-scatter, all ``N`` in all-gather.
     """
     found = unfinished_violations(trace) + collective_violations(trace)
-    if trace.world_size > 1:
+    n = trace.world_size
+    if n > 1:
         direction = ring_direction(trace)
-        for rank in range(trace.world_size):
+        want = 2 * (n - 1)
+        rule = (
+            f"a ring makes 2(N-1) = {want} "
+            f"(N-1 = {n - 1} reduce-scatter steps, then {n - 1} all-gather steps)"
+        )
+        for rank in range(n):
             found += neighbour_violations(trace, rank, direction)
-            found += _counts(trace, rank)
+            found += count_violations(trace, rank, want, rule)
             found += _volume(trace, rank)
             found += _payloads(trace, rank, direction)
     return found
@@ -110,22 +117,17 @@ def neighbour_violations(trace: Trace, rank: int, direction: int) -> list[Violat
     return found
 
 
-def _counts(trace: Trace, rank: int) -> list[Violation]:
-    """``2(N-1)`` sends and receives; fewer only by skipping 0-element messages."""
-    n, want = trace.world_size, 2 * (trace.world_size - 1)
+def count_violations(trace: Trace, rank: int, want: int, rule: str) -> list[Violation]:
+    """``want`` sends and receives on ``rank`` (fewer only by skipping 0-element messages);
+    ``rule`` says what makes that many, after "a ring ..." in the message."""
     found = []
     for op, noun in (("send", "sends"), ("recv", "receives")):
         made = trace.of(rank, op)
-        skipped_empties = trace.numel < n and len(made) < want and all(m.numel for m in made)
+        skipped_empties = (
+            trace.numel < trace.world_size and len(made) < want and all(m.numel for m in made)
+        )
         if len(made) != want and not skipped_empties:
-            found.append(
-                Violation(
-                    rank,
-                    None,
-                    f"rank {rank} made {len(made)} {noun}; a ring makes 2(N-1) = {want} "
-                    f"(N-1 = {n - 1} reduce-scatter steps, then {n - 1} all-gather steps)",
-                )
-            )
+            found.append(Violation(rank, None, f"rank {rank} made {len(made)} {noun}; {rule}"))
     return found
 
 
@@ -152,7 +154,7 @@ def _payloads(trace: Trace, rank: int, direction: int) -> list[Violation]:
     n = trace.world_size
     sends = trace.of(rank, "send")
     if len(sends) != 2 * (n - 1):
-        return []  # steps cannot be matched up; _counts has said why
+        return []  # steps cannot be matched up; count_violations has said why
     for step, m in enumerate(sends):
         if m.numel == 0:
             continue
