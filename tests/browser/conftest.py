@@ -251,6 +251,13 @@ def page(browser: object, request: pytest.FixtureRequest) -> Iterator[object]:
     context.close()
 
 
+@pytest.fixture(scope="session")
+def helpers() -> object:
+    """This module, for test files: they cannot import it by name (tests/conftest.py is a
+    ``conftest`` too), so they take its helpers (``open_notebook``, ``run_all``...) here."""
+    return sys.modules[__name__]
+
+
 @pytest.fixture
 def run_notebook(lab: Lab, page: object):
     """``run_notebook(name, cells)``: write a notebook, open it, run all, return the page."""

@@ -3,9 +3,7 @@ autograded submission open for manual grading?"""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,16 +15,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.nbgrader, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "tests" / "fixtures" / "toy_course"
-
-
-def _running_lab():
-    """``running_lab`` from tests/browser/conftest.py (two conftest modules share a name)."""
-    name = "course_browser_conftest"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("conftest.py"))
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name].running_lab
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +38,11 @@ def graded_course(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_formgrader_lists_assignments_and_opens_a_submission(
-    graded_course, browser, tmp_path, artifact
+    graded_course, browser, tmp_path, artifact, helpers
 ) -> None:
     """As an instructor: no exchange warning, the assignment listed with Release available,
     and ada's autograded notebook open for manual grading with its scores."""
-    with _running_lab()(graded_course, tmp_path / "home", cwd=graded_course) as lab:
+    with helpers.running_lab(graded_course, tmp_path / "home", cwd=graded_course) as lab:
         context = browser.new_context(viewport={"width": 1280, "height": 1000})
         context.set_default_timeout(30_000)
         page = context.new_page()

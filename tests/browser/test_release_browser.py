@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -21,26 +18,16 @@ SOURCE = REPO / "source" / RING / f"{RING}.ipynb"
 STDERR = ".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']"
 
 
-def _browser_helpers():
-    """The helpers of tests/browser/conftest.py (two conftest modules share that name)."""
-    name = "course_browser_conftest"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("conftest.py"))
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def _widget_rendered(page) -> None:
     page.wait_for_selector(".ring-step", timeout=30_000)
     page.wait_for_selector(".js-plotly-plot", timeout=30_000)
 
 
-def test_release_run_all_stops_at_the_first_unanswered_item(lab, page, artifact):
+def test_release_run_all_stops_at_the_first_unanswered_item(lab, page, artifact, helpers):
     """As handed out: does Run All draw the widget, then stop with a clear, teaching message?"""
     nbformat.write(nbformat.read(RELEASE, as_version=4), lab.root_dir / "release.ipynb")
-    _open(page, lab, "release.ipynb")
-    _run_all_until_idle(page)
+    helpers.open_notebook(page, lab, "release.ipynb")
+    _run_all_until_idle(page, helpers)
     _widget_rendered(page)
     first = page.locator(STDERR).first.text_content()
     assert "answer_ring_1 is still empty" in first, first[:500]
@@ -54,49 +41,37 @@ def test_release_run_all_stops_at_the_first_unanswered_item(lab, page, artifact)
     page.locator(STDERR).first.screenshot(path=artifact("check-failed.png"))
 
 
-def test_a_finished_notebook_runs_all_cells_in_the_browser(lab, page, artifact):
+def test_a_finished_notebook_runs_all_cells_in_the_browser(lab, page, artifact, helpers):
     """Filled in as the model sample submission: does every cell run, no error, no hang?"""
     ada = next(s for s in load_specs() if (s.student, s.assignment) == ("ada", RING))
     nb = assemble(ada, nbformat.read(RELEASE, as_version=4), nbformat.read(SOURCE, as_version=4))
     nbformat.write(nb, lab.root_dir / "finished.ipynb")
-    _open(page, lab, "finished.ipynb")
-    _browser_helpers().run_all(page, timeout_s=240)
+    helpers.open_notebook(page, lab, "finished.ipynb")
+    helpers.run_all(page, timeout_s=240)
     _widget_rendered(page)
     tracebacks = [t for t in page.locator(STDERR).all_text_contents() if "Error" in t]
     assert not tracebacks, tracebacks[0][:800]
     page.screenshot(path=artifact("release-finished.png"), full_page=False)
 
 
-def _open(page, lab, path: str) -> None:
-    """Open ``path`` in a workspace of its own (no tab left over from another test), idle."""
-    helpers = _browser_helpers()
-    page.goto(lab.url(f"lab/workspaces/{Path(path).stem}/tree/{path}"))
-    page.wait_for_selector(".jp-Notebook .jp-Cell", state="attached")
-    deadline = time.monotonic() + 60
-    while not helpers._kernel_idle(lab, path):  # noqa: SLF001 - the browser helpers' own wait
-        assert time.monotonic() < deadline, f"the kernel of {path} did not start within 60 s"
-        time.sleep(0.2)
-    helpers.wait_for_idle(page, 60)
-
-
-def _run_all_until_idle(page) -> None:
+def _run_all_until_idle(page, helpers) -> None:
     """Run All, then wait for the kernel to settle: the first failing check stops the queue."""
     page.locator(".jp-Notebook").first.click()
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
     page.wait_for_selector(".jp-OutputArea-output", timeout=60_000)
-    _browser_helpers().wait_for_idle(page, timeout_s=120)
+    helpers.wait_for_idle(page, timeout_s=120)
 
 
-def test_the_finished_accumulation_notebook_runs_all_cells(lab, page, artifact):
+def test_the_finished_accumulation_notebook_runs_all_cells(lab, page, artifact, helpers):
     """The accumulation notebook as the model sample: every cell runs, hangs are cut short?"""
     name = "accumulation"
     ada = next(s for s in load_specs() if (s.student, s.assignment) == ("ada", name))
     release = nbformat.read(REPO / "release" / name / f"{name}.ipynb", as_version=4)
     source = nbformat.read(REPO / "source" / name / f"{name}.ipynb", as_version=4)
     nbformat.write(assemble(ada, release, source), lab.root_dir / f"{name}.ipynb")
-    _open(page, lab, f"{name}.ipynb")
-    _browser_helpers().run_all(page, timeout_s=240)
+    helpers.open_notebook(page, lab, f"{name}.ipynb")
+    helpers.run_all(page, timeout_s=240)
     page.wait_for_selector(".js-plotly-plot", timeout=30_000)
     page.locator(".jp-Notebook").first.click()
     page.keyboard.press("Control+s")  # the saved file has every output, rendered or not

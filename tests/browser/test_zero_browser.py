@@ -3,9 +3,6 @@ stop at the first unanswered item, and does a finished notebook run every cell?"
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -22,35 +19,15 @@ SOURCE = REPO / "source" / ZERO / f"{ZERO}.ipynb"
 STDERR = ".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']"
 
 
-def _helpers():
-    """tests/browser/conftest.py as a module (two conftest modules share that name)."""
-    name = "course_browser_conftest"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("conftest.py"))
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-def _open(page, lab, path: str) -> None:
-    page.goto(lab.url(f"lab/workspaces/{Path(path).stem}/tree/{path}"))
-    page.wait_for_selector(".jp-Notebook .jp-Cell", state="attached")
-    deadline = time.monotonic() + 60
-    while not _helpers()._kernel_idle(lab, path):  # noqa: SLF001 - the browser helpers' wait
-        assert time.monotonic() < deadline, f"the kernel of {path} did not start within 60 s"
-        time.sleep(0.2)
-    _helpers().wait_for_idle(page, 60)
-
-
-def test_release_animates_the_halves_and_stops_at_the_first_item(lab, page, artifact):
+def test_release_animates_the_halves_and_stops_at_the_first_item(lab, page, artifact, helpers):
     """As handed out: both half widgets draw, then Run All stops at answer_zero_1."""
     nbformat.write(nbformat.read(RELEASE, as_version=4), lab.root_dir / "zero.ipynb")
-    _open(page, lab, "zero.ipynb")
+    helpers.open_notebook(page, lab, "zero.ipynb")
     page.locator(".jp-Notebook").first.click()
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
     page.wait_for_selector(".jp-OutputArea-output", timeout=60_000)
-    _helpers().wait_for_idle(page, timeout_s=120)
+    helpers.wait_for_idle(page, timeout_s=120)
     page.wait_for_selector(".ring-step", timeout=30_000)
     steps = page.locator(".ring-step").all_text_contents()
     assert len(steps) == 2 and all("/ 3" in s for s in steps), steps
@@ -66,13 +43,13 @@ def test_release_animates_the_halves_and_stops_at_the_first_item(lab, page, arti
     page.screenshot(path=artifact("zero-reduce-scatter.png"), full_page=False)
 
 
-def test_a_finished_zero_notebook_runs_all_cells(lab, page, artifact):
+def test_a_finished_zero_notebook_runs_all_cells(lab, page, artifact, helpers):
     """Filled in as the model sample submission: every cell runs, no error, no hang."""
     ada = next(s for s in load_specs() if (s.student, s.assignment) == ("ada", ZERO))
     nb = assemble(ada, nbformat.read(RELEASE, as_version=4), nbformat.read(SOURCE, as_version=4))
     nbformat.write(nb, lab.root_dir / "zero-finished.ipynb")
-    _open(page, lab, "zero-finished.ipynb")
-    _helpers().run_all(page, timeout_s=300)
+    helpers.open_notebook(page, lab, "zero-finished.ipynb")
+    helpers.run_all(page, timeout_s=300)
     tracebacks = [t for t in page.locator(STDERR).all_text_contents() if "Error" in t]
     assert not tracebacks, tracebacks[0][:800]
     assert page.locator(".ring-step").count() == 4  # two reference halves, then yours
