@@ -30,23 +30,12 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
 # item and every check reports its own clear message instead of a NotImplementedError.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE"}
 
-# Multi-rank cells and checks carry their own deadlines (at most 30 s each); nbgrader's cell
-# timeout is only the last resort that interrupts a cell nothing else stopped.
-c.Execute.timeout = 120
-c.Execute.interrupt_on_timeout = True
+# Grading an instructor can trust (README, "What grading defends"). No kernel runs the
+# submission: course.instructor.judge.Judge takes the place of nbgrader's Execute. Quiz answers
+# are read from the notebook's text; each code check runs here, its ranks confined
+# (course.instructor.rankbox: bubblewrap, an unprivileged uid, no network, no course sources),
+# and its verdict is computed here from the plain data they send back. Cells that grade
+# nothing are not run. There is no switch: the tests and `make demo` grade this way too.
+from course.instructor.judge import autograde_preprocessors  # noqa: E402 - the config above must not depend on the course
 
-# Grading an instructor can trust (README, "What grading defends"). The kernel runs confined
-# by bubblewrap (sandbox.py: no network, no source/ or gradebook, unprivileged, limited),
-# and every grade cell's score is capped by a fresh, sandboxed re-run of its check on the
-# student's definitions only (course.instructor.rejudge.Rejudge), so code that attacks the kernel
-# gains nothing. COURSE_RECHECK=0 skips the re-check: the dry run (make demo) does, to stay
-# within minutes; `make autograde` never does.
-from course.instructor import sandbox  # noqa: E402 - the config above must not depend on the course
-from course.instructor.rejudge import autograde_preprocessors  # noqa: E402
-
-if os.environ.get("COURSE_RECHECK", "1") != "0":
-    c.Autograde.autograde_preprocessors = autograde_preprocessors()
-if sandbox.available():
-    c.Execute.kernel_manager_class = "course.instructor.sandbox.SandboxKernelManager"
-else:
-    c.Rejudge.sandbox = False
+c.Autograde.autograde_preprocessors = autograde_preprocessors()

@@ -9,7 +9,6 @@ counts DDP's bucket all-reduces with a comm hook. The uneven-data loop is checke
 
 # No "from __future__ import annotations": a comm hook handed to DDP is inspected as objects.
 
-import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +22,7 @@ from course.checks.compare import close, fresh_seed, near
 from course.checks.ddp import on_ranks
 from course.checks.teaching import teaches, user_traceback
 from course.experiments.accumulation import counting_hook
+from course.ranks import PerRank
 from course.ring.recorder import Recorder
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "check_accumulation_syncs",
     "check_accumulation_values",
     "check_sampler_indices",
+    "try_accumulation_step",
 ]
 
 # each case: dataset_len, num_replicas, shuffle, seed, epoch, drop_last
@@ -144,27 +145,39 @@ def _params(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
 
 
-def accumulation_trial(step: Any, k: int, seed: int) -> dict[str, Any]:
-    """On each rank: the student's step on K micro-batches, DDP's syncs, and the oracle step."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+def _global_batch(world_size: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's K micro-batches of 3 samples: x (N, K, 3, 5) and y (N, K, 3, 2)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(world_size, k, 3, 5, generator=gen), torch.randn(
+        world_size, k, 3, 2, generator=gen
+    )
+
+
+def _large_update(world_size: int, k: int, seed: int) -> torch.Tensor:
+    """The oracle, computed by the checker: one SGD step on the whole global batch."""
+    large = _accum_model(seed)
+    before = _params(large)
+    x, y = _global_batch(world_size, k, seed)
+    nn.functional.mse_loss(large(x.reshape(-1, 5)), y.reshape(-1, 2)).backward()
+    torch.optim.SGD(large.parameters(), lr=0.1).step()
+    return _params(large) - before
+
+
+def accumulation_trial(step: Any, micro: list, seed: int) -> dict[str, Any]:
+    """On each rank: the student's step on this rank's own micro-batches, and DDP's syncs."""
+    rank = dist.get_rank()
     model = _accum_model(seed)
-    large = copy.deepcopy(model)
     ddp = DDP(model)
     syncs: list[int] = []
     ddp.register_comm_hook(syncs, counting_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    gen = torch.Generator().manual_seed(seed)
-    x, y = (
-        torch.randn(world_size, k, 3, 5, generator=gen),
-        torch.randn(world_size, k, 3, 2, generator=gen),
-    )
     before = _params(model)
     forwards: list[int] = []
     model.register_forward_pre_hook(lambda *_: forwards.append(1))
     result: dict[str, Any] = {"rank": rank, "problem": None}
     with Recorder() as rec:
         try:
-            step(ddp, opt, [(x[rank, i], y[rank, i]) for i in range(k)])
+            step(ddp, opt, [tuple(pair) for pair in micro])
         except Exception as exc:  # noqa: BLE001 - the student's code may raise anything; each becomes a message
             result["problem"] = f"accumulation_step raised an exception:\n{user_traceback(exc)}"
     if not forwards and not result["problem"]:
@@ -172,26 +185,31 @@ def accumulation_trial(step: Any, k: int, seed: int) -> dict[str, Any]:
             "accumulation_step never ran the model: implement it above (a forward and a "
             "backward per micro-batch, then one optimizer step)."
         )
-    large_opt = torch.optim.SGD(large.parameters(), lr=0.1)
-    nn.functional.mse_loss(large(x.reshape(-1, 5)), y.reshape(-1, 2)).backward()
-    large_opt.step()
-    result |= {
-        "syncs": len(syncs),
-        "collectives": rec.collectives,
-        "update": _params(model) - before,
-        "large_update": _params(large) - before,
-    }
-    return result
+    names = [c.name for c in rec.collectives]
+    return result | {"syncs": len(syncs), "collectives": names, "update": _params(model) - before}
+
+
+def try_accumulation_step(step: Any, world_size: int = 2, k: int = 4, seed: int = 0) -> dict:
+    """Rank 0's trial of ``step`` (raises RankError if a rank fails), with the oracle's update."""
+    from course.ranks import run
+
+    x, y = _global_batch(world_size, k, seed)
+    micro = PerRank([[(x[r, i], y[r, i]) for i in range(k)] for r in range(world_size)])
+    first = run(accumulation_trial, world_size, step, micro, seed, timeout=60)[0]
+    return first | {"large_update": _large_update(world_size, k, seed)}
 
 
 def _accumulation_results(step: Any, world_sizes: Sequence[int], k: int, seed: int | None) -> list:
     out = []
     for world_size in world_sizes:
         s = fresh_seed(seed)
-        results = on_ranks("accumulation_step", accumulation_trial, world_size, step, k, s)
+        x, y = _global_batch(world_size, k, s)
+        micro = PerRank([[(x[r, i], y[r, i]) for i in range(k)] for r in range(world_size)])
+        results = on_ranks("accumulation_step", accumulation_trial, world_size, step, micro, s)
         for r in results:
             if r["problem"]:
                 raise AssertionError(f"On rank {r['rank']} of {world_size}: {r['problem']}")
+            r["large_update"] = _large_update(world_size, k, s)
         out.append((world_size, s, results))
     return out
 

@@ -12,7 +12,7 @@ import textwrap
 
 from course.checks.teaching import teaches
 
-__all__ = ["check_answer", "normalise_answer"]
+__all__ = ["answer_verdict", "check_answer", "normalise_answer"]
 
 # Captured at import: a submission that rebinds builtins later cannot change the verdict.
 _str = builtins.str
@@ -39,6 +39,26 @@ def normalise_answer(name: str, value: object, choices: str = "abcd") -> str:
     return letter
 
 
+def answer_verdict(
+    name: str,
+    value: object,
+    choices: str = "abcd",
+    key: str | None = None,
+    explanation: str | None = None,
+) -> str:
+    """What a right (or only well-formed, without ``key``) answer prints; a wrong one raises.
+
+    The grader calls this with the answer it read from the submitted notebook's text.
+    """  # fmt: skip
+    letter = normalise_answer(name, value, choices)
+    if key is None:
+        return ""
+    why = "\n\n" + textwrap.dedent(explanation).strip() if explanation else ""
+    if not _str_eq(letter, key):
+        raise AssertionError(f'{name} = "{letter}" is not right.{why}')
+    return f'{name} = "{letter}" is right.{why}'
+
+
 @teaches
 def check_answer(
     name: str,
@@ -53,10 +73,6 @@ def check_answer(
     message carries it, so nbgrader's feedback shows why. Nothing is returned: a grade cell
     whose last value is a number would count as partial credit in nbgrader.
     """
-    letter = normalise_answer(name, value, choices)
-    if key is None:
-        return
-    why = "\n\n" + textwrap.dedent(explanation).strip() if explanation else ""
-    if not _str_eq(letter, key):
-        raise AssertionError(f'{name} = "{letter}" is not right.{why}')
-    _print(f'{name} = "{letter}" is right.{why}')
+    text = answer_verdict(name, value, choices, key, explanation)
+    if text:
+        _print(text)

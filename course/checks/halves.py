@@ -23,8 +23,10 @@ import torch.distributed as dist
 from course.checks.ring import LAUNCH_TIMEOUT, SHOWN
 from course.checks.ring_cases import (
     Case,
+    collectives_called,
     compare,
     inputs,
+    refuse_collectives,
     refuse_the_reference,
     running_case,
     sum_cases,
@@ -82,8 +84,8 @@ def _ws(world_sizes: Sequence[int]) -> str:
 # --- the rank side ---------------------------------------------------------------------
 
 
-def _run_cases(half: Half, fn: Callable, cases: list[Case], inputs: list, directory: str) -> list:
-    """On each rank: call ``fn`` once per case; send back what it produced."""
+def _run_cases(half: Half, fn: Callable, cases: list[Case], mine: list, directory: str) -> list:
+    """On each rank: call ``fn`` once per case (on this rank's own inputs, ``mine``)."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     refuse_the_reference()
     out = []
@@ -93,10 +95,12 @@ def _run_cases(half: Half, fn: Callable, cases: list[Case], inputs: list, direct
             if case.recorded:
                 args = encoded_args(half, rank, world_size, case.shape[0])
                 with Recorder(log_path(directory, rank, f"case{i}")):
-                    got = _call(half, fn, *args)
+                    got, called = _call(half, fn, *args), []
             else:
-                got = _call(half, fn, *_plain_args(half, rank, world_size, case, inputs[i]))
-            out.append(got)
+                with Recorder() as seen:  # the result counts only when no collective made it
+                    got = _call(half, fn, *mine[i])
+                called = collectives_called(seen)
+            out.append((got, called))
             progress.write(json.dumps({"done": i}) + "\n")
     return out
 
@@ -160,14 +164,19 @@ def _case_inputs(half: Half, case: Case, world_size: int, seed: int) -> Any:
 def _launch(
     half: Half, fn: Callable, world_size: int, cases: list, inputs: list, directory: str
 ) -> list:
-    from course.ranks import launch
+    from course.ranks import PerRank, launch
 
+    mine = PerRank(  # each rank is sent its own inputs only
+        [None if c.recorded else _plain_args(half, r, world_size, c, inputs[i])
+         for i, c in enumerate(cases)]
+        for r in range(world_size)
+    )  # fmt: skip
     result = launch(
-        _run_cases, world_size, half, fn, cases, inputs, directory, timeout=LAUNCH_TIMEOUT
+        _run_cases, world_size, half, fn, cases, mine, directory, timeout=LAUNCH_TIMEOUT
     )
     if result.ok:
         return result.results
-    running = [running_case(directory, r) for r in range(world_size)]
+    running = [running_case(directory, r, len(cases)) for r in range(world_size)]
     index = min((i for i in running if i is not None), default=None)
     during = f" on {cases[index]}" if index is not None else ""
     raise AssertionError(
@@ -178,7 +187,8 @@ def _launch(
 def _judge(half: Half, world_size: int, case: Case, inputs: Any, got: list) -> None:
     """Compare each rank's result with the one computed here."""
     name = NAMES[half]
-    for rank, returned in enumerate(got):
+    refuse_collectives(name, [called for _, called in got])
+    for rank, (returned, _) in enumerate(got):
         tensor = returned
         if half == "reduce-scatter":
             whole = torch.stack([t.to(torch.float64) for t in inputs]).sum(0).reshape(-1)

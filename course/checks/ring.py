@@ -26,8 +26,10 @@ import torch.distributed as dist
 from course.checks.ring_cases import (
     DTYPES,
     Case,
+    collectives_called,
     compare,
     pattern_cases,
+    refuse_collectives,
     refuse_the_reference,
     running_case,
     sum_cases,
@@ -107,31 +109,34 @@ def check_ring_allreduce(
 def _run_cases(
     fn: Callable[[torch.Tensor], Any],
     cases: Sequence[Case],
-    inputs: Sequence[Sequence[torch.Tensor] | None],
+    mine: Sequence[torch.Tensor | None],
     directory: str,
-) -> list[tuple[torch.Tensor, str | None]]:
-    """On each rank: call ``fn`` on a fresh tensor per case; return (tensor, returned type)."""
+) -> list[tuple[torch.Tensor, str | None, list[str]]]:
+    """On each rank: call ``fn`` on this rank's own tensor per case (``mine``); return
+    (tensor, returned type, collectives it called)."""
     rank = dist.get_rank()
     refuse_the_reference()
     out = []
     with open(log_path(directory, rank, "progress"), "a", buffering=1) as progress:
         for i, case in enumerate(cases):
             progress.write(json.dumps({"case": i}) + "\n")
-            out.append(_run_case(fn, case, inputs[i], directory, i, rank))
+            out.append(_run_case(fn, case, mine[i], directory, i, rank))
             progress.write(json.dumps({"done": i}) + "\n")
     return out
 
 
 def _run_case(
-    fn: Callable, case: Case, inputs: Any, directory: str, i: int, rank: int
-) -> tuple[torch.Tensor, str | None]:
+    fn: Callable, case: Case, mine: Any, directory: str, i: int, rank: int
+) -> tuple[torch.Tensor, str | None, list[str]]:
     if not case.recorded:
-        tensor = inputs[rank].clone()
-        return tensor, _call(fn, tensor)
+        tensor = mine.clone()
+        with Recorder() as seen:  # the sums count only when no collective computed them
+            returned = _call(fn, tensor)
+        return tensor, returned, collectives_called(seen)
     tensor = encoded_tensor(rank, case.shape[0], dist.get_world_size())
     with Recorder(log_path(directory, rank, f"case{i}")):
         returned = _call(fn, tensor)
-    return tensor, returned
+    return tensor, returned, []
 
 
 def _call(fn: Callable, tensor: torch.Tensor) -> str | None:
@@ -178,9 +183,13 @@ def _check(
 
 
 def _launch(fn: Callable, world_size: int, cases: list[Case], inputs: list, directory: str) -> list:
-    from course.ranks import launch
+    from course.ranks import PerRank, launch
 
-    result = launch(_run_cases, world_size, fn, cases, inputs, directory, timeout=LAUNCH_TIMEOUT)
+    mine = PerRank(  # each rank is sent its own inputs only
+        [None if c.recorded else inputs[i][r] for i, c in enumerate(cases)]
+        for r in range(world_size)
+    )
+    result = launch(_run_cases, world_size, fn, cases, mine, directory, timeout=LAUNCH_TIMEOUT)
     if result.ok:
         return result.results
     raise AssertionError(_failure_message(world_size, cases, result.failures, directory))
@@ -188,17 +197,19 @@ def _launch(fn: Callable, world_size: int, cases: list[Case], inputs: list, dire
 
 def _failure_message(world_size: int, cases: list[Case], failures: dict, directory: str) -> str:
     """Which case was running, what each rank did, and the cause's own traceback."""
-    running = {r: running_case(directory, r) for r in range(world_size)}
+    running = {r: running_case(directory, r, len(cases)) for r in range(world_size)}
     case_index = min((i for i in running.values() if i is not None), default=None)
     doing = f" while summing {cases[case_index]}" if case_index is not None else ""
     return failure_message("ring_allreduce", world_size, failures, doing, RING_DEADLOCK)
 
 
 def _judge_sums(world_size: int, case: Case, inputs: list[torch.Tensor], got: list) -> None:
-    """Every rank's tensor equals the float64 sum of the inputs (exactly for integers)."""
+    """Every rank's tensor equals the float64 sum of the inputs (exactly for integers), and
+    no collective computed it."""
+    refuse_collectives("ring_allreduce", [r[2] for r in got])
     expected64 = torch.stack([t.to(torch.float64) for t in inputs]).sum(0)
     expected = expected64.to(case.dtype)
-    for rank, (tensor, returned) in enumerate(got):
+    for rank, (tensor, returned, _) in enumerate(got):
         problem = compare(tensor, expected, case)
         if problem is None:
             continue

@@ -12,14 +12,17 @@ from typing import Any
 
 import torch
 
+from course.ranks.confined import read_rank_file
 from course.ring.logs import log_path
 
 __all__ = [
     "DTYPES",
     "Case",
+    "collectives_called",
     "compare",
     "inputs",
     "pattern_cases",
+    "refuse_collectives",
     "refuse_the_reference",
     "running_case",
     "sum_cases",
@@ -93,9 +96,31 @@ def compare(tensor: Any, expected: torch.Tensor, case: Case) -> str | None:
     )
 
 
+def collectives_called(recorder: Any) -> list[str]:
+    """The collectives a recorded call made (``barrier`` aside: it moves no data)."""
+    return sorted({c.name for c in recorder.collectives} - {"barrier"})
+
+
+def refuse_collectives(name: str, called: list[list[str]]) -> None:
+    """Fail, earning nothing, when any rank computed with a collective."""
+    names = sorted({n for rank in called for n in rank})
+    if names:
+        raise AssertionError(
+            f"{name} called {', '.join(f'dist.{n}' for n in names)}, a collective: this "
+            "exercise is to build it from point-to-point calls only (dist.send, recv, isend, "
+            "irecv), so a result a collective computed earns none of its points."
+        )
+
+
 def refuse_the_reference() -> None:
-    """On a grading rank, make the course's own ring fail: the student's ring is graded."""
-    import course.ring.reference
+    """On a rank, make the course's own ring fail: the student's ring is checked.
+
+    On graded ranks the reference is not there at all (``course.instructor.rankbox.HIDDEN``).
+    """
+    try:
+        import course.ring.reference
+    except ImportError:
+        return
 
     def refuse(*_args: Any) -> None:
         raise AssertionError(
@@ -106,14 +131,14 @@ def refuse_the_reference() -> None:
     course.ring.reference._ring = refuse  # noqa: SLF001 - the reference's one entry point, refused while grading
 
 
-def running_case(directory: str, rank: int) -> int | None:
-    """The case a rank had started but not finished, from its progress log."""
+def running_case(directory: str, rank: int, count: int) -> int | None:
+    """The case (of ``count``) a rank had started but not finished, from its progress log."""
     current = None
     try:
-        with open(log_path(directory, rank, "progress")) as f:
-            for line in f:
-                entry = json.loads(line)
-                current = entry.get("case", current if "done" not in entry else None)
-    except (FileNotFoundError, json.JSONDecodeError):
+        for line in read_rank_file(str(log_path(directory, rank, "progress"))).splitlines():
+            entry = json.loads(line)
+            current = entry.get("case", current if "done" not in entry else None)
+    except (FileNotFoundError, ValueError, AttributeError):
         pass
-    return current
+    ok = isinstance(current, int) and not isinstance(current, bool) and 0 <= current < count
+    return current if ok else None

@@ -29,6 +29,7 @@ __all__ = [
     "not_implemented",
     "on_ranks",
     "say_if_unimplemented",
+    "stub_text",
     "teaches",
     "user_traceback",
 ]
@@ -93,17 +94,25 @@ def _is_stub(fn: Any) -> bool:
 def not_implemented(obj: Any) -> str | None:
     """If ``obj`` (a function, or a class all of whose own methods are stubs) is still the
     released stub, say so. A class with some methods written is left to the check: an empty
-    method can be meant (a ``zero_grad`` that does nothing, say)."""
+    method can be meant (a ``zero_grad`` that does nothing, say). The grader's stand-in for
+    a student's function answers from the submitted text (``stub_message``)."""
+    if type(obj).__module__ == "course.instructor.student":  # the grader's: judged from text
+        return obj.stub_message()
     if isinstance(obj, type):
         own = [v for v in vars(obj).values() if callable(v) and hasattr(v, "__code__")]
         stubs = [f"{obj.__name__}.{f.__name__}" for f in own if _is_stub(f)]
         if not stubs or len(stubs) < len(own):
             return None
-        names = ", ".join(stubs)
-        return f"{names} {'is' if len(stubs) == 1 else 'are'} not implemented yet: {_WHAT_TO_DO}"
+        return stub_text(stubs)
     if _is_stub(obj):
-        return f"{obj.__name__} is not implemented yet: {_WHAT_TO_DO}"
+        return stub_text([obj.__name__])
     return None
+
+
+def stub_text(stubs: list[str]) -> str:
+    """ "f is not implemented yet: ..." for the stubs named."""
+    names = ", ".join(stubs)
+    return f"{names} {'is' if len(stubs) == 1 else 'are'} not implemented yet: {_WHAT_TO_DO}"
 
 
 _WHAT_TO_DO = (

@@ -2,6 +2,7 @@
 
 ``authoring`` (jupytext scripts -> notebooks), ``pipeline`` (release, demo, autograde,
 feedback, grades: ``python -m course.instructor.pipeline``), ``classrun`` (a class graded in
-parallel), ``integrity`` and ``sandbox`` (grading that does not trust the kernel),
-``selfstudy`` (notebooks with instant feedback).
+parallel), ``judge`` (grading that runs none of the submission's code itself: ``quiz`` reads
+answers from the text, ``student`` and ``rankbox`` run its functions on confined ranks, in
+``sandbox``), ``selfstudy`` (notebooks with instant feedback).
 """

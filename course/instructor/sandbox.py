@@ -117,8 +117,14 @@ def confine(
     env: dict[str, str] | None = None,
     limits: Limits = Limits(),
     uid: int = SANDBOX_UID,
+    pid_namespace: bool = True,
+    hide: Sequence[str] = (),
 ) -> list[str]:
-    """Return the argv that runs ``cmd`` confined (bwrap + prlimit + setpriv)."""
+    """Return the argv that runs ``cmd`` confined (bwrap + prlimit + setpriv).
+
+    ``hide`` files read as empty inside; without ``pid_namespace`` the confined processes
+    keep the caller's pids (a forkserver's children are then killable by the pid it reports).
+    """
     if not available():
         raise SandboxUnavailable(
             "bubblewrap (bwrap), setpriv and prlimit are needed to confine grading: "
@@ -126,7 +132,8 @@ def confine(
         )
     ro_paths = _ro_paths() + [os.path.realpath(p) for p in ro]
     rw_paths = [os.path.realpath(p) for p in rw]
-    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-net", "--unshare-pid"]
+    argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-net"]
+    argv += ["--unshare-pid"] if pid_namespace else []
     argv += ["--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "grader"]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", str(limits.tmp_size), "--perms", "1777", "--tmpfs", "/tmp"]
@@ -138,6 +145,8 @@ def confine(
             argv += ["--symlink", os.readlink(p), p]
     for p in rw_paths:
         argv += ["--bind", p, p]
+    for p in hide:
+        argv += ["--ro-bind", "/dev/null", os.path.realpath(p)]
     argv += ["--chdir", os.path.realpath(cwd) if cwd else "/tmp", "--clearenv"]
     for key, value in _sandbox_env(env).items():
         argv += ["--setenv", key, value]

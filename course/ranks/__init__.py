@@ -10,6 +10,7 @@ cell's source. Failures come back as :class:`RankError`, one :class:`RankFailure
 from __future__ import annotations
 
 from course.ranks.launcher import (
+    PerRank,
     RankError,
     RankFailure,
     RunResult,
@@ -22,6 +23,7 @@ from course.ranks.launcher import (
 )
 
 __all__ = [
+    "PerRank",
     "RankError",
     "RankFailure",
     "RunResult",

@@ -20,27 +20,29 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from multiprocessing import forkserver, popen_forkserver, reduction, util
+from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from multiprocessing.context import set_spawning_popen
 from multiprocessing.process import BaseProcess
 from typing import ClassVar
 
 import psutil
 
-__all__ = ["RUN_DIR_PREFIX", "SERVER", "RankProcess", "kill", "sweep_stale_run_dirs"]
+__all__ = ["RUN_DIR_PREFIX", "SERVER", "RankProcess", "Server", "kill", "sweep_stale_run_dirs"]
 
 RUN_DIR_PREFIX = "course-ranks-"  # + the caller's pid: whose run left it, if one did
 
 
-class _Server:
+class Server:
     """A private multiprocessing forkserver with torch preloaded, restarted if it dies."""
 
     # torch._dynamo is what DDP's first forward imports: 1-5 s per rank if every rank pays.
     PRELOAD: ClassVar = ["course.ranks.worker", "course.ranks.launcher", "torch._dynamo"]
 
-    def __init__(self) -> None:
+    def __init__(self, executable: str | None = None, preload: tuple[str, ...] = ()) -> None:
+        """``executable`` runs the server's Python (a wrapper that confines it, say)."""
         self._lock = threading.Lock()
         self._server: forkserver.ForkServer | None = None
+        self._executable, self._preload = executable, [*self.PRELOAD, *preload]
 
     def get(self) -> forkserver.ForkServer:
         """The running forkserver, starting a fresh one if there is none or it died."""
@@ -50,9 +52,21 @@ class _Server:
             if self._server is None:
                 sweep_stale_run_dirs()
                 self._server = forkserver.ForkServer()
-                self._server.set_forkserver_preload(self.PRELOAD)
-                self._server.ensure_running()
+                self._server.set_forkserver_preload(self._preload)
+                self._start(self._server)
             return self._server
+
+    def _start(self, server: forkserver.ForkServer) -> None:
+        """Start ``server``, through our executable if we have one (multiprocessing's hook)."""
+        if self._executable is None:
+            server.ensure_running()
+            return
+        usual = spawn.get_executable()
+        spawn.set_executable(self._executable)
+        try:
+            server.ensure_running()
+        finally:
+            spawn.set_executable(usual)
 
     def pid(self) -> int | None:
         """The forkserver's pid, if one was started."""
@@ -97,7 +111,7 @@ def _reap(pid: int | None, timeout: float = 5.0) -> None:
         _reap(pid, 1.0)
 
 
-SERVER = _Server()
+SERVER = Server()
 
 
 def sweep_stale_run_dirs() -> None:
@@ -123,7 +137,8 @@ class _Popen(popen_forkserver.Popen):
             reduction.dump(process_obj, buf)
         finally:
             set_spawning_popen(None)
-        self.sentinel, w = SERVER.get().connect_to_new_process(self._fds)
+        server = getattr(process_obj, "server", None) or SERVER
+        self.sentinel, w = server.get().connect_to_new_process(self._fds)
         _parent_w = os.dup(w)  # keeps the child's parent_sentinel open while we live
         self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
         with open(w, "wb", closefd=True) as f:
@@ -139,6 +154,12 @@ class RankProcess(BaseProcess):
     @staticmethod
     def _Popen(process_obj: BaseProcess) -> _Popen:  # noqa: N802 - multiprocessing's own hook name
         return _Popen(process_obj)
+
+    server: Server | None = None  # which forkserver forks it (None: the launcher's own)
+
+    def __getstate__(self) -> dict:
+        """What the forkserver's child receives: everything but the server."""
+        return {k: v for k, v in vars(self).items() if k != "server"}
 
     def run(self) -> None:
         from course.ranks.worker import rank_main

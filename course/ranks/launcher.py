@@ -52,12 +52,14 @@ from typing import Any
 
 import psutil
 
+from course.ranks.confined import PerRank
 from course.ranks.failures import CELL_NAME, RankError, RankFailure, RunResult
 from course.ranks.forkserver import SERVER
 from course.ranks.pickling import dumps
 from course.ranks.supervisor import Supervisor
 
 __all__ = [
+    "PerRank",
     "RankError",
     "RankFailure",
     "RunResult",
@@ -134,8 +136,8 @@ def launch(
         kwargs = {**(variables or {}), **kwargs}  # for cell text, keywords are variables too
     elif variables is not None:
         raise TypeError("variables= is for cell text; pass a function's inputs as arguments")
-    payload = _payload(target, args, kwargs)
-    return Supervisor(world_size, payload, timeout, pg_timeout, backend).execute()
+    payloads = [_payload(target, *_share(args, kwargs, rank)) for rank in range(world_size)]
+    return Supervisor(world_size, payloads, timeout, pg_timeout, backend).execute()
 
 
 def max_world_size() -> int:
@@ -197,6 +199,15 @@ def _check_timeouts(timeout: Any, pg_timeout: Any) -> tuple[float, float]:
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e6:
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
     return float(timeout), float(pg_timeout or min(timeout, MAX_PG_TIMEOUT))
+
+
+def _share(args: tuple, kwargs: dict, rank: int) -> tuple[tuple, dict]:
+    """One rank's arguments: each :class:`PerRank` one replaced by that rank's element."""
+
+    def mine(value: Any) -> Any:
+        return value.for_rank(rank) if isinstance(value, PerRank) else value
+
+    return tuple(map(mine, args)), {k: mine(v) for k, v in kwargs.items()}
 
 
 def _payload(target: Any, args: tuple, kwargs: dict) -> bytes:

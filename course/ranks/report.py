@@ -18,6 +18,8 @@ import sys
 import sysconfig
 from typing import Any
 
+from course.ranks import confined
+from course.ranks import plain as plain_data
 from course.ranks.failures import CAUSES, PEER_GONE, RankFailure, RunResult
 
 # gloo's words for "my peer never answered"
@@ -29,16 +31,21 @@ _LIBRARY_DIRS = tuple(
 
 
 def build_result(
-    ranks: list, outputs: list, reason: str, timeout: float, elapsed: float
+    ranks: list, outputs: list, reason: str, timeout: float, elapsed: float, plain: bool = False
 ) -> RunResult:
-    """Collect values and outputs, then classify every rank that did not return."""
+    """Collect values and outputs, then classify every rank that did not return.
+
+    With ``plain`` (confined ranks, not trusted) values are decoded as plain data only.
+    """
     results: list[Any] = [None] * len(ranks)
     raw: dict[int, dict[str, Any]] = {}
     for r in ranks:
         outcome = r.outcome or ("stopped",)
         if outcome[0] == "ok":
             try:
-                results[r.rank] = pickle.loads(outcome[1])  # noqa: S301 - the launcher's own pipe from its ranks
+                results[r.rank] = (
+                    plain_data.loads(outcome[1]) if plain else pickle.loads(outcome[1])  # noqa: S301 - a notebook's own ranks, never a graded run's
+                )
                 continue
             except Exception as exc:  # noqa: BLE001 - any load failure is this rank's failure
                 outcome = ("raised", _load_error(exc))
@@ -183,7 +190,12 @@ def display_name(filename: str) -> str:
 
 
 def source_line(filename: str, lineno: int) -> str:
-    """A source line from the caller's linecache, where IPython keeps notebook cells."""
+    """A source line from the caller's linecache, where IPython keeps notebook cells.
+
+    Never for confined ranks: a file name they report must not make the caller read a file.
+    """
+    if confined.current() is not None:
+        return ""
     return linecache.getline(filename, lineno).strip()
 
 

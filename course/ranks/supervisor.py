@@ -9,15 +9,14 @@ it is (its stack) and every rank's process group is SIGKILLed.
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 
+from course.ranks import confined, messages
 from course.ranks.failures import RunResult
 from course.ranks.forkserver import RUN_DIR_PREFIX, RankProcess, kill
 from course.ranks.report import build_result
@@ -45,15 +44,21 @@ class Supervisor:
     """Start the ranks, watch them until done or failed, kill them all, collect results."""
 
     def __init__(
-        self, world_size: int, payload: bytes, timeout: float, pg_timeout: float, backend: str
+        self,
+        world_size: int,
+        payloads: list[bytes],
+        timeout: float,
+        pg_timeout: float,
+        backend: str,
     ) -> None:
-        self.world_size, self.payload = world_size, payload
+        self.world_size, self.payloads = world_size, payloads
         self.timeout, self.pg_timeout, self.backend = timeout, pg_timeout, backend
         self.ranks: list[_Rank] = []
+        self.box = confined.current()
 
     def execute(self) -> RunResult:
         start = time.monotonic()
-        self.dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
+        self.dir = confined.rank_dir(f"{RUN_DIR_PREFIX}{os.getpid()}-")
         try:
             for rank in range(self.world_size):
                 self.ranks.append(self._start(rank))
@@ -64,14 +69,22 @@ class Supervisor:
             outputs = [self._read(r.rank) for r in self.ranks]
         finally:
             self._kill()
+            if self.box:
+                self.box.cleanup()  # what the ranks started in a new session, too
             shutil.rmtree(self.dir, ignore_errors=True)
-        return build_result(self.ranks, outputs, reason, self.timeout, time.monotonic() - start)
+        elapsed = time.monotonic() - start
+        return build_result(
+            self.ranks, outputs, reason, self.timeout, elapsed, self.box is not None
+        )
 
     def _start(self, rank: int) -> _Rank:
         parent, child = Pipe()
-        args = (child, rank, self.world_size, self.dir, os.getcwd(), list(sys.path))
-        job = (self.payload, self.pg_timeout, self.backend)
+        # A confined rank keeps its own cwd and sys.path: the caller's are not in its sandbox.
+        here = (None, None) if self.box else (os.getcwd(), list(sys.path))
+        args = (child, rank, self.world_size, self.dir, *here)
+        job = (self.payloads[rank], self.pg_timeout, self.backend, self.box is not None)
         proc = RankProcess(args=(*args, *job), name=f"rank-{rank}")
+        proc.server = self.box.server if self.box else None
         proc.daemon = True
         try:
             proc.start()
@@ -112,7 +125,7 @@ class Supervisor:
 
     def _receive(self, rank: _Rank) -> None:
         try:
-            message = pickle.loads(rank.conn.recv_bytes())  # noqa: S301 - the launcher's own pipe from its ranks
+            message = messages.decode(rank.conn.recv_bytes(messages.MAX_MESSAGE))
         except (EOFError, OSError):
             rank.conn_open = False
             return
@@ -151,10 +164,8 @@ class Supervisor:
         """The rank's captured stdout and stderr."""
         texts = []
         for suffix in ("out", "err"):
-            path = os.path.join(self.dir, f"{rank}.{suffix}")
             try:
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    texts.append(f.read())
+                texts.append(confined.read_rank_file(os.path.join(self.dir, f"{rank}.{suffix}")))
             except FileNotFoundError:
                 texts.append("")
         return texts[0], texts[1]

@@ -17,7 +17,6 @@ import contextlib
 import faulthandler
 import linecache
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -38,6 +37,8 @@ import cloudpickle  # noqa: E402 - after the thread limits above, on purpose
 import torch  # noqa: E402 - after the thread limits above, on purpose
 import torch.distributed as dist  # noqa: E402 - after the thread limits above, on purpose
 
+from course.ranks import messages  # noqa: E402 - after the thread limits above
+from course.ranks import plain as plain_data  # noqa: E402 - after the thread limits above
 from course.ranks.failures import CELL_NAME as CELL  # noqa: E402 - after the thread limits above
 
 Frames = list[tuple[str, int, str, str]]  # (filename, lineno, function, source line)
@@ -48,13 +49,18 @@ def rank_main(
     rank: int,
     world_size: int,
     run_dir: str,
-    cwd: str,
-    sys_path: list[str],
+    cwd: str | None,
+    sys_path: list[str] | None,
     payload: bytes,
     pg_timeout: float,
     backend: str,
+    plain: bool = False,
 ) -> None:
-    """Run one rank's job and report the outcome to the caller; never returns."""
+    """Run one rank's job and report the outcome to the caller; never returns.
+
+    ``cwd`` and ``sys_path`` (the caller's) are taken over unless None; with ``plain`` the
+    return value travels as plain data (:mod:`course.ranks.plain`), else with cloudpickle.
+    """
     if os.getpid() != os.getpgrp():
         os.setpgid(0, 0)  # own process group: the caller kills it and all it started
     _redirect_output(run_dir, rank)
@@ -64,13 +70,15 @@ def rank_main(
     watchdog.start()
     os._exit = _reporting_exit(send, os._exit)
     try:
-        os.chdir(cwd)
-        sys.path[:] = sys_path
+        if cwd is not None:
+            os.chdir(cwd)
+        if sys_path is not None:
+            sys.path[:] = sys_path
         torch.set_num_threads(1)
         store = dist.FileStore(os.path.join(run_dir, "store"), world_size)
         device = _init_process_group(rank, world_size, store, pg_timeout, backend)
         value = _execute(cloudpickle.loads(payload), rank, world_size, device)
-        send(("ok", _dump_value(value)))
+        send(("ok", _dump_value(value, plain)))
     except SystemExit as exc:
         send(("sys_exit", _exit_code(exc.code), _frames(exc.__traceback__)))
     except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt included, goes to the caller
@@ -113,16 +121,16 @@ def _execute(job: dict[str, Any], rank: int, world_size: int, device: torch.devi
     namespace |= job["variables"]
     tree = ast.parse(source, CELL)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-    exec(compile(tree, CELL, "exec"), namespace)  # noqa: S102 - runs the cell's own source, on its own rank
+    exec(compile(tree, CELL, "exec", dont_inherit=True), namespace)  # noqa: S102 - runs the cell's own source, on its own rank
     if last is None:
         return None
-    return eval(compile(ast.Expression(last.value), CELL, "eval"), namespace)  # noqa: S307 - the cell's last expression, like IPython's
+    return eval(compile(ast.Expression(last.value), CELL, "eval", dont_inherit=True), namespace)  # noqa: S307 - the cell's last expression, like IPython's
 
 
-def _dump_value(value: Any) -> bytes:
-    """Pickle a return value, or explain why it cannot travel back to the caller."""
+def _dump_value(value: Any, plain: bool) -> bytes:
+    """Encode a return value, or explain why it cannot travel back to the caller."""
     try:
-        return cloudpickle.dumps(value)
+        return plain_data.dumps(value) if plain else cloudpickle.dumps(value)
     except Exception as exc:  # noqa: BLE001 - any pickling failure becomes this rank's TypeError
         kind = type(value).__name__
         raise TypeError(
@@ -139,7 +147,7 @@ class _Sender:
         self._lock = threading.Lock()
 
     def __call__(self, message: tuple) -> None:
-        data = pickle.dumps(message)
+        data = messages.encode(message)
         # OSError: the caller is gone, and the watchdog is about to end this rank.
         with self._lock, contextlib.suppress(OSError):
             self._conn.send_bytes(data)

@@ -6,15 +6,17 @@ leaves what it did; the caller assembles the (partial) trace from plain JSON onl
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+from course.ranks.confined import read_rank_file
 from course.ring.trace import Message, Trace
 
 __all__ = ["as_list", "log_path", "read_log", "read_trace"]
+
+MAX_LOG = 16 * 2**20  # bytes read of one rank's log
 
 
 def log_path(directory: str | os.PathLike, rank: int, tag: str = "") -> Path:
@@ -31,18 +33,31 @@ def read_log(path: str | os.PathLike) -> tuple[list[Message], list[str]]:
     """One rank's streamed messages (the last word on each) and collective names."""
     latest: dict[tuple[str, int], Message] = {}
     collectives: list[str] = []
-    with contextlib.suppress(FileNotFoundError), open(path) as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a kill
-                continue
+    try:
+        text = read_rank_file(str(path), MAX_LOG)  # written by a rank: links not followed
+    except FileNotFoundError:
+        return [], []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
             if record["op"] == "collective":
-                collectives.append(record["name"])
+                collectives.append(str(record["name"])[:80])
             else:
-                m = Message(*record["message"])
+                m = _message(record["message"])
                 latest[m.op, m.order] = m
+        except (ValueError, KeyError, TypeError):  # a line cut short by a kill, or not a log's
+            continue
     return sorted(latest.values(), key=lambda m: (m.op, m.order)), collectives
+
+
+def _message(fields: Any) -> Message:
+    """A logged message, its fields checked: a log is written on the rank, not trusted."""
+    if not isinstance(fields, list) or len(fields) != 8 or fields[2] not in ("send", "recv"):
+        raise TypeError("not a logged message")
+    ints = [fields[i] for i in (0, 1, 3, 4, 5)] + [f for f in fields[6:] if f is not None]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and abs(i) < 2**62 for i in ints):
+        raise TypeError("not a logged message")
+    return Message(*fields)
 
 
 def read_trace(

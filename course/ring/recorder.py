@@ -28,7 +28,6 @@ import functools
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
@@ -39,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
+from course.ranks.confined import rank_dir
 from course.ring.collectives import COLLECTIVES, FUNCTIONAL, Collective, async_op, sizes_of
 from course.ring.encoding import check_encodable, decode_tensor, encoded_tensor
 from course.ring.logs import as_list, log_path, read_trace
@@ -233,7 +233,7 @@ def _record_rank(fn: Callable[[torch.Tensor], Any], numel: int, directory: str) 
 
 @contextlib.contextmanager
 def scratch_dir() -> Iterator[str]:
-    directory = tempfile.mkdtemp(prefix="course-trace-")
+    directory = rank_dir("course-trace-")  # the ranks write it, wherever they run
     try:
         yield directory
     finally:

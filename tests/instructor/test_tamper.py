@@ -1,97 +1,180 @@
-"""Can a submission gain points by attacking the grading instead of solving the problem?
+"""Can a submission gain points, read what it must not, or do harm by attacking the grader?
 
-Every attack in tests/fixtures/tamper/course_kit.py is autograded through the real nbgrader
-pipeline (sandboxed kernel + ``course.instructor.rejudge.Rejudge``) next to an honest right and an
-honest wrong submission. Each attack must score no more than the honest wrong one; the ones
-marked as beating plain nbgrader must also have fooled the kernel (so the test can fail).
+One class of the real ring_allreduce assignment (16 points) is autograded the one way the
+course grades (``classrun``: one ``nbgrader autograde`` per submission with the course's
+``nbgrader_config.py``, so ``course.instructor.judge``): an honest right and an honest wrong
+submission, and one hostile submission per attack in ``attacks.py``, each the honest wrong one
+plus its attack. The honest right one is graded at the same time as the fork bomb.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
+import hashlib
+import os
 from pathlib import Path
 
+import attacks
 import nbformat
 import pytest
-from nbgrader.api import Gradebook
-from nbgrader.utils import determine_grade
 
 from course.instructor import classrun, sandbox
+from course.instructor.commands import nbgrader
+from course.instructor.grades import grade_rows
+from course.instructor.pipeline import prepare_course
+from course.instructor.submissions import Submission, submit
 
-pytestmark = [pytest.mark.nbgrader, pytest.mark.slow, pytest.mark.ranks, pytest.mark.timeout(1500)]
+pytestmark = [
+    pytest.mark.nbgrader,
+    pytest.mark.slow,
+    pytest.mark.ranks,
+    pytest.mark.timeout(1200),
+    pytest.mark.skipif(
+        not sandbox.available() or os.geteuid() != 0,
+        reason="grading confines student code with bubblewrap as another uid: needs bwrap and root",
+    ),
+]
 
-_spec = importlib.util.spec_from_file_location(
-    "course_kit", Path(__file__).parents[1] / "fixtures" / "tamper" / "course_kit.py"
-)
-kit = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(kit)
+A = "ring_allreduce"
+WRONG = {"*": "wrong"}
+ATTACKS = {
+    "forged_pickle": attacks.FORGED_PICKLE,
+    "evil_tensor": attacks.EVIL_TENSOR,
+    "other_inputs": attacks.OTHER_INPUTS,
+    "reference": attacks.REFERENCE,
+    "collective": attacks.COLLECTIVE,
+    "collective_renamed": attacks.COLLECTIVE_RENAMED,
+    "store": attacks.STORE,
+    "read_around": attacks.READ_AROUND,
+    "write_around": attacks.WRITE_AROUND,
+}
+FORK_BOMB, HONEST = "aa_fork_bomb", "ab_honest_right"  # first in the queue: graded side by side
+LOOP = "\nwhile True:\n    pass\n"
 
 
-OUTCOMES: dict[str, classrun.Outcome] = {}
+def _submissions() -> list[Submission]:
+    subs = [
+        Submission(FORK_BOMB, A, WRONG, {"ring_allreduce": attacks.FORK_BOMB}),
+        Submission(HONEST, A, {"*": "key"}, {"ring_allreduce": attacks.HONEST_RING}),
+        Submission("honest_wrong", A, WRONG),
+        Submission("quiz_forms", A, {"*": "key"}),
+        Submission("runaway", A, {"*": "key"}, {"ring_allreduce": attacks.HONEST_RING + LOOP}),
+    ]
+    return subs + [Submission(name, A, WRONG, {"ring_allreduce": s}) for name, s in ATTACKS.items()]
+
+
+def _edit(root: Path, student: str, edit: dict[str, str]) -> None:
+    """Replace (or, with a leading "+", extend) the text of answer cells after assembly."""
+    path = root / "submitted" / student / A / f"{A}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        text = edit.get(cell.metadata.get("nbgrader", {}).get("grade_id"))
+        if text is not None:
+            cell.source = cell.source + text[1:] if text.startswith("+") else text
+    nbformat.write(nb, path)
+
+
+def _fingerprint(root: Path) -> dict[str, str]:
+    """Every file of the course outside what grading writes, by content."""
+    skip = ("autograded", "feedback", "gradebook.db", "build", "exchange")
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not str(p.relative_to(root)).startswith(skip)
+    }
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = kit.make_course(tmp_path_factory.mktemp("tamper") / "course", sandbox.available())
-    kit.submit(root, "honest_right", kit.honest_right)
-    kit.submit(root, "honest_wrong")
-    for name, (edit, _) in kit.ATTACKS.items():
-        kit.submit(root, name, edit)
-    outcomes = classrun.autograde_class(kit.ASSIGNMENT, root, workers=2, progress=lambda _: None)
-    OUTCOMES.update((o.student, o) for o in outcomes)
-    return root
+def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    Path(attacks.MARKER).unlink(missing_ok=True)
+    root = prepare_course(tmp_path_factory.mktemp("tamper") / "course")
+    nbgrader(root, "generate_assignment", A, "--force")
+    submit(root, _submissions())
+    _edit(root, "quiz_forms", {
+        "ring_1_answer": 'answer_ring_1 = "B".lower()\n',  # a call, not a literal
+        "ring_2_answer": 'answer_ring_2 = f"c"\n',  # an f-string
+        "ring_allreduce": '+\nanswer_ring_3 = "b"\n',  # set again, in another cell
+    })  # fmt: skip
+    _edit(root, "runaway", {"ring_1_answer": "+" + LOOP})
+    before = _fingerprint(root)
+    lines: list[str] = []
+    outcomes = classrun.autograde_class(A, root, workers=2, progress=lines.append)
+    scores: dict[str, dict[str, float]] = {}
+    for row in grade_rows(root):
+        scores.setdefault(row.student, {})[row.grade_id] = row.score
+    return {"root": root, "outcomes": {o.student: o for o in outcomes}, "scores": scores,
+            "before": before, "log": lines}  # fmt: skip
 
 
-def score(root: Path, student: str) -> float:
-    """The student's total; a submission the grader could not finish has none (listed failed)."""
-    if OUTCOMES[student].status == "failed":
-        return 0.0
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
-        return float(gb.find_submission(kit.ASSIGNMENT, student).score)
-
-
-def kernel_score(root: Path, student: str) -> float:
-    """What plain nbgrader would have given: the autograded outputs minus the re-check's."""
-    path = root / "autograded" / student / kit.ASSIGNMENT / f"{kit.ASSIGNMENT}.ipynb"
+def _outputs(root: Path, student: str, grade_id: str) -> str:
+    path = root / "autograded" / student / A / f"{A}.ipynb"
     nb = nbformat.read(path, as_version=4)
-    total = 0.0
-    for cell in nb.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade") and cell.cell_type == "code":
-            cell.outputs = [o for o in cell.outputs if o.get("ename") != "RecheckFailed"]
-            total += determine_grade(cell)[0] or 0.0
-    return total
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+    return "\n".join(o.get("text") or o.get("evalue") or "" for o in cell.get("outputs", []))
 
 
-def test_honest_right_scores_full(graded: Path) -> None:
-    """Does a right submission keep full marks under the sandbox and the re-check?"""
-    assert OUTCOMES["honest_right"].status == "graded"
-    assert score(graded, "honest_right") == 3.0
+def test_every_submission_is_graded_and_the_honest_ones_score_as_they_should(graded: dict) -> None:
+    """No attack makes the grader fail (FAILED would not be a grade); 16 and 0 as earned."""
+    assert {s: o.status for s, o in graded["outcomes"].items() if o.status != "graded"} == {}
+    assert sum(graded["scores"][HONEST].values()) == 16
+    assert sum(graded["scores"]["honest_wrong"].values()) == 0
 
 
-def test_honest_wrong_scores_nothing(graded: Path) -> None:
-    """Does the baseline (answer "a", exercise left as released) score 0?"""
-    assert OUTCOMES["honest_wrong"].status == "graded"
-    assert score(graded, "honest_wrong") == 0.0
+@pytest.mark.parametrize("attack", [*ATTACKS, FORK_BOMB])
+def test_an_attack_gains_nothing(graded: dict, attack: str) -> None:
+    """Each attack scores what the honest wrong answer scores (the store keeps the sums only)."""
+    mine = graded["scores"][attack]
+    if attack == "store":  # communicates without a message: right sums, never a ring
+        assert mine["ring_allreduce_pattern"] == 0
+        mine = {k: v for k, v in mine.items() if k != "ring_allreduce_sums"}
+    assert sum(mine.values()) == 0, mine
 
 
-@pytest.mark.parametrize("attack", sorted(kit.ATTACKS))
-def test_attack_gains_nothing(graded: Path, attack: str) -> None:
-    """Does this attack score no more than the honest wrong one (or end as a listed failure)?"""
-    assert OUTCOMES[attack].status == "graded" or OUTCOMES[attack].error
-    assert score(graded, attack) <= score(graded, "honest_wrong")
+def test_a_collective_earns_nothing_and_says_why(graded: dict) -> None:
+    text = _outputs(graded["root"], "collective", "ring_allreduce_sums")
+    assert "dist.all_reduce, a collective" in text and "point-to-point calls only" in text
 
 
-@pytest.mark.parametrize("attack", sorted(a for a, (_, beats) in kit.ATTACKS.items() if beats))
-def test_attack_beats_plain_nbgrader(graded: Path, attack: str) -> None:
-    """Would this attack have scored above the baseline in the kernel alone (plain nbgrader)?"""
-    assert kernel_score(graded, attack) > kernel_score(graded, "honest_wrong")
+def test_nothing_a_rank_sends_is_unpickled(graded: dict) -> None:
+    """The forged pickles and the tensor subclass never ran in the grader (no marker file)."""
+    assert not Path(attacks.MARKER).exists()
+    assert "malformed report" in _outputs(graded["root"], "forged_pickle", "ring_allreduce_sums")
 
 
-def test_recheck_explains_itself(graded: Path) -> None:
-    """Does a cell zeroed by the re-check say why, in the student's feedback?"""
-    path = graded / "autograded" / "input_transformer" / kit.ASSIGNMENT / "tamper.ipynb"
-    nb = json.loads(path.read_text())
-    check = kit.cell(nb, "tamper_1_check")
-    assert check["outputs"][0]["ename"] == "RecheckFailed"
-    assert "fresh Python" in check["outputs"][0]["evalue"]
+def test_the_course_reference_is_out_of_reach(graded: dict) -> None:
+    text = _outputs(graded["root"], "reference", "ring_allreduce_sums")
+    assert "reference" in text and "ring_allreduce failed" in text
+
+
+def test_nothing_secret_reaches_a_submission(graded: dict) -> None:
+    """What the reading attack found (and shows in its feedback) holds no solution, no hidden
+    test, no gradebook and nothing of another student's; no autograded notebook but the
+    honest right one holds that student's token."""
+    shown = _outputs(graded["root"], "read_around", "ring_allreduce_sums")
+    assert "RuntimeError" in shown
+    for secret in (attacks.TOKEN, "BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "SQLite format", "key="):
+        assert secret not in shown
+    autograded = graded["root"] / "autograded"
+    holders = {p.parts[-3] for p in autograded.rglob("*.ipynb") if attacks.TOKEN in p.read_text()}
+    assert holders == {HONEST}
+
+
+def test_no_file_outside_the_grading_output_changes(graded: dict) -> None:
+    assert _fingerprint(graded["root"]) == graded["before"]
+    planted = [*graded["root"].rglob("planted.txt"), *Path("/tmp").glob("planted.txt")]
+    assert planted == []
+
+
+def test_quiz_answers_are_read_from_the_text(graded: dict) -> None:
+    """A call, an f-string, or the name set again elsewhere: 0, with the form expected."""
+    scores = graded["scores"]["quiz_forms"]
+    assert (scores["ring_1_check"], scores["ring_2_check"], scores["ring_3_check"]) == (0, 0, 0)
+    for item in ("ring_1", "ring_2", "ring_3"):
+        text = _outputs(graded["root"], "quiz_forms", f"{item}_check")
+        assert f'write it as answer_{item} = "a"' in text
+
+
+def test_a_runaway_cell_costs_only_itself(graded: dict) -> None:
+    """Endless loops in an answer cell and after the ring: quiz points kept, the ring's lost."""
+    scores = graded["scores"]["runaway"]
+    assert scores["ring_1_check"] + scores["ring_2_check"] + scores["ring_3_check"] == 6
+    assert scores["ring_allreduce_sums"] == scores["ring_allreduce_pattern"] == 0

@@ -1,0 +1,187 @@
+"""The grader: nbgrader's autograde with no kernel; every grade cell judged from plain data.
+
+:class:`Judge` takes the place of nbgrader's ``Execute`` preprocessor, so the ``nbgrader
+autograde`` process never runs a line of the submission. It writes each grade cell's output
+itself, and nbgrader scores those outputs as usual (an error output: no points):
+
+* a quiz item is read from the notebook's text (:mod:`course.instructor.quiz`);
+* a code check is the grade cell's own source (the instructor's, from the gradebook, hidden
+  tests included) run here, with each name the check takes from the student bound to a
+  :class:`~course.instructor.student.StudentCode`: the check's ranks define it from the
+  submitted cells and run it, confined (:class:`~course.instructor.rankbox.RankBox`), and
+  send back plain data, from which the check computes its verdict here.
+
+Cells that grade nothing (measurements, widgets, benchmarks, the student's tries) are not
+run. Register it in ``nbgrader_config.py``::
+
+    from course.instructor.judge import autograde_preprocessors
+    c.Autograde.autograde_preprocessors = autograde_preprocessors()
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import io
+from typing import Any
+
+from course.instructor.quiz import quiz_call, quiz_verdict
+from course.instructor.rankbox import RankBox
+from course.instructor.student import StudentCode, cell_source
+
+__all__ = ["GraderError", "Submission", "autograde_preprocessors", "judge_cell"]
+
+
+class GraderError(RuntimeError):
+    """The grader itself failed (not the student's work): the submission is not graded."""
+
+
+class Submission:
+    """A submitted notebook as the grader reads it: the instructor's cells and the student's."""
+
+    def __init__(self, nb: Any, sources: dict[str, str], graded: set, solutions: set) -> None:
+        self.setup: list[str] = []  # the instructor's import cells, run before a check
+        self.student: list[tuple[str, str]] = []  # (label, source) of every cell they edit
+        self.quiz_cells: set[str] = set()  # answer cells: never run anywhere
+        self.grade_cells: list[tuple[str, Any]] = []
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+            locked = cell.metadata.get("nbgrader", {}).get("locked", False)
+            if gid in graded and gid not in solutions:
+                self.grade_cells.append((gid, cell))
+            elif gid in solutions or not (gid in sources or locked):
+                self.student.append((gid or f"added cell {i + 1}", cell.source))
+                if gid in sources and _only_answers(sources[gid]):
+                    self.quiz_cells.add(gid)
+            elif gid in sources and _only_imports(sources[gid]):
+                self.setup.append(sources[gid])
+
+    def code(self, name: str) -> StudentCode:
+        """The student's ``name``: defined on a rank by the setup and the student's cells."""
+        cells = [("setup", s) for s in self.setup]
+        cells += [(label, s) for label, s in self.student if label not in self.quiz_cells]
+        return StudentCode(tuple(cells), name)
+
+
+def _only_answers(source: str) -> bool:
+    """An answer cell, as released: it binds ``answer_*`` names only."""
+    try:
+        tree = ast.parse(cell_source(source) or "")
+    except SyntaxError:
+        return False
+    targets = [t for n in tree.body if isinstance(n, ast.Assign) for t in n.targets]
+    names = [getattr(t, "id", "") for t in targets]
+    return bool(names) and all(n.startswith("answer_") for n in names)
+
+
+def _only_imports(source: str) -> bool:
+    """A setup cell: imports (and magics) only."""
+    try:
+        tree = ast.parse(cell_source(source) or "")
+    except SyntaxError:
+        return False
+    return all(isinstance(n, ast.Import | ast.ImportFrom) for n in tree.body)
+
+
+def judge_cell(sub: Submission, source: str) -> tuple[bool, str]:
+    """(passed, what the student reads) for one grade cell's (instructor's) source."""
+    call = quiz_call(source)
+    try:
+        if call is not None:
+            return True, quiz_verdict(sub.student, call)
+        return True, _run_check(sub, source)
+    except AssertionError as err:  # CheckFailed included: the verdict on the student's work
+        return False, str(err)
+
+
+def _run_check(sub: Submission, source: str) -> str:
+    """Run a grade cell's check here, the student's names bound to their StudentCode."""
+    namespace: dict[str, Any] = {"__name__": "__grader__"}
+    for setup in sub.setup:
+        exec(compile(cell_source(setup) or "", "<setup>", "exec", dont_inherit=True), namespace)  # noqa: S102 - the instructor's import cell
+    code = cell_source(source) or ""
+    tree = ast.parse(code)
+    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not _loads(n)}
+    bound |= {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) for a in _aliases(n)}
+    wanted = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and _loads(n)}
+    for name in wanted - bound - set(namespace) - set(vars(builtins)):
+        namespace[name] = sub.code(name)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(tree, "<grade cell>", "exec", dont_inherit=True), namespace)  # noqa: S102 - the instructor's grade cell, from the gradebook
+    return out.getvalue()
+
+
+def _loads(node: ast.Name) -> bool:
+    return isinstance(node.ctx, ast.Load)
+
+
+def _aliases(node: ast.AST) -> list[ast.alias]:
+    return node.names if isinstance(node, ast.Import | ast.ImportFrom) else []
+
+
+def _outputs(passed: bool, text: str) -> list[Any]:
+    from nbformat.v4 import new_output
+
+    if passed:
+        return [new_output("stream", name="stdout", text=text)] if text else []
+    head = text.splitlines()[0] if text else "the check failed"
+    return [
+        new_output(
+            "error", ename="CheckFailed", evalue=text, traceback=[head, *text.splitlines()[1:]]
+        )
+    ]
+
+
+def _make_judge() -> type:
+    """Build :class:`Judge` on first use: nbgrader is too heavy to import in every kernel."""
+    from nbgrader.api import Gradebook
+    from nbgrader.preprocessors import NbGraderPreprocessor
+
+    class Judge(NbGraderPreprocessor):
+        """Write every grade cell's output from the grader's own verdict (module docstring)."""
+
+        def preprocess(self, nb: Any, resources: dict) -> tuple[Any, dict]:
+            info = resources["nbgrader"]
+            with Gradebook(info["db_url"]) as gb:
+                record = gb.find_notebook(info["notebook"], info["assignment"])
+                sources = {c.name: c.source for c in record.source_cells}
+                graded = {c.name for c in record.grade_cells}
+                solutions = {c.name for c in record.solution_cells}
+            sub = Submission(nb, sources, graded, solutions)
+            with RankBox():
+                for gid, cell in sub.grade_cells:
+                    try:
+                        passed, text = judge_cell(sub, sources[gid])
+                    except Exception as err:
+                        raise GraderError(
+                            f"grading cell {gid} failed: {type(err).__name__}: {err}"
+                        ) from err
+                    cell.outputs = _outputs(passed, text)
+                    self.log.info("%s: %s", gid, "passed" if passed else "failed")
+            return nb, resources
+
+    Judge.__module__ = __name__
+    return Judge
+
+
+_LAZY: dict[str, type] = {}
+
+
+def __getattr__(name: str) -> type:
+    if name == "Judge":
+        return _LAZY.setdefault(name, _make_judge())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def autograde_preprocessors() -> list[type]:
+    """nbgrader 0.9.6's autograde pipeline with :class:`Judge` in place of ``Execute``."""
+    from nbgrader.converters import Autograde
+    from nbgrader.preprocessors import Execute
+
+    pipeline = list(Autograde.class_traits()["autograde_preprocessors"].default())
+    pipeline[pipeline.index(Execute)] = __getattr__("Judge")
+    return pipeline

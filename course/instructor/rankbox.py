@@ -1,0 +1,108 @@
+"""Where a submission's code runs during grading: ranks forked from a confined forkserver.
+
+    with RankBox() as box:          # every course.ranks launch in here runs confined
+        check_ring_sums(StudentCode(cells, "ring_allreduce"))
+
+The forkserver is a fresh Python started inside :func:`course.instructor.sandbox.confine`
+(no network, a read-only view of Python and the ``course`` package with the course's own
+reference implementations blanked, none of the course's sources, gradebook or submissions),
+as the uid in ``COURSE_SANDBOX_UID`` (one per submission graded at a time, so the process
+limit, counted per uid, is its own), with a size-capped scratch folder as the only place it
+may write. Its ranks keep the grader's pids, so the launcher stops them as usual, and what
+they send back is plain data (:mod:`course.ranks.confined`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import psutil
+
+from course.instructor.sandbox import SANDBOX_UID, Limits, confine
+from course.ranks.confined import confined_launches
+from course.ranks.forkserver import Server
+
+__all__ = ["HIDDEN", "RankBox", "sandbox_uid"]
+
+COURSE = Path(__file__).resolve().parents[1]
+# Working solutions that ship with the course for its demonstrations: empty on graded ranks.
+HIDDEN = (COURSE / "ring" / "reference.py",)
+LIMITS = Limits(file_size=64 * 2**20, tmp_size=64 * 2**20)
+SCRATCH_SIZE = "256m"  # the scratch folder's size cap, when it can be a tmpfs (as root)
+
+
+def sandbox_uid() -> int:
+    """The uid this grading process confines student code as (``COURSE_SANDBOX_UID``)."""
+    value = os.environ.get("COURSE_SANDBOX_UID", "")
+    return int(value) if value.isdigit() else SANDBOX_UID
+
+
+class RankBox:
+    """A confined forkserver and its scratch folder, for the duration of a ``with``."""
+
+    def __init__(self, uid: int | None = None) -> None:
+        """``uid``: default ``COURSE_SANDBOX_UID``, which is then this submission's alone."""
+        self.uid = sandbox_uid() if uid is None else uid
+        self.exclusive = uid is None and "COURSE_SANDBOX_UID" in os.environ
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> Self:
+        private = Path(tempfile.mkdtemp(prefix="course-grader-"))  # the wrapper lives here
+        self._stack.callback(shutil.rmtree, private, ignore_errors=True)
+        scratch = private / "scratch"
+        scratch.mkdir()
+        if _mount_tmpfs(scratch):
+            self._stack.callback(subprocess.run, ["umount", "-l", str(scratch)], check=False)
+        self._share(str(scratch))
+        # The confined uid may pass through to scratch, not list what else is here.
+        os.chmod(private, 0o711)  # noqa: S103 - execute-only for others, on purpose
+        wrapper = private / "python"
+        hide = [str(p) for p in HIDDEN]
+        argv = confine([sys.executable], rw=[str(scratch)], cwd=str(scratch), limits=LIMITS,
+                       uid=self.uid, pid_namespace=False, hide=hide)  # fmt: skip
+        wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(argv)} "$@"\n')
+        wrapper.chmod(0o700)
+        self.server = Server(str(wrapper), preload=("course.checks", "course.instructor.student"))
+        self._stack.callback(self.server.stop)
+        launches = confined_launches(self.server, str(scratch), self._share, self._cleanup)
+        self._stack.enter_context(launches)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._stack.close()
+
+    def _share(self, path: str) -> None:
+        """Hand a folder to the confined uid (when we are root; else it is ours already)."""
+        if os.geteuid() == 0:
+            os.chown(path, self.uid, self.uid)
+
+    def _cleanup(self) -> None:
+        """After a launch, kill every process of our uid but the forkserver (its ranks, and
+        anything they started in a session of its own): only when the uid is ours alone."""
+        if not self.exclusive or os.geteuid() != 0:
+            return
+        keep = self.server.pid()  # bwrap's pid: the forkserver is its child
+        for proc in psutil.process_iter(["uids", "ppid"]):
+            uids, ppid = proc.info["uids"], proc.info["ppid"]
+            if uids and uids.real == self.uid and keep not in (ppid, proc.pid):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+
+
+def _mount_tmpfs(path: Path) -> bool:
+    """Make ``path`` a size-capped tmpfs (root only); False where that is not allowed."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    cmd = ["mount", "-t", "tmpfs", "-o", f"size={SCRATCH_SIZE},mode=0700", "tmpfs", str(path)]
+    return subprocess.run(cmd, capture_output=True, check=False).returncode == 0

@@ -1,0 +1,125 @@
+"""Graded ranks: confined, as another uid, sent their own inputs only, read as plain data."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from course.instructor import sandbox
+from course.instructor.rankbox import RankBox
+from course.instructor.student import StudentCode
+from course.ranks import PerRank, launch
+
+pytestmark = [
+    pytest.mark.ranks,
+    pytest.mark.skipif(
+        not sandbox.available() or os.geteuid() != 0,
+        reason="graded ranks run confined with bubblewrap as another uid: needs bwrap and root",
+    ),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+# Graded ranks see only Python and the course package: send this module's functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _where_am_i() -> dict:
+    import importlib
+    import os
+
+    try:
+        importlib.import_module("course.ring.reference")
+        reference = "imported"
+    except ImportError as err:
+        reference = str(err)
+    path = Path(importlib.import_module("course.ring").__file__).parent / "reference.py"
+    try:
+        text = path.read_text()
+    except OSError as err:
+        text = f"unreadable: {err}"
+    return {
+        "uid": os.getuid(),
+        "sources": os.path.exists(REPO / "source"),
+        "gradebook": os.path.exists(REPO / "gradebook.db"),
+        "reference": reference,
+        "reference_text": text,
+    }
+
+
+def test_graded_ranks_are_confined_and_cannot_reach_the_reference() -> None:
+    with RankBox(uid=sandbox.SANDBOX_UID):
+        result = launch(_where_am_i, 2, timeout=30)
+    assert result.ok, result.failures
+    for seen in result.results:
+        assert seen["uid"] == sandbox.SANDBOX_UID
+        assert not seen["sources"] and not seen["gradebook"]
+        assert "reference" in seen["reference"] and seen["reference"] != "imported"
+        assert seen["reference_text"].startswith("unreadable")
+
+
+def _secrets_in_memory() -> list[str]:
+    import gc
+
+    return sorted({o for o in gc.get_objects() if isinstance(o, str) and o.startswith("secret-")})
+
+
+def _own_and_seen(mine: str) -> tuple:
+    return mine, _secrets_in_memory()
+
+
+def test_each_rank_is_sent_its_own_share_only() -> None:
+    shares = PerRank([f"secret-{r}-{'x' * 20}" for r in range(3)])
+    with RankBox():
+        result = launch(_own_and_seen, 3, shares, timeout=30)
+    assert result.ok, result.failures
+    for rank, (mine, seen) in enumerate(result.results):
+        assert mine == shares[rank]
+        assert [s for s in seen if s.startswith("secret-") and s != mine] == []
+
+
+def _swap_stdout_for(target: str) -> None:
+    own = os.readlink("/proc/self/fd/1")
+    os.unlink(own)
+    os.symlink(target, own)
+
+
+def test_a_file_a_rank_wrote_is_never_followed(tmp_path: Path) -> None:
+    """A rank that turns its output file into a link gets nothing read through it."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOPSECRET")
+    with RankBox():
+        result = launch(_swap_stdout_for, 2, str(secret), timeout=30)
+    assert result.ok, result.failures
+    assert all("TOPSECRET" not in out for out in result.stdout)
+
+
+def _not_plain() -> object:
+    return object()
+
+
+def test_a_value_that_is_not_plain_data_is_refused_on_the_rank() -> None:
+    with RankBox():
+        result = launch(_not_plain, 1, timeout=30)
+    assert not result.ok
+    assert "cannot be sent back" in result.failures[0].message
+
+
+def test_student_code_is_defined_on_the_rank_only() -> None:
+    cells = (("setup", "import torch"), ("mine", "def double(t):\n    return t * 2\n"))
+    code = StudentCode(cells, "double")
+    with pytest.raises(RuntimeError, match="runs on graded ranks only"):
+        code(1)
+    with RankBox():
+        result = launch(_apply, 1, code, timeout=30)
+    assert result.ok and result.results == [6]
+    assert StudentCode(cells, "double").stub_message() is None
+    stub = (("mine", 'def double(t):\n    """Double it."""\n    # YOUR CODE HERE\n'),)
+    assert "double is not implemented yet" in StudentCode(stub, "double").stub_message()
+
+
+def _apply(fn: object) -> int:
+    return fn(3)
