@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,14 @@ from pathlib import Path
 from course.instructor.commands import gradebook_url
 from course.instructor.submissions import Submission
 
-__all__ = ["GradeRow", "check_expectations", "format_grades", "grade_rows", "totals"]
+__all__ = [
+    "GradeRow",
+    "check_expectations",
+    "format_grades",
+    "grade_rows",
+    "near_copies",
+    "totals",
+]
 
 
 @dataclass(frozen=True)
@@ -47,8 +55,26 @@ def totals(root: Path, assignment: str, student: str) -> tuple[float, float]:
     return sum(r.score for r in mine), sum(r.max_score for r in mine)
 
 
-def format_grades(rows: Sequence[GradeRow]) -> str:
-    """A table per assignment: one line per grade cell, one column per student, totals."""
+def near_copies(root: Path) -> dict[tuple[str, str], list[str]]:
+    """(student, assignment) -> the functions the judge found to be near copies of the course's
+    solutions (``course.instructor.copies``), from the autograded notebooks' metadata."""
+    found = {}
+    for path in sorted(Path(root).glob("autograded/*/*/*.ipynb")):
+        try:
+            meta = json.loads(path.read_text()).get("metadata", {})
+        except (OSError, ValueError):
+            continue
+        names = meta.get("course", {}).get("near_copies") or []
+        if names:
+            found[path.parent.parent.name, path.parent.name] = [str(n) for n in names]
+    return found
+
+
+def format_grades(
+    rows: Sequence[GradeRow], copies: dict[tuple[str, str], list[str]] | None = None
+) -> str:
+    """A table per assignment: one line per grade cell, one column per student, totals; then
+    the near copies of the course's solutions, for the instructor to look at."""
     out = []
     for assignment in sorted({r.assignment for r in rows}):
         mine = [r for r in rows if r.assignment == assignment]
@@ -66,6 +92,10 @@ def format_grades(rows: Sequence[GradeRow]) -> str:
         label = f"  total ({sum(top.values()):g})"
         totals = [sum(score.get((c, s), 0) for c in cells) for s in students]
         out.append(f"{label:<{width}}" + "".join(f"{t:>9g}" for t in totals))
+        for (student, a), names in sorted((copies or {}).items()):
+            if a == assignment:
+                what = ", ".join(names)
+                out.append(f"  flagged: {student}'s {what}: a near copy of the course's solution")
     return "\n".join(out)
 
 

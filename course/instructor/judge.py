@@ -26,6 +26,7 @@ import contextlib
 import io
 from typing import Any
 
+from course.instructor.copies import near_copies
 from course.instructor.quiz import quiz_call, quiz_verdict
 from course.instructor.rankbox import RankBox
 from course.instructor.student import StudentCode, cell_source
@@ -152,6 +153,9 @@ def _make_judge() -> type:
                 graded = {c.name for c in record.grade_cells}
                 solutions = {c.name for c in record.solution_cells}
             sub = Submission(nb, sources, graded, solutions)
+            own = [sources[gid] for gid in solutions if gid in sources]
+            copies = near_copies([text for _, text in sub.student], own)
+            nb.metadata["course"] = {"near_copies": copies}  # for the grade table
             with RankBox():
                 for gid, cell in sub.grade_cells:
                     try:

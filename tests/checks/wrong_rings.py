@@ -172,7 +172,7 @@ WRONG = {
     "averaging": (averaging, "sums", ["average"]),
     "naive_exchange": (naive_exchange, "pattern", ["made 1 sends", "2(N-1) = 2"]),
     "whole_tensor_ring": (whole_tensor_ring, "pattern", ["made 1 sends", "2(N-1) = 2"]),
-    "library_collective": (library_collective, "pattern", ["all_reduce", "collective"]),
+    "library_collective": (library_collective, "sums", ["dist.all_reduce", "a collective"]),
     "crash_on_one_rank": (crash_on_one_rank, "sums", ["ValueError", "lost its chunk index"]),
     "exits_on_one_rank": (exits_on_one_rank, "sums", ["rank 1", "os._exit"]),
     "spins": (spins, "sums", ["rank 0", "loop"]),

@@ -9,6 +9,13 @@ score what that honest wrong submission scores, except where a test says otherwi
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+import jupytext
+
+REPO = Path(__file__).resolve().parents[2]
+
 MARKER = "/tmp/course-tamper-marker"  # outside the sandbox, on purpose
 TOKEN = "honest-right-private-token-5e1f"  # noqa: S105 - a marker string, not a password
 
@@ -189,3 +196,18 @@ def ring_allreduce(tensor):
         else:
             chunks[recv_c].copy_(incoming)
 '''
+
+
+def solution_cell() -> str:
+    """The source notebook's own ring_allreduce cell (markers and all, as the gradebook has it)."""
+    nb = jupytext.read(REPO / "source" / "ring_allreduce" / "ring_allreduce.py")
+    gid = "ring_allreduce"
+    return next(c.source for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == gid)
+
+
+def near_copy() -> str:
+    """The solution with its local names changed, comments dropped and the docstring rewritten."""
+    text = re.sub(r"\bchunks\b", "pieces", solution_cell())
+    text = re.sub(r"\bincoming\b", "got", text)
+    text = re.sub(r"#.*", "", text)
+    return re.sub(r'"""[\s\S]*?"""', '"""My own ring."""', text, count=1)

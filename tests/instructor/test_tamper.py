@@ -19,7 +19,7 @@ import pytest
 
 from course.instructor import classrun, sandbox
 from course.instructor.commands import nbgrader
-from course.instructor.grades import grade_rows
+from course.instructor.grades import format_grades, grade_rows, near_copies
 from course.instructor.pipeline import prepare_course
 from course.instructor.submissions import Submission, submit
 
@@ -58,6 +58,7 @@ def _submissions() -> list[Submission]:
         Submission("honest_wrong", A, WRONG),
         Submission("quiz_forms", A, {"*": "key"}),
         Submission("runaway", A, {"*": "key"}, {"ring_allreduce": attacks.HONEST_RING + LOOP}),
+        Submission("near_copy", A, {"*": "key"}, {"ring_allreduce": attacks.near_copy()}),
     ]
     return subs + [Submission(name, A, WRONG, {"ring_allreduce": s}) for name, s in ATTACKS.items()]
 
@@ -101,8 +102,9 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     scores: dict[str, dict[str, float]] = {}
     for row in grade_rows(root):
         scores.setdefault(row.student, {})[row.grade_id] = row.score
+    table = format_grades(grade_rows(root), near_copies(root))
     return {"root": root, "outcomes": {o.student: o for o in outcomes}, "scores": scores,
-            "before": before, "log": lines}  # fmt: skip
+            "before": before, "table": table}  # fmt: skip
 
 
 def _outputs(root: Path, student: str, grade_id: str) -> str:
@@ -178,3 +180,12 @@ def test_a_runaway_cell_costs_only_itself(graded: dict) -> None:
     scores = graded["scores"]["runaway"]
     assert scores["ring_1_check"] + scores["ring_2_check"] + scores["ring_3_check"] == 6
     assert scores["ring_allreduce_sums"] == scores["ring_allreduce_pattern"] == 0
+
+
+def test_a_near_copy_of_the_course_solution_is_flagged_not_scored(graded: dict) -> None:
+    """It earns what it computes (16), and the grade table points the instructor at it."""
+    assert sum(graded["scores"]["near_copy"].values()) == 16
+    flagged = [line for line in graded["table"].splitlines() if "flagged" in line]
+    assert flagged == [
+        "  flagged: near_copy's ring_allreduce: a near copy of the course's solution"
+    ]

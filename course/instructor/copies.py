@@ -1,0 +1,86 @@
+"""Near copies of the course's own solutions: flagged for the instructor, never scored.
+
+A student's function or class is a near copy when, docstrings, comments and annotations
+aside and its own local names renamed in order of appearance, its syntax tree is the
+solution's in the source notebook (as the gradebook holds it). The judge records what it
+finds in the autograded notebook's metadata (``course.flags``); the grade table lists it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+
+from course.instructor.student import cell_source
+
+__all__ = ["near_copies", "normalised"]
+
+Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+
+
+def near_copies(student: Iterable[str], solutions: Iterable[str]) -> list[str]:
+    """Names the student's cells define as near copies of the solutions' definitions."""
+    theirs = {d.name: normalised(d) for source in solutions for d in _definitions(source)}
+    found = []
+    for source in student:
+        for d in _definitions(source):
+            if d.name in theirs and normalised(d) == theirs[d.name] and d.name not in found:
+                found.append(d.name)
+    return found
+
+
+def _definitions(source: str) -> list[Definition]:
+    try:
+        tree = ast.parse(cell_source(source) or "")
+    except SyntaxError:
+        return []
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return [n for n in tree.body if isinstance(n, defs) and _has_code(n)]
+
+
+def _has_code(node: Definition) -> bool:
+    """More than a docstring and ``pass``: a released stub is nobody's copy."""
+    body = [n for n in ast.walk(node) if isinstance(n, ast.stmt) and n is not node]
+    return any(not isinstance(n, ast.Pass | ast.Expr) for n in body)
+
+
+def normalised(node: Definition) -> str:
+    """The definition's tree without docstrings and annotations, its local names canonical."""
+    tree = _Strip().visit(ast.parse(ast.unparse(node)))
+    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not _load(n)}
+    bound |= {a.arg for a in ast.walk(tree) if isinstance(a, ast.arg)}
+    names: dict[str, str] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and n.id in bound:
+            n.id = names.setdefault(n.id, f"v{len(names)}")
+        elif isinstance(n, ast.arg):
+            n.arg = names.setdefault(n.arg, f"v{len(names)}")
+    return ast.dump(tree, annotate_fields=False)
+
+
+def _load(n: ast.Name) -> bool:
+    return isinstance(n.ctx, ast.Load)
+
+
+class _Strip(ast.NodeTransformer):
+    """Drop docstrings (any bare string statement) and annotations."""
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        if isinstance(node, ast.arg):
+            node.annotation = None
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            node.returns = None
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            kept = [s for s in body if not _is_string(s)]
+            node.body = kept or [ast.Pass()]
+        return node
+
+
+def _is_string(s: ast.AST) -> bool:
+    return (
+        isinstance(s, ast.Expr)
+        and isinstance(s.value, ast.Constant)
+        and isinstance(s.value.value, str)
+    )
