@@ -10,8 +10,11 @@ bubblewrap (https://github.com/containers/bubblewrap) with:
 * write access to its own working dir (the submission's autograded folder) and a private
   ``/tmp`` (tmpfs, size-capped);
 * its own PID namespace (it cannot see or signal nbgrader or other kernels);
-* an unprivileged uid (``nobody`` by default) and resource limits (prlimit): address space
-  per process, number of processes, open files, file size.
+* an unprivileged uid and resource limits (prlimit): address space per process, number of
+  processes, open files, file size. The uid is ``$COURSE_SANDBOX_UID`` (``nobody``, 65534,
+  when unset): a class run gives each worker slot its own (62000 + slot), so the process
+  limit, which the kernel counts per uid, is per submission, and whatever a submission left
+  running can be stopped without touching the others (:mod:`course.instructor.slots`).
 
 Multi-rank checks still work inside: ``course.ranks`` uses unix sockets, a FileStore in
 ``/tmp`` and gloo over the sandbox's own loopback.
@@ -36,24 +39,41 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
-from traitlets import Unicode, default
+from traitlets import Integer, Unicode, default
 
 __all__ = [
     "SANDBOX_UID",
+    "SLOT_UID_BASE",
+    "UID_ENV",
     "Limits",
     "SandboxKernelManager",
     "SandboxUnavailable",
     "available",
     "confine",
+    "sandbox_uid",
 ]
 
-SANDBOX_UID = 65534  # nobody
+UID_ENV = "COURSE_SANDBOX_UID"  # the uid confined code runs as; set per slot by classrun
+SANDBOX_UID = 65534  # nobody: the uid when COURSE_SANDBOX_UID is unset
+# Class runs: worker slot i grades as uid 62000 + i. These uids must belong to no account:
+# every process they own is killed after each submission (course.instructor.slots).
+SLOT_UID_BASE = 62000
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt")
 ENV_KEEP = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "NBGRADER_EXECUTION", "OMP_NUM_THREADS")
 
 
 class SandboxUnavailable(RuntimeError):  # noqa: N818 - says what it means; not an error of the caller's
     """bubblewrap or setpriv is missing, or this user cannot drop to the sandbox uid."""
+
+
+def sandbox_uid() -> int:
+    """The uid confined code runs as: ``$COURSE_SANDBOX_UID``, else ``nobody``; never root."""
+    raw = os.environ.get(UID_ENV, "").strip()
+    if not raw:
+        return SANDBOX_UID
+    if not raw.isdigit() or int(raw) == 0:
+        raise SandboxUnavailable(f"{UID_ENV}={raw!r} is not an unprivileged uid (an integer > 0)")
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -116,9 +136,13 @@ def confine(
     cwd: str | None = None,
     env: dict[str, str] | None = None,
     limits: Limits = Limits(),
-    uid: int = SANDBOX_UID,
+    uid: int | None = None,
 ) -> list[str]:
-    """Return the argv that runs ``cmd`` confined (bwrap + prlimit + setpriv)."""
+    """Return the argv that runs ``cmd`` confined (bwrap + prlimit + setpriv), as ``uid``.
+
+    ``uid`` defaults to :func:`sandbox_uid` (``$COURSE_SANDBOX_UID``, else ``nobody``).
+    """
+    uid = sandbox_uid() if uid is None else uid
     if not available():
         raise SandboxUnavailable(
             "bubblewrap (bwrap), setpriv and prlimit are needed to confine grading: "
@@ -160,10 +184,11 @@ def _sandbox_env(extra: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
-def give_to_sandbox(path: str, uid: int = SANDBOX_UID) -> None:
+def give_to_sandbox(path: str, uid: int | None = None) -> None:
     """Let the sandbox uid write ``path`` (and what is in it): chown when running as root."""
     if os.geteuid() != 0:
         return
+    uid = sandbox_uid() if uid is None else uid
     for root, dirs, files in os.walk(path):
         for name in [*dirs, *files]:
             os.lchown(os.path.join(root, name), uid, uid)
@@ -173,7 +198,11 @@ def give_to_sandbox(path: str, uid: int = SANDBOX_UID) -> None:
 class SandboxKernelManager(AsyncKernelManager):
     """A kernel manager whose kernels run confined (see the module docstring)."""
 
-    sandbox_uid = SANDBOX_UID
+    sandbox_uid = Integer(help="The uid the kernel runs as (default: $COURSE_SANDBOX_UID)")
+
+    @default("sandbox_uid")
+    def _sandbox_uid_default(self) -> int:
+        return sandbox_uid()
 
     @default("transport")
     def _transport_default(self) -> str:

@@ -38,9 +38,12 @@ LEFT_OUT = (
     "course/instructor/definitions.py",
     "course/instructor/grades.py",
     "course/instructor/integrity.py",
+    "course/instructor/intake.py",
     "course/instructor/pipeline.py",
     "course/instructor/rejudge.py",
     "course/instructor/sandbox.py",
+    "course/instructor/scratch.py",
+    "course/instructor/slots.py",
     "course/instructor/studentview.py",
     "course/instructor/submissions.py",
 )

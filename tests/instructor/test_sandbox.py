@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import nbformat
@@ -159,3 +160,21 @@ def test_confine_builds_a_bwrap_command() -> None:
     assert argv[0] == "bwrap" and "--unshare-net" in argv and "--clearenv" in argv
     assert argv[-3:] == ["python", "-c", "pass"]
     assert f"--reuid={sandbox.SANDBOX_UID}" in argv
+
+
+def test_confine_runs_as_the_uid_the_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Does confined code run as $COURSE_SANDBOX_UID (a class run's slot), else as nobody?"""
+    monkeypatch.setenv(sandbox.UID_ENV, "62001")
+    assert "--reuid=62001" in sandbox.confine(["true"])
+    assert sandbox.SandboxKernelManager().sandbox_uid == 62001
+    monkeypatch.delenv(sandbox.UID_ENV)
+    assert f"--reuid={sandbox.SANDBOX_UID}" in sandbox.confine(["true"])
+    assert sandbox.SandboxKernelManager().sandbox_uid == sandbox.SANDBOX_UID
+
+
+def test_a_confined_command_runs_as_the_slot_uid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run for real: does a confined `id` report the uid $COURSE_SANDBOX_UID names?"""
+    monkeypatch.setenv(sandbox.UID_ENV, "62001")
+    cmd = sandbox.confine(["id", "-u"])
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "62001"
