@@ -2,7 +2,7 @@
 
 A submitted folder is the student's: a symlink in it (the notebook, a folder, any file) could
 make the grader read, hash or overwrite something of the instructor's; a hard link is another
-name for a file elsewhere; a FIFO blocks whoever opens it; a device reads what it likes; and
+name for a file elsewhere; a FIFO blocks whoever opens it; a device is no file at all; and
 sheer size or count stalls the class. :func:`inspect` walks a folder through directory file
 descriptors (``os.scandir`` and ``lstat``, ``O_NOFOLLOW`` at every step), refuses all of those
 with a :class:`Rejected` that names the path and what is wrong with it, and hashes the regular

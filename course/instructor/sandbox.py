@@ -71,7 +71,7 @@ def sandbox_uid() -> int:
     raw = os.environ.get(UID_ENV, "").strip()
     if not raw:
         return SANDBOX_UID
-    if not raw.isdigit() or int(raw) == 0:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) == 0:
         raise SandboxUnavailable(f"{UID_ENV}={raw!r} is not an unprivileged uid (an integer > 0)")
     return int(raw)
 
