@@ -1,11 +1,14 @@
 """Autograde a whole class: bounded parallelism, a time cap each, resumable, every outcome listed.
 
-nbgrader's SQLite gradebook takes one writer at a time, so each submission is autograded by
-its own ``nbgrader autograde`` process in a private scratch course (a copy of the gradebook,
-links to ``source/`` and to that one student's submission); finished submissions are merged
-into the real gradebook one at a time by this (single) process. Killing a run loses at most
-the submissions in flight: ``autograded/.classrun.json`` records each finished one with a
-hash of its submitted files, and the next run skips those whose files did not change.
+Each submitted folder is first inspected without following anything
+(:mod:`course.instructor.intake`): one holding a symlink, a hard link, a device, a FIFO, or too
+much, is rejected with the reason and never reaches nbgrader. nbgrader's SQLite gradebook takes
+one writer at a time, so each accepted submission is autograded by its own ``nbgrader
+autograde`` process in a private scratch course (:mod:`course.instructor.scratch`), as the uid
+of its worker slot (:mod:`course.instructor.slots`); finished submissions are merged into the
+real gradebook one at a time by this (single) process. Killing a run loses at most the
+submissions in flight: ``autograded/.classrun.json`` records each finished one with a hash of
+its submitted files; the next run skips those graded with unchanged files and retries the rest.
 
     python -m course.instructor.classrun ring_allreduce --workers 2 --timeout 600
 """
@@ -13,108 +16,58 @@ hash of its submitted files, and the next run skips those whose files did not ch
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from course.instructor.commands import env
+from course.instructor.commands import open_gradebook
+from course.instructor.intake import Rejected, inspect
+from course.instructor.scratch import autograde_one, merge
+from course.instructor.slots import Slots
 
-__all__ = ["Outcome", "autograde_class", "main"]
+__all__ = ["Outcome", "autograde_class", "main", "submission_digest"]
 
 MANIFEST = ".classrun.json"
 
 
 @dataclass
 class Outcome:
-    """How one student's submission ended: graded (with its score) or failed (with why)."""
+    """How one student's submission ended: graded (its score), or why it has no new grade."""
 
     student: str
-    status: str  # "graded", "failed" or "skipped" (graded before, files unchanged)
+    # "graded"; "skipped" (graded before, files unchanged); "failed" (the grading machine
+    # failed or the time cap was hit: a rerun retries it); "rejected" (not plain files)
+    status: str
     score: float = 0.0
     max_score: float = 0.0
     seconds: float = 0.0
     error: str = ""
     digest: str = ""
+    note: str = ""  # graded, but something was left out of autograded/ (not a plain file)
 
 
 def submission_digest(folder: Path) -> str:
-    """A hash of every file the student submitted (names and contents)."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return h.hexdigest()
+    """A hash of every file the student submitted (names and contents), following nothing."""
+    return inspect(folder.parent, folder.name)
 
 
-def _autograde_one(
-    root: Path, gradebook: Path, assignment: str, student: str, timeout: float
-) -> tuple[Path, float]:
-    """Autograde one submission in a scratch course; return it (caller removes) and seconds."""
-    started = time.monotonic()
-    scratch = Path(tempfile.mkdtemp(prefix=f"classrun-{student}-"))
-    (scratch / "submitted" / student).mkdir(parents=True)
-    os.symlink(
-        root / "submitted" / student / assignment, scratch / "submitted" / student / assignment
-    )
-    os.symlink(root / "source", scratch / "source")
-    shutil.copyfile(gradebook, scratch / "gradebook.db")
-    cmd = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student]
-    cmd += [f"--CourseDirectory.root={scratch}", "--force"]
-    cmd += [f"--CourseDirectory.db_url=sqlite:///{scratch / 'gradebook.db'}"]
-    with open(scratch / "autograde.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT,
-                                env=env(), start_new_session=True)  # fmt: skip
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # nbgrader, its kernel and any ranks
-            proc.wait()
-            raise TimeoutError(
-                f"autograde took longer than {timeout:.0f} s and was stopped"
-            ) from None
-    if code != 0 or not (scratch / "autograded" / student / assignment).is_dir():
-        tail = (scratch / "autograde.log").read_text()[-600:]
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise RuntimeError(f"nbgrader autograde exited with {code}: {tail}")
-    return scratch, time.monotonic() - started
-
-
-def _merge(root: Path, scratch: Path, assignment: str, student: str) -> tuple[float, float]:
-    """Copy one submission's autograded files and grades from its scratch course; return score."""
-    from nbgrader.api import Gradebook
-    from sqlalchemy.exc import SAWarning
-
-    dest = root / "autograded" / student / assignment
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(scratch / "autograded" / student / assignment, dest)
-    with (
-        warnings.catch_warnings(action="ignore", category=SAWarning),  # nbgrader's own noise
-        Gradebook(f"sqlite:///{scratch / 'gradebook.db'}") as src,
-        Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb,
-    ):
-        theirs = src.find_submission(assignment, student)
-        gb.update_or_create_student(student)
-        ours = gb.update_or_create_submission(assignment, student, timestamp=theirs.timestamp)
-        for nb in theirs.notebooks:
-            for grade in nb.grades:
-                mine = gb.find_grade(grade.name, nb.name, assignment, student)
-                mine.auto_score = grade.auto_score
-                mine.needs_manual_grade = grade.needs_manual_grade
-            for comment in nb.comments:
-                note = gb.find_comment(comment.name, nb.name, assignment, student)
-                note.auto_comment = comment.auto_comment
-        gb.db.commit()
-        return float(ours.score), float(ours.max_score)
+def _candidates(submitted: Path, assignment: str) -> list[str]:
+    """Students with something at submitted/<student>/<assignment> (a symlinked student too)."""
+    if not submitted.is_dir():
+        return []
+    with os.scandir(submitted) as entries:
+        return sorted(
+            e.name
+            for e in entries
+            if e.is_symlink()
+            or (e.is_dir(follow_symlinks=False) and os.path.lexists(Path(e.path) / assignment))
+        )
 
 
 def _load_manifest(path: Path) -> dict[str, dict]:
@@ -131,43 +84,95 @@ def autograde_class(
     students: list[str] | None = None,
     workers: int = 2,
     timeout: float = 600.0,
-    retry_failed: bool = False,
     progress: Callable[[str], None] = print,
 ) -> list[Outcome]:
     """Autograde every submission of ``assignment`` under ``root``; one :class:`Outcome` each."""
     root = Path(root).resolve()
-    submitted = root / "submitted"
-    everyone = sorted(p.name for p in submitted.iterdir() if (p / assignment).is_dir())
-    todo = [s for s in everyone if students is None or s in students]
+    todo = [
+        s for s in _candidates(root / "submitted", assignment) if students is None or s in students
+    ]
     manifest = _Manifest(root / "autograded" / MANIFEST, assignment)
-    outcomes, queue = _plan(submitted, assignment, todo, manifest.entries, retry_failed)
-    progress(f"{assignment}: {len(queue)} to grade, {len(outcomes)} unchanged since last run")
+    outcomes, queue = _plan(root / "submitted", assignment, todo, manifest.entries)
+    kept = sum(o.status == "skipped" for o in outcomes.values())
+    progress(f"{assignment}: {len(queue)} to grade, {kept} unchanged since last run")
+    report = _Reporter(outcomes, manifest, len(queue), progress)
+    for outcome in outcomes.values():
+        if outcome.status != "skipped":
+            report.before_run(outcome)
     started = time.monotonic()
-
-    def record(outcome: Outcome) -> None:
-        outcomes[outcome.student] = outcome
-        manifest.write(outcome)
-        n = sum(o.status != "skipped" for o in outcomes.values())
-        what = (f"{outcome.score:g}/{outcome.max_score:g}" if outcome.status == "graded"
-                else f"FAILED: {outcome.error[:120]}")  # fmt: skip
-        progress(f"[{n}/{len(queue)}] {outcome.student}: {what} ({outcome.seconds:.1f} s)")
-
-    snapshot = Path(tempfile.mkdtemp(prefix="classrun-")) / "gradebook.db"
-    shutil.copyfile(root / "gradebook.db", snapshot)  # workers copy this, never the live one
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        pending: dict[Future, tuple[str, str]] = {}
-        for student, digest in queue:
-            fut = pool.submit(_autograde_one, root, snapshot, assignment, student, timeout)
-            pending[fut] = (student, digest)
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                record(_collect(root, assignment, fut, *pending.pop(fut)))
-    shutil.rmtree(snapshot.parent, ignore_errors=True)
+    if queue:
+        _grade_queue(root, assignment, queue, workers, timeout, report)
     elapsed = time.monotonic() - started
     failed = sorted(s for s, o in outcomes.items() if o.status == "failed")
-    progress(f"{assignment}: {len(queue)} graded in {elapsed:.0f} s; failed: {failed or 'none'}")
+    rejected = sorted(s for s, o in outcomes.items() if o.status == "rejected")
+    progress(
+        f"{assignment}: {len(queue)} autograded in {elapsed:.0f} s; "
+        f"failed: {failed or 'none'}; rejected: {rejected or 'none'}"
+    )
+    for student in rejected:
+        progress(f"    REJECTED {student}: {outcomes[student].error}")
     return [outcomes[s] for s in todo]
+
+
+def _grade_queue(
+    root: Path,
+    assignment: str,
+    queue: list[tuple[str, str]],
+    workers: int,
+    timeout: float,
+    report: Callable[[Outcome], None],
+) -> None:
+    """Grade ``queue`` ``workers`` at a time, each as its slot's uid; merge each as it ends."""
+    slots = Slots(max(1, workers))
+
+    def grade(student: str) -> tuple[Path, float]:
+        with slots.lend() as uid:  # every process of the uid is killed when it is given back
+            return autograde_one(root, snapshot, assignment, student, timeout, uid)
+
+    with open_gradebook(root / "gradebook.db"):  # made (or repaired) before it is copied
+        pass
+    snapshot = Path(tempfile.mkdtemp(prefix="classrun-")) / "gradebook.db"
+    shutil.copyfile(root / "gradebook.db", snapshot)  # workers copy this, never the live one
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            pending = {pool.submit(grade, student): (student, digest) for student, digest in queue}
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    report(_collect(root, assignment, fut, *pending.pop(fut)))
+    finally:
+        shutil.rmtree(snapshot.parent, ignore_errors=True)
+
+
+@dataclass
+class _Reporter:
+    """Records each outcome (in the run's results and the manifest) and prints one line."""
+
+    outcomes: dict[str, Outcome]
+    manifest: _Manifest
+    queued: int
+    progress: Callable[[str], None]
+    done: int = 0
+
+    def before_run(self, outcome: Outcome) -> None:
+        """An outcome decided by the inspection alone: rejected, or unreadable."""
+        self.manifest.write(outcome)
+        word = "REJECTED, not graded" if outcome.status == "rejected" else "FAILED"
+        self.progress(f"{outcome.student}: {word}: {outcome.error}")
+
+    def __call__(self, outcome: Outcome) -> None:
+        self.outcomes[outcome.student] = outcome
+        self.manifest.write(outcome)
+        self.done += 1
+        what = {
+            "graded": f"{outcome.score:g}/{outcome.max_score:g}",
+            "failed": f"FAILED: {outcome.error[:200]}",
+            "rejected": f"REJECTED, not graded: {outcome.error}",
+        }[outcome.status]
+        note = f"; left out of autograded/: {outcome.note}" if outcome.note else ""
+        self.progress(
+            f"[{self.done}/{self.queued}] {outcome.student}: {what} ({outcome.seconds:.1f} s){note}"
+        )
 
 
 class _Manifest:
@@ -188,33 +193,46 @@ class _Manifest:
 
 
 def _plan(
-    submitted: Path, assignment: str, todo: list[str], done: dict[str, dict], retry_failed: bool
+    submitted: Path, assignment: str, todo: list[str], done: dict[str, dict]
 ) -> tuple[dict[str, Outcome], list[tuple[str, str]]]:
-    """Outcomes kept from earlier runs (unchanged submissions), and the (student, digest) queue."""
+    """Inspect every submission; keep what was graded with unchanged files; queue the rest.
+
+    Failed submissions are queued again (a machine-side failure may not recur); rejected
+    ones, and ones that cannot be read, get their outcome here and never reach nbgrader.
+    """
     outcomes: dict[str, Outcome] = {}
     queue = []
     for student in todo:
-        digest = submission_digest(submitted / student / assignment)
+        try:
+            digest = inspect(submitted, student, assignment)
+        except Rejected as why:
+            where = f"submitted/{student}/{assignment}"
+            outcomes[student] = Outcome(student, "rejected", error=f"{where}: {why}")
+            continue
+        except OSError as err:
+            outcomes[student] = Outcome(student, "failed", error=f"could not be read: {err}")
+            continue
         before = done.get(student)
-        keep = before and before["digest"] == digest
-        if keep and (before["status"] == "graded" or not retry_failed):
-            status = "skipped" if before["status"] == "graded" else before["status"]
-            outcomes[student] = Outcome(**{**before, "status": status})
+        if before and before["digest"] == digest and before["status"] in ("graded", "skipped"):
+            outcomes[student] = Outcome(**{**before, "status": "skipped"})
         else:
             queue.append((student, digest))
     return outcomes, queue
 
 
 def _collect(root: Path, assignment: str, fut: Future, student: str, digest: str) -> Outcome:
-    """One finished submission: merged into the gradebook, or failed with its reason."""
+    """One finished submission: merged into the gradebook, or failed (or rejected) and why."""
     outcome = Outcome(student, "failed", digest=digest)
     try:
         scratch, outcome.seconds = fut.result()
         try:  # merging is serial: only the caller's thread writes the real gradebook
-            outcome.score, outcome.max_score = _merge(root, scratch, assignment, student)
-            outcome.status = "graded"
+            outcome.score, outcome.max_score, left_out = merge(root, scratch, assignment, student)
+            outcome.status, outcome.note = "graded", "; ".join(left_out)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+    except Rejected as why:  # it changed after the inspection, into something not plain
+        where = f"submitted/{student}/{assignment}"
+        outcome.status, outcome.error = "rejected", f"{where}: {why}"
     except Exception as err:  # noqa: BLE001 - any failure is recorded; the run goes on
         outcome.error = f"{type(err).__name__}: {err}"
     return outcome
@@ -229,15 +247,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default=".")
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per submission")
-    parser.add_argument("--retry-failed", action="store_true")
+    parser.add_argument(
+        "--retry-failed", action="store_true", help="kept for old scripts: every run retries"
+    )
     parser.add_argument("--student", action="append", help="only these students")
     args = parser.parse_args(argv)
     outcomes = autograde_class(
         args.assignment, args.root, students=args.student, workers=args.workers,
-        timeout=args.timeout, retry_failed=args.retry_failed,
-        progress=lambda line: print(line, flush=True),
+        timeout=args.timeout, progress=lambda line: print(line, flush=True),
     )  # fmt: skip
-    return 1 if any(o.status == "failed" for o in outcomes) else 0
+    return 0 if all(o.status in ("graded", "skipped") for o in outcomes) else 1
 
 
 if __name__ == "__main__":

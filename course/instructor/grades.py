@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from course.instructor.commands import gradebook_url
+from course.instructor.commands import open_gradebook
 from course.instructor.submissions import Submission
 
 __all__ = [
@@ -34,10 +34,8 @@ class GradeRow:
 
 def grade_rows(root: Path) -> list[GradeRow]:
     """Every grade of every submission in the course's gradebook."""
-    from nbgrader.api import Gradebook
-
     rows = []
-    with Gradebook(gradebook_url(root)) as gb:
+    with open_gradebook(root / "gradebook.db") as gb:
         for assignment in gb.assignments:
             for sub in assignment.submissions:
                 for nb in sub.notebooks:

@@ -30,9 +30,9 @@ from course.instructor.commands import (
     execute,
     export,
     feedback,
-    gradebook_url,
     nbgrader,
     noteworthy,
+    open_gradebook,
     release,
     say,
 )
@@ -169,39 +169,56 @@ def _stepper(t0: float) -> Callable[[str], None]:
     return step
 
 
-def _autograde_course(root: Path, workers: int = 2) -> int:
-    """Autograde every submitted assignment of the real course, then feedback and export."""
-    from nbgrader.api import Gradebook, MissingEntry
+def _ensure_released(root: Path, todo: list[str]) -> None:
+    """Generate the release if the gradebook (made here on a fresh clone) lacks an assignment.
 
-    known = set(assignments(root))
-    todo = sorted({p.name for p in (root / "submitted").glob("*/*") if p.name in known})
-    if not todo:
-        say(f"nothing in {root / 'submitted'} to grade: try `make demo` for a dry run")
-        return 1
-    with Gradebook(gradebook_url(root)) as gb:
+    The gradebook learns an assignment's grade cells from ``generate_assignment``.
+    """
+    from nbgrader.api import MissingEntry
+
+    with open_gradebook(root / "gradebook.db") as gb:
         missing = []
         for assignment in todo:
             try:
                 gb.find_assignment(assignment)
             except MissingEntry:
                 missing.append(assignment)
-    if missing:  # the gradebook learns an assignment's grade cells from generate_assignment
+    if missing:
         say(f"{', '.join(missing)} not in the gradebook yet: generating the release first")
         release(root)
-    failed = []
-    for (
-        assignment
-    ) in todo:  # bounded parallelism, a time cap each, resumable (course.instructor.classrun)
-        outcomes = autograde_class(assignment, root, workers=workers, progress=say)
-        failed += [f"{assignment}/{o.student}: {o.error}" for o in outcomes if o.status == "failed"]
-    feedback(root)
+
+
+def _autograde_course(root: Path, workers: int = 2) -> int:
+    """Autograde every submitted assignment of the real course, then feedback and export.
+
+    Exits 1 while any submission has no grade: FAILED ones (the grading machine's fault or
+    the time cap; the next run retries them) and REJECTED ones (not plain files: the
+    submission itself must change), each listed with its reason.
+    """
+    known = set(assignments(root))
+    todo = sorted({p.name for p in (root / "submitted").glob("*/*") if p.name in known})
+    if not todo:
+        say(f"nothing in {root / 'submitted'} to grade: try `make demo` for a dry run")
+        return 1
+    _ensure_released(root, todo)
+    failed, rejected = [], []
+    for assignment in todo:  # bounded parallelism, a time cap each (course.instructor.classrun)
+        for o in autograde_class(assignment, root, workers=workers, progress=say):
+            if o.status == "failed":
+                failed.append(f"{assignment}/{o.student}: {o.error}")
+            elif o.status == "rejected":
+                rejected.append(f"{assignment}/{o.student}: {o.error}")
+    if any(p.is_dir() for p in (root / "autograded").glob("*/*")):
+        feedback(root)  # nbgrader refuses to run with no autograded notebook at all
     csv = export(root)
     say(format_grades(grade_rows(root)))
     say(f"Feedback HTML: {root / 'feedback'}/<student>/<assignment>/<assignment>.html")
     say(f"Grades CSV:    {csv}")
     for line in failed:
-        say(f"    FAILED (no grade; fix and rerun `make autograde`): {line}")
-    return 1 if failed else 0
+        say(f"    FAILED (no grade; `make autograde` again retries it): {line}")
+    for line in rejected:
+        say(f"    REJECTED (no grade; only plain files are graded): {line}")
+    return 1 if failed or rejected else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,23 +27,17 @@ from typing import Self
 
 import psutil
 
-from course.instructor.sandbox import SANDBOX_UID, Limits, confine
+from course.instructor.sandbox import Limits, confine, sandbox_uid
 from course.ranks.confined import confined_launches
 from course.ranks.forkserver import Server
 
-__all__ = ["HIDDEN", "RankBox", "sandbox_uid"]
+__all__ = ["HIDDEN", "RankBox"]
 
 COURSE = Path(__file__).resolve().parents[1]
 # Working solutions that ship with the course for its demonstrations: empty on graded ranks.
 HIDDEN = (COURSE / "ring" / "reference.py",)
 LIMITS = Limits(file_size=64 * 2**20, tmp_size=64 * 2**20)
 SCRATCH_SIZE = "256m"  # the scratch folder's size cap, when it can be a tmpfs (as root)
-
-
-def sandbox_uid() -> int:
-    """The uid this grading process confines student code as (``COURSE_SANDBOX_UID``)."""
-    value = os.environ.get("COURSE_SANDBOX_UID", "")
-    return int(value) if value.isdigit() else SANDBOX_UID
 
 
 class RankBox:

@@ -1,26 +1,22 @@
-"""A confined kernel for grading: student code runs with no network, no view of the course.
+"""Confinement for code a submission runs: no network, no view of the course, another uid.
 
-nbgrader runs a submission's code as the instructor. Here the kernel runs instead inside
-bubblewrap (https://github.com/containers/bubblewrap) with:
+Grading runs a submission's code only on ranks (:mod:`course.instructor.rankbox`), forked
+from a forkserver that :func:`confine` starts inside bubblewrap
+(https://github.com/containers/bubblewrap) with:
 
 * its own network namespace (only its own loopback: no internet, no host ports);
-  the kernel talks to nbgrader over ZMQ ``ipc`` (unix sockets in a private dir), not TCP;
-* a read-only view of the system, the Python install and the ``course`` package only:
-  ``source/``, ``gradebook.db`` and other students' folders are not in its file system;
-* write access to its own working dir (the submission's autograded folder) and a private
-  ``/tmp`` (tmpfs, size-capped);
-* its own PID namespace (it cannot see or signal nbgrader or other kernels);
-* an unprivileged uid (``nobody`` by default) and resource limits (prlimit): address space
-  per process, number of processes, open files, file size.
+* a read-only view of the system, the Python install and the ``course`` package only
+  (``hide`` blanks files in it): ``source/``, ``gradebook.db`` and other students' folders
+  are not in its file system;
+* write access to the folders it is given and a private ``/tmp`` (tmpfs, size-capped);
+* its own PID namespace, unless asked to keep the caller's pids;
+* an unprivileged uid and resource limits (prlimit): address space per process, number of
+  processes, open files, file size. The uid is ``$COURSE_SANDBOX_UID`` (``nobody``, 65534,
+  when unset): a class run gives each worker slot its own (62000 + slot), so the process
+  limit, which the kernel counts per uid, is per submission, and whatever a submission left
+  running can be stopped without touching the others (:mod:`course.instructor.slots`).
 
-Multi-rank checks still work inside: ``course.ranks`` uses unix sockets, a FileStore in
-``/tmp`` and gloo over the sandbox's own loopback.
-
-Use it from nbgrader (``nbgrader_config.py``)::
-
-    c.Execute.kernel_manager_class = "course.instructor.sandbox.SandboxKernelManager"
-
-or confine any command: ``python -m course.instructor.sandbox --rw DIR -- python script.py``.
+Confine any command: ``python -m course.instructor.sandbox --rw DIR -- python script.py``.
 """
 
 from __future__ import annotations
@@ -29,31 +25,42 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from jupyter_client.manager import AsyncKernelManager
-from traitlets import Unicode, default
 
 __all__ = [
     "SANDBOX_UID",
+    "SLOT_UID_BASE",
+    "UID_ENV",
     "Limits",
-    "SandboxKernelManager",
     "SandboxUnavailable",
     "available",
     "confine",
+    "sandbox_uid",
 ]
 
-SANDBOX_UID = 65534  # nobody
+UID_ENV = "COURSE_SANDBOX_UID"  # the uid confined code runs as; set per slot by classrun
+SANDBOX_UID = 65534  # nobody: the uid when COURSE_SANDBOX_UID is unset
+# Class runs: worker slot i grades as uid 62000 + i. These uids must belong to no account:
+# every process they own is killed after each submission (course.instructor.slots).
+SLOT_UID_BASE = 62000
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt")
 ENV_KEEP = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "NBGRADER_EXECUTION", "OMP_NUM_THREADS")
 
 
 class SandboxUnavailable(RuntimeError):  # noqa: N818 - says what it means; not an error of the caller's
     """bubblewrap or setpriv is missing, or this user cannot drop to the sandbox uid."""
+
+
+def sandbox_uid() -> int:
+    """The uid confined code runs as: ``$COURSE_SANDBOX_UID``, else ``nobody``; never root."""
+    raw = os.environ.get(UID_ENV, "").strip()
+    if not raw:
+        return SANDBOX_UID
+    if not (raw.isascii() and raw.isdigit()) or int(raw) == 0:
+        raise SandboxUnavailable(f"{UID_ENV}={raw!r} is not an unprivileged uid (an integer > 0)")
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,7 @@ class Limits:
 
 
 def available() -> bool:
-    """Can this machine confine a kernel (bwrap and setpriv present, running as root)?"""
+    """Can this machine confine code (bwrap, setpriv and prlimit present)?"""
     return bool(shutil.which("bwrap") and shutil.which("setpriv") and shutil.which("prlimit"))
 
 
@@ -116,15 +123,17 @@ def confine(
     cwd: str | None = None,
     env: dict[str, str] | None = None,
     limits: Limits = Limits(),
-    uid: int = SANDBOX_UID,
+    uid: int | None = None,
     pid_namespace: bool = True,
     hide: Sequence[str] = (),
 ) -> list[str]:
-    """Return the argv that runs ``cmd`` confined (bwrap + prlimit + setpriv).
+    """Return the argv that runs ``cmd`` confined (bwrap + prlimit + setpriv), as ``uid``.
 
-    ``hide`` files read as empty inside; without ``pid_namespace`` the confined processes
+    ``uid`` defaults to :func:`sandbox_uid` (``$COURSE_SANDBOX_UID``, else ``nobody``);
+    ``hide`` files cannot be read inside; without ``pid_namespace`` the confined processes
     keep the caller's pids (a forkserver's children are then killable by the pid it reports).
     """
+    uid = sandbox_uid() if uid is None else uid
     if not available():
         raise SandboxUnavailable(
             "bubblewrap (bwrap), setpriv and prlimit are needed to confine grading: "
@@ -169,57 +178,15 @@ def _sandbox_env(extra: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
-def give_to_sandbox(path: str, uid: int = SANDBOX_UID) -> None:
+def give_to_sandbox(path: str, uid: int | None = None) -> None:
     """Let the sandbox uid write ``path`` (and what is in it): chown when running as root."""
     if os.geteuid() != 0:
         return
+    uid = sandbox_uid() if uid is None else uid
     for root, dirs, files in os.walk(path):
         for name in [*dirs, *files]:
             os.lchown(os.path.join(root, name), uid, uid)
     os.chown(path, uid, uid)
-
-
-class SandboxKernelManager(AsyncKernelManager):
-    """A kernel manager whose kernels run confined (see the module docstring)."""
-
-    sandbox_uid = SANDBOX_UID
-
-    @default("transport")
-    def _transport_default(self) -> str:
-        return "ipc"  # unix sockets: the kernel has no network of its own to talk TCP on
-
-    ipc_dir = Unicode(help="Private dir holding the kernel's ipc sockets and connection file")
-
-    @default("ipc_dir")
-    def _ipc_dir_default(self) -> str:
-        path = tempfile.mkdtemp(prefix="course-kernel-")
-        give_to_sandbox(path, self.sandbox_uid)
-        return path
-
-    @default("ip")
-    def _ip_default(self) -> str:
-        return os.path.join(self.ipc_dir, "kernel") if self.transport == "ipc" else "127.0.0.1"
-
-    async def _async_pre_start_kernel(self, **kw: Any) -> tuple[list[str], dict[str, Any]]:
-        """Wrap the kernel command in :func:`confine`, binding only the ipc dir and the cwd."""
-        if self.transport != "ipc":
-            raise SandboxUnavailable("the sandboxed kernel needs KernelManager.transport = 'ipc'")
-        cmd, kw = await super()._async_pre_start_kernel(**kw)
-        cwd = str(kw.get("cwd") or os.getcwd())
-        conn = os.path.join(self.ipc_dir, "connection.json")
-        shutil.copyfile(self.connection_file, conn)  # the original is 0600 in root's runtime dir
-        os.chmod(conn, 0o644)
-        cmd = [conn if arg == self.connection_file else arg for arg in cmd]
-        give_to_sandbox(cwd, self.sandbox_uid)
-        env = {k: v for k, v in (kw.get("env") or {}).items() if k.startswith("JPY_")}
-        return confine(cmd, rw=[self.ipc_dir, cwd], cwd=cwd, env=env, uid=self.sandbox_uid), kw
-
-    async def _async_cleanup_resources(self, restart: bool = False) -> None:
-        await super()._async_cleanup_resources(restart=restart)
-        if not restart:
-            shutil.rmtree(self.ipc_dir, ignore_errors=True)
-
-    cleanup_resources = _async_cleanup_resources
 
 
 def main(argv: Sequence[str] | None = None) -> int:

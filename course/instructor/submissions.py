@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
-from course.instructor.commands import gradebook_url
+from course.instructor.commands import open_gradebook
 from course.instructor.selfstudy import grade_id, quiz_items
 
 __all__ = ["SPECS", "Submission", "assemble", "load_specs", "submit"]
@@ -141,9 +141,7 @@ def submit(root: Path, subs: Sequence[Submission]) -> list[Path]:
 
 
 def _declare_students(root: Path, subs: Sequence[Submission]) -> None:
-    from nbgrader.api import Gradebook
-
-    with Gradebook(gradebook_url(root)) as gb:
+    with open_gradebook(root / "gradebook.db") as gb:
         for sub in subs:
             gb.update_or_create_student(
                 sub.student, first_name=sub.first_name, last_name=sub.last_name

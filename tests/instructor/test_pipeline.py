@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -243,3 +247,47 @@ def test_zero_samples_grade_as_their_specs_expect(tmp_path):
     errors = _autograded_errors(root, "cy", "zero")
     assert "chunk_bounds" in errors["reduce_scatter_sums"]
     assert "only this rank's shard" in errors["zero_optimizer_memory"]
+
+
+@pytest.mark.nbgrader
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_make_autograde_on_a_fresh_clone(tmp_path):
+    """With no gradebook yet and the venv's bin off PATH, does `make autograde` make one?"""
+    root = pipeline.prepare_course(tmp_path / "course")
+    assignment = commands.assignments(root)[0]
+    folder = root / "submitted" / "eve" / assignment
+    folder.mkdir(parents=True)
+    (folder / f"{assignment}.ipynb").symlink_to(
+        root / "source" / assignment / f"{assignment}.ipynb"
+    )
+    path = os.pathsep.join(p for p in ("/usr/local/bin", "/usr/bin", "/bin") if Path(p).is_dir())
+    env = {**os.environ, "PATH": path}
+    cmd = [sys.executable, "-m", "course.instructor.pipeline", "autograde", "--root", str(root)]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    out = done.stdout + done.stderr
+    assert "FileNotFoundError" not in out, out
+    assert "not in the gradebook yet: generating the release first" in out, out
+    assert f"REJECTED (no grade; only plain files are graded): {assignment}/eve:" in out, out
+    assert "is a symbolic link" in out
+    assert done.returncode == 1  # a submission has no grade
+    with sqlite3.connect(root / "gradebook.db") as con:
+        assert con.execute("SELECT version_num FROM alembic_version").fetchall()
+    assert not (root / "autograded" / "eve").exists()
+
+
+def test_a_gradebook_left_without_alembic_version_is_stamped(tmp_path, capsys):
+    """Is a gradebook whose creation could not run alembic repaired, with a message, and usable?"""
+    from nbgrader.api import Base
+    from sqlalchemy import create_engine
+
+    db = tmp_path / "gradebook.db"
+    Base.metadata.create_all(bind=create_engine(f"sqlite:///{db}"))  # what the old failure left
+    with commands.open_gradebook(db) as gb:
+        gb.add_student("ada")
+    assert "had no alembic_version" in capsys.readouterr().out
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT version_num FROM alembic_version").fetchall()
+    with commands.open_gradebook(db) as gb:
+        assert [s.id for s in gb.students] == ["ada"]
+    assert "alembic_version" not in capsys.readouterr().out  # said once, when repaired

@@ -1,18 +1,18 @@
-"""Is a grading kernel confined? Each probe runs as notebook code inside the sandboxed kernel."""
+"""Are graded ranks confined? Each probe runs on ranks forked in the sandbox, as in grading."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
+import subprocess
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
 import course
 from course.instructor import sandbox
+from course.instructor.rankbox import RankBox
+from course.ranks import launch
 
 pytestmark = [
     pytest.mark.slow,
@@ -23,22 +23,20 @@ pytestmark = [
     ),
 ]
 
-PROBE = """
-import json, os, socket, subprocess
-ROOT, PORT, PKG = {root!r}, {port!r}, {pkg!r}
 
-def attempt(fn):
+def _attempt(fn: object) -> str:
     try:
         fn()
-        return "ok"
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - the probe reports any failure by its type
         return type(err).__name__
+    return "ok"
 
-def bomb():
+
+def _bomb() -> int:
     procs = []
     try:
         for _ in range(1000):
-            procs.append(subprocess.Popen(["sleep", "60"]))
+            procs.append(subprocess.Popen(["sleep", "60"]))  # noqa: PERF401 - stops at the limit, keeping what started
     except OSError:
         pass
     for p in procs:
@@ -46,93 +44,70 @@ def bomb():
         p.wait()
     return len(procs)
 
-def two_ranks():
+
+def _probe(root: str, port: int, pkg: str) -> dict:
+    """On a graded rank: what can code there reach?"""
     import torch
     import torch.distributed as dist
-    from course.ranks import run
 
-    def total():
-        t = torch.ones(1) * (dist.get_rank() + 1)
-        dist.all_reduce(t)
-        return t.item()
-
-    return run(total, 2, timeout=60)
-
-r = {{
-    "uid": os.getuid(),
-    "internet": attempt(lambda: socket.create_connection(("1.1.1.1", 80), timeout=3)),
-    "host_port": attempt(lambda: socket.create_connection(("127.0.0.1", PORT), timeout=3)),
-    "source": attempt(lambda: open(ROOT + "/source/a/a.ipynb").read()),
-    "gradebook": attempt(lambda: open(ROOT + "/gradebook.db").read()),
-    "other_student": attempt(lambda: os.listdir(ROOT + "/submitted/bob/a")),
-    "write_cwd": attempt(lambda: open("out.txt", "w").write("x")),
-    "write_course_package": attempt(lambda: open(PKG + "/evil.py", "w").write("x")),
-    "write_course_root": attempt(lambda: open(ROOT + "/evil.txt", "w").write("x")),
-    "memory": attempt(lambda: bytearray(8 * 2**30)),
-    "processes": bomb(),
-    "ranks": two_ranks(),
-}}
-print(json.dumps(r))
-"""
+    total = torch.ones(1) * (dist.get_rank() + 1)
+    dist.all_reduce(total)
+    return {
+        "uid": os.getuid(),
+        "internet": _attempt(lambda: socket.create_connection(("1.1.1.1", 80), timeout=3)),
+        "host_port": _attempt(lambda: socket.create_connection(("127.0.0.1", port), timeout=3)),
+        "source": _attempt(lambda: Path(root, "source/a/a.ipynb").read_text()),
+        "gradebook": _attempt(lambda: Path(root, "gradebook.db").read_text()),
+        "other_student": _attempt(lambda: os.listdir(root + "/submitted/bob/a")),
+        "write_cwd": _attempt(lambda: Path("out.txt").write_text("x")),
+        "write_course_package": _attempt(lambda: Path(pkg, "evil.py").write_text("x")),
+        "write_course_root": _attempt(lambda: Path(root, "evil.txt").write_text("x")),
+        "memory": _attempt(lambda: bytearray(8 * 2**30)),
+        "processes": _bomb() if dist.get_rank() == 0 else 0,
+        "ranks": total.item(),
+    }
 
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("sandbox") / "course"
-    for folder in ("source/a", "submitted/bob/a", "autograded/alice/a"):
+    for folder in ("source/a", "submitted/bob/a"):
         (root / folder).mkdir(parents=True)
     (root / "source/a/a.ipynb").write_text('{"key": "b"}')
     (root / "submitted/bob/a/a.ipynb").write_text("{}")
     (root / "gradebook.db").write_text("secret grades")
     listener = socket.create_server(("127.0.0.1", 0))
-    code = PROBE.format(
-        root=str(root), port=listener.getsockname()[1], pkg=str(Path(course.__file__).parent)
-    )
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    cwd = root / "autograded/alice/a"
-    client = NotebookClient(
-        nb,
-        timeout=300,
-        kernel_manager_class=sandbox.SandboxKernelManager,
-        resources={"metadata": {"path": str(cwd)}},
-    )
     try:
-        client.execute()
+        with RankBox(uid=sandbox.SANDBOX_UID):
+            result = launch(_probe, 2, str(root), listener.getsockname()[1],
+                            str(Path(course.__file__).parent), timeout=120)  # fmt: skip
     finally:
         listener.close()
-    outputs = [o for o in nb.cells[0].outputs if o.get("name") == "stdout"]
-    assert outputs, nb.cells[0].outputs
-    result = json.loads(outputs[-1]["text"].strip().splitlines()[-1])
-    result["_root"], result["_cwd"] = root, cwd
-    return result
+    assert result.ok, result.failures
+    return {**result.results[0], "_root": root, "_ranks": [r["ranks"] for r in result.results]}
 
 
-def test_kernel_is_not_root(probed: dict) -> None:
+def test_graded_code_is_not_root(probed: dict) -> None:
     """Does student code run as an unprivileged uid?"""
     assert probed["uid"] == sandbox.SANDBOX_UID != 0
 
 
 def test_no_network(probed: dict) -> None:
-    """Can the kernel reach neither the internet nor a port on the host's loopback?"""
+    """Can graded code reach neither the internet nor a port on the host's loopback?"""
     assert probed["internet"] != "ok"
     assert probed["host_port"] != "ok"
 
 
 def test_course_files_are_invisible(probed: dict) -> None:
-    """Can the kernel read neither source/, the gradebook nor another student's submission?"""
+    """Can graded code read neither source/, the gradebook nor another student's submission?"""
     assert probed["source"] == "FileNotFoundError"
     assert probed["gradebook"] == "FileNotFoundError"
     assert probed["other_student"] == "FileNotFoundError"
 
 
 def test_writes_only_in_its_own_folder(probed: dict) -> None:
-    """Can the kernel write its working dir but not the course package or the course root?"""
-    assert probed["write_cwd"] == "ok" and (probed["_cwd"] / "out.txt").exists()
+    """Can graded code write its scratch folder but not the course package or the course root?"""
+    assert probed["write_cwd"] == "ok"
     assert probed["write_course_package"] in ("OSError", "PermissionError")
     assert probed["write_course_root"] in ("FileNotFoundError", "PermissionError", "OSError")
     assert not (probed["_root"] / "evil.txt").exists()
@@ -149,8 +124,8 @@ def test_fork_bomb_is_bounded(probed: dict) -> None:
 
 
 def test_multi_rank_checks_still_work(probed: dict) -> None:
-    """Do two gloo ranks still all-reduce inside the sandbox (unix sockets, own loopback)?"""
-    assert probed["ranks"] == [3.0, 3.0]
+    """Do two gloo ranks still all-reduce inside the sandbox (their own loopback)?"""
+    assert probed["_ranks"] == [3.0, 3.0]
 
 
 def test_confine_builds_a_bwrap_command() -> None:
@@ -159,3 +134,21 @@ def test_confine_builds_a_bwrap_command() -> None:
     assert argv[0] == "bwrap" and "--unshare-net" in argv and "--clearenv" in argv
     assert argv[-3:] == ["python", "-c", "pass"]
     assert f"--reuid={sandbox.SANDBOX_UID}" in argv
+
+
+def test_confine_runs_as_the_uid_the_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Does confined code run as $COURSE_SANDBOX_UID (a class run's slot), else as nobody?"""
+    monkeypatch.setenv(sandbox.UID_ENV, "62001")
+    assert "--reuid=62001" in sandbox.confine(["true"])
+    assert sandbox.sandbox_uid() == 62001
+    monkeypatch.delenv(sandbox.UID_ENV)
+    assert f"--reuid={sandbox.SANDBOX_UID}" in sandbox.confine(["true"])
+    assert sandbox.sandbox_uid() == sandbox.SANDBOX_UID
+
+
+def test_a_confined_command_runs_as_the_slot_uid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run for real: does a confined `id` report the uid $COURSE_SANDBOX_UID names?"""
+    monkeypatch.setenv(sandbox.UID_ENV, "62001")
+    cmd = sandbox.confine(["id", "-u"])
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "62001"
