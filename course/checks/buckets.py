@@ -22,6 +22,7 @@ from course.checks.compare import close, fresh_seed, near, ratio
 from course.checks.ddp import on_ranks
 from course.checks.teaching import teaches, user_traceback
 from course.experiments.buckets import MB, bucket_assignment
+from course.ranks import PerRank
 from course.ring.recorder import Recorder
 
 __all__ = ["check_bucketed_allreduce", "check_overlapping_ddp"]
@@ -62,15 +63,20 @@ def _average(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 # --- exercise (a): bucketed_allreduce(grads, bucket_cap_mb) ----------------------
 
 
-def _bucketed_trial(
-    fn: Any, shapes: list[tuple[int, ...]], dtype: str, cap: float, seed: int
-) -> dict[str, Any]:
-    """On each rank: random gradients, the student's call (recorded), the oracle."""
+def _bucket_grads(
+    world_size: int, shapes: list[tuple[int, ...]], dtype: str, seed: int
+) -> list[list[torch.Tensor]]:
+    """Each rank's random gradients, made by the checker."""
+    gens = [torch.Generator().manual_seed(seed * 1009 + r) for r in range(world_size)]
+    return [
+        [torch.randn(s, generator=gens[r], dtype=getattr(torch, dtype)) for s in shapes]
+        for r in range(world_size)
+    ]
+
+
+def _bucketed_trial(fn: Any, grads: list[torch.Tensor], cap: float) -> dict[str, Any]:
+    """On each rank: the student's call on this rank's own gradients, recorded."""
     rank = dist.get_rank()
-    gen = torch.Generator().manual_seed(seed * 1009 + rank)
-    grads = [torch.randn(s, generator=gen, dtype=getattr(torch, dtype)) for s in shapes]
-    before = [g.clone() for g in grads]
-    expected = _average(before)
     given = list(grads)
     out: dict[str, Any] = {"rank": rank, "calls": [], "problem": None}
     with Recorder() as recorder:
@@ -81,7 +87,7 @@ def _bucketed_trial(
             return out
     out["calls"] = _all_reduces(recorder)
     out["replaced"] = [i for i, (a, b) in enumerate(zip(given, grads, strict=True)) if a is not b]
-    out.update(result=grads, before=before, expected=expected)
+    out["result"] = grads
     return out
 
 
@@ -96,11 +102,14 @@ def check_bucketed_allreduce(
     for world_size in world_sizes:
         for shapes, dtype, cap in cases:
             s = fresh_seed(seed)
-            args = (bucketed_allreduce, shapes, dtype, cap, s)
+            grads = _bucket_grads(world_size, shapes, dtype, s)
+            args = (bucketed_allreduce, PerRank(grads), cap)
             results = on_ranks("bucketed_allreduce", _bucketed_trial, world_size, *args)
             case = f"{len(shapes)} {dtype} tensors {shapes}, bucket_cap_mb={cap}, seed {s}"
-            for r in results:
-                _diagnose_bucketed(r, world_size, shapes, cap, case)
+            expected = [sum(g) / world_size for g in zip(*grads, strict=True)]  # the oracle
+            for rank, r in enumerate(results):
+                known = {"rank": rank, "before": grads[rank], "expected": expected}
+                _diagnose_bucketed(r | known, world_size, shapes, cap, case)
     return f"bucketed_allreduce: right averages and buckets on {list(world_sizes)} ranks."
 
 

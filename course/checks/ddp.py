@@ -10,7 +10,6 @@ comes back as the student's own traceback.
 # No "from __future__ import annotations": the hook wrapper below is handed to DDP, which
 # compares annotations as objects.
 
-import copy
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +23,7 @@ from course.checks import teaching
 from course.checks.compare import close, fresh_seed, near, ratio
 from course.checks.hooks import guard_hook, hook_signature_problem
 from course.checks.teaching import teaches, user_traceback
+from course.ranks import PerRank
 
 __all__ = ["check_average_hook", "check_weighted_loss"]
 
@@ -43,35 +43,52 @@ def _hook_model(seed: int) -> nn.Module:
     return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 3))
 
 
-def _hook_trial(hook: Any, seed: int, steps: int) -> dict[str, Any]:
-    """On each rank: the student's hook and DDP's default side by side, for ``steps`` steps.
+def _hook_batches(world_size: int, seed: int, steps: int) -> list[list[torch.Tensor]]:
+    """Each rank's inputs, one batch per step (rank r's batches hold 1 + r samples)."""
+    gens = [torch.Generator().manual_seed(seed * 1009 + r) for r in range(world_size)]
+    return [
+        [torch.randn(1 + r, 6, generator=gens[r]) for _ in range(steps)] for r in range(world_size)
+    ]
+
+
+def _hook_trial(hook: Any, seed: int, batches: list[torch.Tensor]) -> dict[str, Any]:
+    """On each rank: the student's hook on this rank's own batches, one step each.
 
     The hook's signature is checked here, where the hook is defined (the grader holds only
-    its name and cells).
+    its name and cells); what DDP's default would give is computed by the checker.
     """
     rank = dist.get_rank()
     signature = hook_signature_problem(hook)
     if signature:
         return {"rank": rank, "signature": signature, "problems": [], "steps": []}
-    model = _hook_model(seed)
-    plain = copy.deepcopy(model)  # local gradients, no DDP
-    student = DDP(model, bucket_cap_mb=0.0005)  # ~500 bytes: several buckets from step 2 on
-    default = DDP(copy.deepcopy(model), bucket_cap_mb=0.0005)
+    student = DDP(_hook_model(seed), bucket_cap_mb=0.0005)  # ~500 bytes: several buckets
     problems: list[str] = []
     student.register_comm_hook(None, guard_hook(hook, problems))
-    gen = torch.Generator().manual_seed(seed * 1009 + rank)
     out = []
-    for _ in range(steps):
-        x = torch.randn(1 + rank, 6, generator=gen)
-        grads = []
-        for m in (student, default, plain):
-            m.zero_grad()
-            m(x).square().sum().backward()
-            grads.append([p.grad.detach().clone() for p in m.parameters()])
-        out.append(dict(zip(("student", "default", "local"), grads, strict=True)))
+    for x in batches:
+        student.zero_grad()
+        student(x).square().sum().backward()
+        out.append([p.grad.detach().clone() for p in student.parameters()])
         if problems:
             break
     return {"rank": rank, "problems": problems, "steps": out}
+
+
+def _hook_oracle(seed: int, batches: list[list[torch.Tensor]]) -> list[list[dict[str, list]]]:
+    """Per rank and step: the local gradient and DDP's default (their mean over ranks)."""
+    model = _hook_model(seed)
+
+    def grad(x: torch.Tensor) -> list[torch.Tensor]:
+        model.zero_grad()
+        model(x).square().sum().backward()
+        return [p.grad.detach().clone() for p in model.parameters()]
+
+    local = [[grad(x) for x in mine] for mine in batches]
+    steps = range(len(batches[0]))
+    mean = [
+        [sum(g) / len(batches) for g in zip(*(r[k] for r in local), strict=True)] for k in steps
+    ]
+    return [[{"local": mine[k], "default": mean[k]} for k in steps] for mine in local]
 
 
 @teaches
@@ -81,24 +98,28 @@ def check_average_hook(
     """Check a comm hook on fresh ranks: .grad must equal what DDP's default gives."""
     for world_size in world_sizes:
         s = fresh_seed(seed)
-        results = on_ranks("average_hook", _hook_trial, world_size, average_hook, s, 2)
+        batches = _hook_batches(world_size, s, 2)
+        results = on_ranks(
+            "average_hook", _hook_trial, world_size, average_hook, s, PerRank(batches)
+        )
         if results[0].get("signature"):
             raise AssertionError(results[0]["signature"])
         for r in results:
             if r["problems"]:
                 raise AssertionError(f"On rank {r['rank']} of {world_size}: {r['problems'][0]}")
-        for r in results:
-            for step, grads in enumerate(r["steps"]):
-                _diagnose_hook(grads, r["rank"], world_size, step, s)
+        oracle = _hook_oracle(s, batches)
+        for rank, r in enumerate(results):
+            for step, got in enumerate(r["steps"]):
+                _diagnose_hook(got, oracle[rank][step], rank, world_size, step, s)
     return f"average_hook matches DDP's averaged gradients on {list(world_sizes)} ranks."
 
 
 def _diagnose_hook(
-    grads: dict[str, list], rank: int, world_size: int, step: int, seed: int
+    student: list, oracle: dict[str, list], rank: int, world_size: int, step: int, seed: int
 ) -> None:
     where = f"rank {rank} of {world_size}, step {step + 1} (seed {seed})"
     for i, (got, want, local) in enumerate(
-        zip(grads["student"], grads["default"], grads["local"], strict=True)
+        zip(student, oracle["default"], oracle["local"], strict=True)
     ):
         if close(got, want):
             continue
@@ -137,44 +158,58 @@ def _local_batch_sizes(world_size: int, seed: int) -> list[int]:
     return sizes
 
 
-def _weighted_trial(weighted_loss: Any, sizes: list[int], seed: int) -> dict[str, Any]:
-    """On each rank: DDP step with the student's loss on ``sizes[rank]`` samples, and oracles."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+def _weighted_data(sizes: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch, every rank's samples in rank order: x (n, 4) and y (n, 2)."""
     gen = torch.Generator().manual_seed(seed)
     n = sum(sizes)
-    x, y = torch.randn(n, 4, generator=gen), torch.randn(n, 2, generator=gen)
-    lo = sum(sizes[:rank])
+    return torch.randn(n, 4, generator=gen), torch.randn(n, 2, generator=gen)
+
+
+def _per_sample(m: nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    return (m(xs) - ys).square().mean(dim=1)
+
+
+def _weighted_model(seed: int) -> nn.Module:
     torch.manual_seed(seed)
-    model = nn.Linear(4, 2)
-    oracle = copy.deepcopy(model)
+    return nn.Linear(4, 2)
+
+
+def _weighted_trial(weighted_loss: Any, mine: tuple, seed: int) -> dict[str, Any]:
+    """On each rank: a DDP step with the student's loss on this rank's own samples."""
+    rank = dist.get_rank()
+    x, y = mine
+    model = _weighted_model(seed)
     ddp = DDP(model)
-
-    def per_sample(m: nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-        return (m(xs) - ys).square().mean(dim=1)
-
-    result: dict[str, Any] = {"rank": rank, "sizes": sizes, "problem": None}
-    losses = per_sample(ddp, x[lo : lo + sizes[rank]], y[lo : lo + sizes[rank]])
+    result: dict[str, Any] = {"rank": rank, "problem": None}
+    losses = _per_sample(ddp, x, y)
     try:
         loss = weighted_loss(losses)
     except Exception as exc:  # noqa: BLE001 - the student's code may raise anything; each becomes a message
         result["problem"] = f"weighted_loss raised an exception:\n{user_traceback(exc)}"
         return result
-    result["problem"] = _loss_problem(loss, sizes[rank])
+    result["problem"] = _loss_problem(loss, len(x))
     if result["problem"]:
         return result
     loss.backward()
     result["student"] = [p.grad.clone() for p in model.parameters()]
+    return result
+
+
+def _weighted_oracle(sizes: list[int], seed: int) -> dict[str, list]:
+    """Computed by the checker: the pooled per-sample mean's gradient, and the mean of the
+    local means' (what an unweighted loss gives)."""
+    x, y = _weighted_data(sizes, seed)
+    oracle = _weighted_model(seed)
 
     def grad_of(loss_value: torch.Tensor) -> list[torch.Tensor]:
         oracle.zero_grad()
         loss_value.backward()
         return [p.grad.clone() for p in oracle.parameters()]
 
-    result["pooled"] = grad_of(per_sample(oracle, x, y).mean())
-    bounds = [(sum(sizes[:r]), sum(sizes[: r + 1])) for r in range(world_size)]
-    means = [grad_of(per_sample(oracle, x[a:b], y[a:b]).mean()) for a, b in bounds]
-    result["flat"] = [sum(g) / world_size for g in zip(*means, strict=True)]
-    return result
+    bounds = [(sum(sizes[:r]), sum(sizes[: r + 1])) for r in range(len(sizes))]
+    means = [grad_of(_per_sample(oracle, x[a:b], y[a:b]).mean()) for a, b in bounds]
+    pooled = grad_of(_per_sample(oracle, x, y).mean())
+    return {"pooled": pooled, "flat": [sum(g) / len(sizes) for g in zip(*means, strict=True)]}
 
 
 def _loss_problem(loss: Any, count: int) -> str | None:
@@ -205,12 +240,16 @@ def check_weighted_loss(
     for world_size in world_sizes:
         s = fresh_seed(seed)
         sizes = _local_batch_sizes(world_size, s)
-        results = on_ranks("weighted_loss", _weighted_trial, world_size, weighted_loss, sizes, s)
+        x, y = _weighted_data(sizes, s)
+        starts = [sum(sizes[:r]) for r in range(world_size)]
+        mine = PerRank((x[a : a + k], y[a : a + k]) for a, k in zip(starts, sizes, strict=True))
+        results = on_ranks("weighted_loss", _weighted_trial, world_size, weighted_loss, mine, s)
         for r in results:
             if r["problem"]:
                 raise AssertionError(f"On rank {r['rank']} of {world_size}: {r['problem']}")
+        oracle = _weighted_oracle(sizes, s)
         for r in results:
-            _diagnose_weighted(r, world_size, s)
+            _diagnose_weighted(r | oracle | {"sizes": sizes}, world_size, s)
     return f"weighted_loss gives the pooled per-sample mean gradient on {list(world_sizes)} ranks."
 
 

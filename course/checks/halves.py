@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from course.checks.compare import fresh_seed
 from course.checks.ring import LAUNCH_TIMEOUT, SHOWN
 from course.checks.ring_cases import (
     Case,
@@ -138,9 +139,7 @@ def _run_all(half: Half, fn: Callable, world_sizes: Sequence[int], *, sums: bool
     checked = 0
     for world_size in world_sizes:
         cases = _cases(world_size, sums)
-        inputs = [
-            _case_inputs(half, c, world_size, 1000 * world_size + i) for i, c in enumerate(cases)
-        ]
+        inputs = [_case_inputs(half, c, world_size, fresh_seed(None)) for c in cases]
         with scratch_dir() as directory:
             results = _launch(half, fn, world_size, cases, inputs, directory)
             for i, case in enumerate(cases):

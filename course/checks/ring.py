@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from course.checks.compare import fresh_seed
 from course.checks.ring_cases import (
     DTYPES,
     Case,
@@ -164,8 +165,7 @@ def _check(
             pattern_cases(world_size) if pattern else []
         )
         inputs = [
-            None if c.recorded else make_inputs(c, world_size, seed=1000 * world_size + i)
-            for i, c in enumerate(cases)
+            None if c.recorded else make_inputs(c, world_size, seed=fresh_seed(None)) for c in cases
         ]
         with scratch_dir() as directory:
             results = _launch(fn, world_size, cases, inputs, directory)

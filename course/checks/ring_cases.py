@@ -1,7 +1,8 @@
 """The cases a ring (or half of one) is graded on, and how a rank's answer is compared.
 
-Each rank's input is made by the checker (seeded), never by the ranks, so the oracle the
-verdict compares with cannot be touched by the code under test.
+Each rank's input is made by the checker from a fresh random seed, never by the ranks, and
+each rank is sent its own only, so the oracle the verdict compares with cannot be touched or
+predicted by the code under test.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def near_copies(student: Iterable[str], solutions: Iterable[str]) -> list[str]:
 def _definitions(source: str) -> list[Definition]:
     try:
         tree = ast.parse(cell_source(source) or "")
-    except SyntaxError:
+    except (SyntaxError, RecursionError, ValueError, MemoryError):
         return []
     defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
     return [n for n in tree.body if isinstance(n, defs) and _has_code(n)]

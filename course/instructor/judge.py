@@ -39,26 +39,38 @@ class GraderError(RuntimeError):
 
 
 class Submission:
-    """A submitted notebook as the grader reads it: the instructor's cells and the student's."""
+    """A submitted notebook as the grader reads it: the instructor's cells and the student's.
 
-    def __init__(self, nb: Any, sources: dict[str, str], graded: set, solutions: set) -> None:
-        self.setup: list[str] = []  # the instructor's import cells, run before a check
+    ``setup`` is the instructor's import cells from the gradebook (a student who deletes one
+    deletes nothing the grader runs); the student's cells are every cell they could edit.
+    """
+
+    def __init__(self, nb: Any, record: Any) -> None:
+        sources = {c.name: c.source for c in record.source_cells}
+        graded = {c.name for c in record.grade_cells}
+        solutions = {c.name for c in record.solution_cells}
+        self.setup = [
+            c.source
+            for c in record.source_cells
+            if c.cell_type == "code" and c.locked and c.name not in graded | solutions
+            and _only_imports(c.source)
+        ]  # fmt: skip
+        self.solutions = [sources[gid] for gid in sorted(solutions) if gid in sources]
+        self.sources = sources
         self.student: list[tuple[str, str]] = []  # (label, source) of every cell they edit
         self.quiz_cells: set[str] = set()  # answer cells: never run anywhere
         self.grade_cells: list[tuple[str, Any]] = []
         for i, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
-            gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-            locked = cell.metadata.get("nbgrader", {}).get("locked", False)
+            meta = cell.metadata.get("nbgrader", {})
+            gid, locked = meta.get("grade_id"), meta.get("locked", False)
             if gid in graded and gid not in solutions:
                 self.grade_cells.append((gid, cell))
             elif gid in solutions or not (gid in sources or locked):
-                self.student.append((gid or f"added cell {i + 1}", cell.source))
+                self.student.append((gid or f"added cell {i + 1}", str(cell.source)))
                 if gid in sources and _only_answers(sources[gid]):
                     self.quiz_cells.add(gid)
-            elif gid in sources and _only_imports(sources[gid]):
-                self.setup.append(sources[gid])
 
     def code(self, name: str) -> StudentCode:
         """The student's ``name``: defined on a rank by the setup and the student's cells."""
@@ -71,7 +83,7 @@ def _only_answers(source: str) -> bool:
     """An answer cell, as released: it binds ``answer_*`` names only."""
     try:
         tree = ast.parse(cell_source(source) or "")
-    except SyntaxError:
+    except (SyntaxError, RecursionError, ValueError, MemoryError):
         return False
     targets = [t for n in tree.body if isinstance(n, ast.Assign) for t in n.targets]
     names = [getattr(t, "id", "") for t in targets]
@@ -82,9 +94,14 @@ def _only_imports(source: str) -> bool:
     """A setup cell: imports (and magics) only."""
     try:
         tree = ast.parse(cell_source(source) or "")
-    except SyntaxError:
+    except (SyntaxError, RecursionError, ValueError, MemoryError):
         return False
     return all(isinstance(n, ast.Import | ast.ImportFrom) for n in tree.body)
+
+
+# What a check raises when the ranks' replies are not what it reads: the student's doing
+# (their code ran there), so the cell fails with the reason; anything else is the grader's.
+_BAD_REPLY = (TypeError, IndexError, KeyError, ValueError, AttributeError, ZeroDivisionError)
 
 
 def judge_cell(sub: Submission, source: str) -> tuple[bool, str]:
@@ -96,6 +113,9 @@ def judge_cell(sub: Submission, source: str) -> tuple[bool, str]:
         return True, _run_check(sub, source)
     except AssertionError as err:  # CheckFailed included: the verdict on the student's work
         return False, str(err)
+    except _BAD_REPLY as err:
+        what = f"{type(err).__name__}: {err}"[:300]
+        return False, f"What your code's ranks sent back is not what this check reads ({what})."
 
 
 def _run_check(sub: Submission, source: str) -> str:
@@ -149,17 +169,13 @@ def _make_judge() -> type:
             info = resources["nbgrader"]
             with Gradebook(info["db_url"]) as gb:
                 record = gb.find_notebook(info["notebook"], info["assignment"])
-                sources = {c.name: c.source for c in record.source_cells}
-                graded = {c.name for c in record.grade_cells}
-                solutions = {c.name for c in record.solution_cells}
-            sub = Submission(nb, sources, graded, solutions)
-            own = [sources[gid] for gid in solutions if gid in sources]
-            copies = near_copies([text for _, text in sub.student], own)
+                sub = Submission(nb, record)
+            copies = near_copies([text for _, text in sub.student], sub.solutions)
             nb.metadata["course"] = {"near_copies": copies}  # for the grade table
             with RankBox():
                 for gid, cell in sub.grade_cells:
                     try:
-                        passed, text = judge_cell(sub, sources[gid])
+                        passed, text = judge_cell(sub, sub.sources[gid])
                     except Exception as err:
                         raise GraderError(
                             f"grading cell {gid} failed: {type(err).__name__}: {err}"

@@ -15,28 +15,29 @@ autograde/README.md), assembled onto the committed release notebooks so they nev
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from course.instructor.classrun import autograde_class
+from course.instructor.classrun import Outcome, autograde_class
 from course.instructor.commands import (
     assignments,
     execute,
     export,
     feedback,
-    nbgrader,
-    noteworthy,
     open_gradebook,
     release,
     say,
 )
-from course.instructor.grades import check_expectations, format_grades, grade_rows, totals
+from course.instructor.grades import (
+    check_expectations,
+    format_grades,
+    grade_rows,
+    near_copies,
+)
 from course.instructor.selfstudy import write_selfstudy
 from course.instructor.submissions import SPECS, load_specs, submit
 
@@ -45,32 +46,18 @@ __all__ = ["autograde", "demo", "main", "prepare_course"]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def autograde(root: Path, assignment: str) -> dict[str, float]:
-    """``nbgrader autograde <assignment> --force`` over submitted/; seconds per student.
+def autograde(root: Path, assignment: str, workers: int = 2) -> list[Outcome]:
+    """Grade every submission of ``assignment`` in submitted/: the course's one grading path.
 
-    A submission nbgrader cannot process (say, a corrupt notebook) is reported by name and
-    left out; the others are graded all the same.
+    ``course.instructor.classrun`` (each submission inspected, copied, graded by its own
+    ``nbgrader autograde`` with the judge, as its worker slot's uid), ``workers`` at a time;
+    one outcome per student, each listed as it ends.
     """
-    seconds: dict[str, float] = {}
-    current = {"student": None, "since": time.monotonic()}
 
     def progress(line: str) -> None:
-        if "] Autograding " in line:
-            current["student"] = Path(line.split("] Autograding ", 1)[1]).parent.parent.name
-        elif "Setting destination file permissions" in line and current["student"]:
-            student, now = current["student"], time.monotonic()
-            seconds[student] = now - current["since"]
-            current.update(student=None, since=now)
-            got, top = totals(root, assignment, student)
-            say(f"    {assignment}/{student}: {got:g}/{top:g} points in {seconds[student]:.1f} s")
-        elif noteworthy(line):
-            say("    " + line)
+        say("    " + line)
 
-    nbgrader(root, "autograde", assignment, "--force", on_line=progress, check=False)
-    submitted = {p.parent.name for p in (root / "submitted").glob(f"*/{assignment}")}
-    for student in sorted(submitted - set(seconds)):
-        say(f"    {assignment}/{student}: FAILED, nbgrader could not grade it (see its log above)")
-    return seconds
+    return autograde_class(assignment, root, workers=workers, progress=progress)
 
 
 def prepare_course(dest: Path, source: Path = REPO / "source") -> Path:
@@ -116,14 +103,12 @@ def demo(
 ) -> int:
     """The whole course end to end in a throwaway root; 0 when every grade is as expected.
 
-    Runs the release notebooks and each assignment's autograde ``jobs`` at a time (separate
-    processes; the gradebook's writes are short, so SQLite's locking serialises them).
+    Grades each assignment's samples as `make autograde` does (``jobs`` submissions at a
+    time), then runs the release notebooks ``jobs`` at a time, as a student who has not
+    answered anything would.
     """
     t0 = time.monotonic()
     step = _stepper(t0)
-    # The re-check of every grade cell (integrity.py) costs 20-80 s a notebook: the dry
-    # run skips it unless asked (COURSE_RECHECK=1 make demo); `make autograde` always runs it.
-    os.environ.setdefault("COURSE_RECHECK", "0")
     root = prepare_course(dest, source)
     subs = load_specs(specs)
     step(f"course copied to {root}; {len(subs)} sample submissions in {specs}")
@@ -137,21 +122,23 @@ def demo(
 
     submit(root, subs)
     step(f"submitted/: {len(subs)} notebooks assembled from the specs onto release/")
-    step(f"autograding and running the release notebooks, {jobs} at a time")
+    for assignment in sorted({s.assignment for s in subs}):
+        outcomes = autograde(root, assignment, workers=jobs)
+        failed = [f"{assignment}/{o.student}: {o.status} {o.error}" for o in outcomes if o.error]
+        for line in failed:
+            say(f"    NOT GRADED: {line}")
+    step(f"autograded every sample, {jobs} at a time")
+    out = root / "build" / "executed"
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        by_size = Counter(s.assignment for s in subs).most_common()
-        tasks = [pool.submit(autograde, root, a) for a, _ in by_size]
-        out = root / "build" / "executed"
-        tasks += [pool.submit(_report_run, path, out / path.name) for path in made]
-        for task in tasks:
+        for task in [pool.submit(_report_run, path, out / path.name) for path in made]:
             task.result()
-    step("nbgrader autograde done; release notebooks executed (build/executed/)")
+    step("release notebooks run top to bottom (build/executed/)")
     pages = feedback(root)
     csv = export(root)
     step(f"generate_feedback: {len(pages)} HTML pages; export: {csv.relative_to(root)}")
 
     rows = grade_rows(root)
-    say("\n" + format_grades(rows) + "\n")
+    say("\n" + format_grades(rows, near_copies(root)) + "\n")
     problems = check_expectations(rows, subs)
     for p in problems:
         say(f"    NOT AS EXPECTED: {p}")
@@ -211,7 +198,7 @@ def _autograde_course(root: Path, workers: int = 2) -> int:
     if any(p.is_dir() for p in (root / "autograded").glob("*/*")):
         feedback(root)  # nbgrader refuses to run with no autograded notebook at all
     csv = export(root)
-    say(format_grades(grade_rows(root)))
+    say(format_grades(grade_rows(root), near_copies(root)))
     say(f"Feedback HTML: {root / 'feedback'}/<student>/<assignment>/<assignment>.html")
     say(f"Grades CSV:    {csv}")
     for line in failed:
@@ -240,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "autograde":
         return _autograde_course(root, workers=args.jobs)
     if args.command == "grades":
-        say(format_grades(grade_rows(root)))
+        say(format_grades(grade_rows(root), near_copies(root)))
         return 0
     for path in write_selfstudy(root / "source", root / "selfstudy"):
         say(f"self-study notebook: {path.relative_to(root)}")

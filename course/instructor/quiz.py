@@ -24,7 +24,7 @@ def quiz_call(grade_source: str) -> dict[str, Any] | None:
     """The arguments of a grade cell's ``check_answer`` call (the keyed one, if there is one)."""
     try:
         tree = ast.parse(cell_source(grade_source) or "")
-    except SyntaxError:
+    except (SyntaxError, RecursionError, ValueError, MemoryError):
         return None
     calls = []
     for node in tree.body:
@@ -59,9 +59,10 @@ def read_answer(cells: Cells, name: str) -> str:
         text = cell_source(source)
         try:
             tree = ast.parse(text or "")
-        except SyntaxError as err:
+        except (SyntaxError, RecursionError, ValueError, MemoryError) as err:
             if name in (text or ""):
-                other.append(f"cell {label} has a syntax error on line {err.lineno}")
+                line = getattr(err, "lineno", None) or "?"
+                other.append(f"cell {label} is not Python the grader can read (line {line})")
             continue
         literal = [n for n in tree.body if _literal(n, name)]
         accepted += [(label, n.value.value) for n in literal]

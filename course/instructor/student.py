@@ -62,7 +62,7 @@ class StudentCode:
         for _, source in self.cells:
             try:
                 tree = ast.parse(cell_source(source) or "")
-            except SyntaxError:
+            except (SyntaxError, RecursionError, ValueError, MemoryError):
                 continue
             for node in tree.body:
                 defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)

@@ -11,11 +11,24 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import select
+import struct
+import time
+from multiprocessing.connection import Connection
 from typing import Any
 
-__all__ = ["MAX_MESSAGE", "decode", "encode", "malformed"]
+from course.ranks.plain import too_many_values
 
-MAX_MESSAGE = 300 * 2**20
+__all__ = [
+    "MAX_MESSAGE",
+    "decode",
+    "encode",
+    "malformed",
+    "receive",
+]
+
+MAX_MESSAGE = 64 * 2**20
 _TEXT = 20_000  # characters kept of any one string
 _FRAMES = 200  # frames kept of any one stack
 
@@ -27,10 +40,40 @@ def encode(message: tuple) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode()
 
 
+def receive(conn: Connection, timeout: float) -> bytes:
+    """One message from a rank's connection, whole within ``timeout`` seconds of its start.
+
+    ``Connection.recv_bytes`` would wait forever for a message whose sender stopped halfway;
+    this reads the same framing (a 4-byte length, or -1 and an 8-byte one) with a deadline.
+    Raises EOFError, TimeoutError or OSError (too long) instead.
+    """
+    fd, deadline = conn.fileno(), time.monotonic() + timeout
+    (size,) = struct.unpack("!i", _read(fd, 4, deadline))
+    if size == -1:
+        (size,) = struct.unpack("!Q", _read(fd, 8, deadline))
+    if not 0 <= size <= MAX_MESSAGE:
+        raise OSError(f"a message of {size} bytes is too long")
+    return _read(fd, size, deadline)
+
+
+def _read(fd: int, n: int, deadline: float) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise TimeoutError("a rank stopped sending halfway through a message")
+        chunk = os.read(fd, min(n - got, 2**20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
 def decode(data: bytes) -> tuple:
     """A validated message, or a ``raised`` one that says the rank's report was malformed."""
-    if len(data) > MAX_MESSAGE:
-        return malformed(f"a message of {len(data)} bytes is too long")
+    if len(data) > MAX_MESSAGE or too_many_values(data):
+        return malformed(f"a message of {len(data)} bytes is too large")
     try:
         return _validated(json.loads(data))
     except (ValueError, TypeError, KeyError, IndexError, RecursionError) as err:

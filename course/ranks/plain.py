@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_BYTES", "PlainDataError", "dumps", "loads"]
+__all__ = ["MAX_BYTES", "PlainDataError", "dumps", "loads", "too_many_values"]
 
-MAX_BYTES = 256 * 2**20  # one rank's reply, encoded
+MAX_BYTES = 48 * 2**20  # one rank's reply, encoded (within a message's 64 MiB)
+MAX_NODES = 2_000_000  # lists, objects and items in one reply: what decoding may cost
 MAX_DEPTH = 32
 DTYPES = {
     str(d).removeprefix("torch."): d
@@ -78,11 +79,19 @@ def loads(data: bytes) -> Any:
     """Decode a rank's reply (in the caller), accepting plain data only."""
     if not isinstance(data, bytes | bytearray) or len(data) > MAX_BYTES:
         raise PlainDataError(f"a reply must be at most {MAX_BYTES} bytes")
+    if too_many_values(data):
+        raise PlainDataError(f"a reply may hold at most {MAX_NODES} values")
     try:
         tree = json.loads(data)
     except (ValueError, RecursionError) as err:
         raise PlainDataError(f"the reply is not JSON: {err}") from None
     return _decode(tree, 0)
+
+
+def too_many_values(data: bytes) -> bool:
+    """Would parsing ``data`` as JSON build more than MAX_NODES values? Counted before parsing:
+    a few MB of ``[[],[],...]`` would otherwise cost the caller gigabytes."""
+    return data.count(b"[") + data.count(b"{") + data.count(b",") > MAX_NODES
 
 
 def _decode(tree: Any, depth: int) -> Any:

@@ -25,6 +25,7 @@ __all__ = ["ABORT_GRACE", "STACK_WAIT", "Supervisor"]
 
 ABORT_GRACE = 0.5  # seconds the other ranks get after one rank fails
 STACK_WAIT = 0.5  # seconds to wait for stuck ranks to report where they are
+MESSAGE_WAIT = 5.0  # seconds for the rest of a message once its first byte has come
 
 
 @dataclass
@@ -125,8 +126,8 @@ class Supervisor:
 
     def _receive(self, rank: _Rank) -> None:
         try:
-            message = messages.decode(rank.conn.recv_bytes(messages.MAX_MESSAGE))
-        except (EOFError, OSError):
+            message = messages.decode(messages.receive(rank.conn, MESSAGE_WAIT))
+        except (EOFError, OSError):  # TimeoutError included: a rank that stopped halfway
             rank.conn_open = False
             return
         if message[0] == "stack":

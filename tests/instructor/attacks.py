@@ -175,6 +175,122 @@ def ring_allreduce(tensor):
     time.sleep(30)
 """
 
+# A daemon that outlives its launch (a new session, out of the rank's process group) and
+# reads, then kills, the forkserver of any later submission holding TOKEN.
+DAEMON = r"""
+import os, sys, time, signal
+
+TOKEN = b"honest-right-" + b"private-token-5e1f"  # built, so this cell does not hold it
+started = [False]
+
+def _family(pid, mine):
+    while pid > 1:
+        if pid in mine:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return False
+    return False
+
+def _scan(pid):
+    try:
+        maps = open(f"/proc/{pid}/maps").read().splitlines()
+        mem = open(f"/proc/{pid}/mem", "rb", 0)
+    except OSError as e:
+        return None, repr(e)
+    with mem:
+        for line in maps:
+            parts = line.split()
+            if parts[1][:2] != "rw":
+                continue
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if hi - lo > 256 * 2**20:
+                continue
+            try:
+                mem.seek(lo)
+                data = mem.read(hi - lo)
+            except (OSError, OverflowError, ValueError):
+                continue
+            i = data.find(TOKEN)
+            if i >= 0:
+                return data[max(0, i - 1500): i + 400], None
+    return None, "no token"
+
+def daemon(me_uid, mine):
+    log = open("/tmp/daemon.log", "a", buffering=1)
+    log.write(f"daemon {os.getpid()} uid {os.getuid()} mine {mine}\n")
+    seen = set()
+    end = time.time() + 400
+    while time.time() < end:
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            if pid in seen or pid == os.getpid():
+                continue
+            try:
+                st = os.stat(f"/proc/{pid}")
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if st.st_uid != me_uid or b"forkserver" not in cmd or _family(pid, mine):
+                continue
+            seen.add(pid)
+            found, why = _scan(pid)
+            log.write(f"pid {pid}: {why or 'TOKEN FOUND'}\n")
+            if found:
+                log.write(found.decode("latin-1") + "\n----\n")
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    log.write(f"killed {pid}\n")
+                except OSError as e:
+                    log.write(f"kill {pid}: {e}\n")
+        time.sleep(0.05)
+
+def ring_allreduce(tensor):
+    try:
+        os.close(os.open("/tmp/daemon.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except OSError:
+        return
+    mine = {os.getppid()}  # this submission's forkserver: its ranks are left alone
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            try:
+                daemon(os.getuid(), mine)
+            finally:
+                os._exit(0)
+        os._exit(0)
+    os.wait()
+"""
+
+# No message at all: the other ranks' inputs predicted from the case's seed, and the ring's
+# own trace written into the recorder's log.
+NO_COMM = """
+import sys
+
+def ring_allreduce(tensor):
+    f = sys._getframe(1)
+    while f is not None and not ("case" in f.f_locals and "i" in f.f_locals):
+        f = f.f_back
+    case, i = f.f_locals["case"], f.f_locals["i"]
+    n = dist.get_world_size()
+    if not case.recorded:
+        from course.checks.ring_cases import inputs
+        xs = inputs(case, n, seed=1000 * n + i)
+        tensor.copy_(torch.stack([x.to(torch.float64) for x in xs]).sum(0).to(case.dtype))
+        return
+    from course.ring import recorder
+    from course.ring.logs import as_list
+    from course.ring.schedule import ring_trace
+    rec = recorder._active[0]
+    for m in ring_trace(n, tensor.numel(), 8).messages:
+        if m.rank == rec.rank:
+            rec._write({"op": m.op, "message": as_list(m), "final": True})
+"""
+
 # A right ring, for the honest submissions (not the course's own text).
 HONEST_RING = f'''
 def ring_allreduce(tensor):

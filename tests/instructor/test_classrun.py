@@ -1,7 +1,7 @@
 """course.instructor.classrun: inert submissions, a uid per slot, machine faults retried, resume.
 
 Two throwaway courses around the tamper fixture, each graded once by a module fixture (real
-``nbgrader autograde`` processes, the kernel unconfined where the sandbox is not the point):
+``nbgrader autograde`` processes with the course's judge):
 one with honest, hanging and not-plain-files submissions, one whose ``nbgrader_config.py``
 carries a fault the test controls (the grading process exits before grading, as a full disk
 or a broken install would make it) and starts a process as the slot's uid.
@@ -85,7 +85,7 @@ def _not_plain(root: Path, outside: Path) -> dict[str, str]:
 def class_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A run over right, wrong and the not-plain ones, then hangs: outcomes, lines, the course."""
     work = tmp_path_factory.mktemp("class")
-    root = kit.make_course(work / "course", sandbox=False)
+    root = kit.make_course(work / "course")
     kit.submit(root, "right", kit.honest_right)
     kit.submit(root, "wrong")
     outside = work / "elsewhere" / NOTEBOOK
@@ -95,7 +95,7 @@ def class_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     lines: list[str] = []
     outcomes = autograde_class(kit.ASSIGNMENT, root, progress=lines.append)
     # A hang on its own, with a short cap: honest grading on a busy machine stays uncapped.
-    kit.submit(root, "hangs", kit.answer_cell_adds("import time\ntime.sleep(600)\n"))
+    kit.submit(root, "hangs", kit.cell_adds("import time\ntime.sleep(600)\n"))
     outcomes += autograde_class(
         kit.ASSIGNMENT, root, students=["hangs"], timeout=10, progress=lines.append
     )
@@ -214,7 +214,7 @@ def _calls(root: Path, student: str) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """A course whose grading process fails for 'broken' always, for 'flaky' once; one run."""
-    root = kit.make_course(tmp_path_factory.mktemp("faults") / "course", sandbox=False)
+    root = kit.make_course(tmp_path_factory.mktemp("faults") / "course")
     config = root / "nbgrader_config.py"
     config.write_text(config.read_text() + f"ROOT = {str(root)!r}\n" + FAULT_HOOK)
     (root / "faults").mkdir()

@@ -38,7 +38,11 @@ def test_a_string_literal_is_read(cells: list) -> None:
             "del",
         ),
         ([("ring_1_answer", f'{NAME} = ("b")\n{NAME} += ""')], "does not read"),
-        ([("ring_1_answer", f'{NAME} = "b" +')], "syntax error"),
+        ([("ring_1_answer", f'{NAME} = "b" +')], "not Python the grader can read (line 1)"),
+        (
+            [("ring_1_answer", f'{NAME} = "b"'), ("x", f"{NAME} = " + "-" * 3000 + "1")],
+            "not Python",
+        ),
         ([("other", "x = 1")], "not set anywhere"),
         ([], "not set anywhere"),
     ],

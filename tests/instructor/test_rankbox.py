@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import cloudpickle
 import pytest
 
 from course.instructor import sandbox
+from course.instructor.judge import judge_cell
 from course.instructor.rankbox import RankBox
 from course.instructor.student import StudentCode
 from course.ranks import PerRank, launch
@@ -123,3 +125,46 @@ def test_student_code_is_defined_on_the_rank_only() -> None:
 
 def _apply(fn: object) -> int:
     return fn(3)
+
+
+def _half_a_message() -> None:
+    import gc
+    import struct
+    import time
+    from multiprocessing.connection import Connection
+
+    for conn in [o for o in gc.get_objects() if isinstance(o, Connection)]:
+        os.write(conn.fileno(), struct.pack("!i", 1000) + b"x" * 10)
+    time.sleep(60)
+
+
+def test_a_rank_that_stops_halfway_through_a_message_cannot_hang_the_grader() -> None:
+    with RankBox():
+        result = launch(_half_a_message, 2, timeout=8)
+    assert not result.ok
+    assert result.elapsed < 8 + 2 * 5 + 5  # the deadline, and each rank's message wait
+
+
+FORGED_SHAPE = """
+import gc, time
+from multiprocessing.connection import Connection
+from course.ranks import messages, plain
+
+def ring_allreduce(tensor):
+    for conn in [o for o in gc.get_objects() if isinstance(o, Connection)]:
+        conn.send_bytes(messages.encode(("ok", plain.dumps([]))))
+    time.sleep(30)
+"""
+
+
+def test_a_reply_of_the_wrong_shape_fails_the_cell_not_the_grader() -> None:
+    setup = (
+        "import torch\nimport torch.distributed as dist\nfrom course.checks import check_ring_sums"
+    )
+    cells = (("setup", setup), ("ring_allreduce", FORGED_SHAPE))
+    sub = SimpleNamespace(setup=[setup], student=list(cells))
+    sub.code = lambda name: StudentCode(cells, name)
+    with RankBox():
+        passed, text = judge_cell(sub, "print(check_ring_sums(ring_allreduce, world_sizes=(2,)))")
+    assert not passed
+    assert "not what this check reads" in text

@@ -47,19 +47,45 @@ ATTACKS = {
     "read_around": attacks.READ_AROUND,
     "write_around": attacks.WRITE_AROUND,
 }
-FORK_BOMB, HONEST = "aa_fork_bomb", "ab_honest_right"  # first in the queue: graded side by side
+# Edits of the notebook's structure, applied to the grade cells in GRADES.
+GRADES = ("ring_1_check", "ring_allreduce_sums")
+
+
+def _unlock(cell: dict) -> None:
+    """An emptied check, unlocked and worth 100 points."""
+    cell.metadata["nbgrader"].update(locked=False, points=100)
+    cell.source = "pass"
+
+
+def _delete(cell: dict) -> None:
+    cell.metadata["deleted"] = True  # _restructure leaves the cell out
+
+
+def _rename(cell: dict) -> None:
+    cell.metadata["nbgrader"]["grade_id"] += "_mine"
+
+
+STRUCTURE = {"edit_locked": _unlock, "delete_grades": _delete, "rename_grades": _rename}
+# First in the queue: the honest one is graded beside one of these and after the other, in
+# the same worker slot.
+DAEMON, FORK_BOMB, HONEST = "aa_daemon", "ab_fork_bomb", "ac_honest_right"
 LOOP = "\nwhile True:\n    pass\n"
+OTHER_RING = attacks.HONEST_RING.replace(attacks.TOKEN, "another student's ring")
 
 
 def _submissions() -> list[Submission]:
     subs = [
+        Submission(DAEMON, A, WRONG, {"ring_allreduce": attacks.DAEMON}),
         Submission(FORK_BOMB, A, WRONG, {"ring_allreduce": attacks.FORK_BOMB}),
+        Submission("no_comm", A, WRONG, {"ring_allreduce": attacks.NO_COMM}),
+        Submission("no_setup", A, {"*": "key"}, {"ring_allreduce": OTHER_RING}),
         Submission(HONEST, A, {"*": "key"}, {"ring_allreduce": attacks.HONEST_RING}),
         Submission("honest_wrong", A, WRONG),
         Submission("quiz_forms", A, {"*": "key"}),
-        Submission("runaway", A, {"*": "key"}, {"ring_allreduce": attacks.HONEST_RING + LOOP}),
+        Submission("runaway", A, {"*": "key"}, {"ring_allreduce": OTHER_RING + LOOP}),
         Submission("near_copy", A, {"*": "key"}, {"ring_allreduce": attacks.near_copy()}),
     ]
+    subs += [Submission(name, A, WRONG) for name in STRUCTURE]
     return subs + [Submission(name, A, WRONG, {"ring_allreduce": s}) for name, s in ATTACKS.items()]
 
 
@@ -71,6 +97,17 @@ def _edit(root: Path, student: str, edit: dict[str, str]) -> None:
         text = edit.get(cell.metadata.get("nbgrader", {}).get("grade_id"))
         if text is not None:
             cell.source = cell.source + text[1:] if text.startswith("+") else text
+    nbformat.write(nb, path)
+
+
+def _restructure(root: Path, student: str, change: object, grades: tuple = GRADES) -> None:
+    """Apply ``change`` to the cells ``grades`` names in a submitted notebook."""
+    path = root / "submitted" / student / A / f"{A}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") in grades:
+            change(cell)
+    nb.cells = [c for c in nb.cells if not c.metadata.get("deleted")]
     nbformat.write(nb, path)
 
 
@@ -96,6 +133,9 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "ring_allreduce": '+\nanswer_ring_3 = "b"\n',  # set again, in another cell
     })  # fmt: skip
     _edit(root, "runaway", {"ring_1_answer": "+" + LOOP})
+    for name, change in STRUCTURE.items():
+        _restructure(root, name, change)
+    _restructure(root, "no_setup", _delete, grades=("setup",))
     before = _fingerprint(root)
     lines: list[str] = []
     outcomes = classrun.autograde_class(A, root, workers=2, progress=lines.append)
@@ -121,7 +161,7 @@ def test_every_submission_is_graded_and_the_honest_ones_score_as_they_should(gra
     assert sum(graded["scores"]["honest_wrong"].values()) == 0
 
 
-@pytest.mark.parametrize("attack", [*ATTACKS, FORK_BOMB])
+@pytest.mark.parametrize("attack", [*ATTACKS, *STRUCTURE, DAEMON, FORK_BOMB])
 def test_an_attack_gains_nothing(graded: dict, attack: str) -> None:
     """Each attack scores what the honest wrong answer scores (the store keeps the sums only)."""
     mine = graded["scores"][attack]
@@ -189,3 +229,14 @@ def test_a_near_copy_of_the_course_solution_is_flagged_not_scored(graded: dict) 
     assert flagged == [
         "  flagged: near_copy's ring_allreduce: a near copy of the course's solution"
     ]
+
+
+def test_predicted_inputs_earn_no_sums(graded: dict) -> None:
+    """Inputs come from fresh random seeds: a function that recomputes them without any
+    message gets no sums. (Its forged trace is the gap the README names.)"""
+    assert graded["scores"]["no_comm"]["ring_allreduce_sums"] == 0
+
+
+def test_deleting_the_setup_cell_changes_nothing(graded: dict) -> None:
+    """The grader's imports come from the gradebook, not from the submitted notebook."""
+    assert sum(graded["scores"]["no_setup"].values()) == 16

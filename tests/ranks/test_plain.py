@@ -89,3 +89,11 @@ def test_messages_round_trip_and_anything_else_is_a_malformed_report() -> None:
         kind, info = messages.decode(bad)
         assert kind == "raised" and info["type"] == "ProtocolError"
         assert "malformed report" in info["text"]
+
+
+def test_a_reply_that_would_cost_gigabytes_to_parse_is_refused_unparsed() -> None:
+    """A few MB of empty lists would build tens of millions of objects: refused by count."""
+    many = b"[" + b"[]," * 2_000_000 + b"[]]"
+    with pytest.raises(PlainDataError, match="at most"):
+        plain.loads(many)
+    assert "malformed report" in messages.decode(many)[1]["text"]
