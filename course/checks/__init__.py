@@ -1,7 +1,8 @@
 """Checks for hidden test cells: each grades one thing and fails with a message that teaches.
 
 Every check runs the student's code on fresh ranks (``course.ranks``) and computes its
-verdict in the caller, from what the ranks send back; none trusts the kernel's state.
+verdict in the caller, from what the ranks send back; none trusts the kernel's state. When
+grading, the caller is the judge (``course.instructor.judge``), which never runs student code.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from course.checks.accumulation import (
 )
 from course.checks.answers import check_answer
 from course.checks.buckets import check_bucketed_allreduce, check_overlapping_ddp
+from course.checks.calls import check_returns
 from course.checks.compression import check_error_feedback_hook
 from course.checks.ddp import check_average_hook, check_weighted_loss
 from course.checks.halves import check_all_gather, check_halves_pattern, check_reduce_scatter
@@ -31,6 +33,7 @@ __all__ = [
     "check_halves_pattern",
     "check_overlapping_ddp",
     "check_reduce_scatter",
+    "check_returns",
     "check_ring_allreduce",
     "check_ring_pattern",
     "check_ring_sums",

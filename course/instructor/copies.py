@@ -2,20 +2,36 @@
 
 A student's function or class is a near copy when, docstrings, comments and annotations
 aside and its own local names renamed in order of appearance, its syntax tree is the
-solution's in the source notebook (as the gradebook holds it). The judge records what it
-finds in the autograded notebook's metadata (``course.flags``); the grade table lists it.
+solution's in the instructor's source notebook. The judge records what it finds in the
+autograded notebook's metadata (``course.near_copies``); the grade table lists it.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 from collections.abc import Iterable
+from pathlib import Path
 
 from course.instructor.student import cell_source
 
-__all__ = ["near_copies", "normalised"]
+__all__ = ["course_solutions", "near_copies", "normalised"]
 
 Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+
+
+def course_solutions(source_notebook: Path) -> list[str]:
+    """The solution cells of the instructor's source notebook (the gradebook keeps only the
+    released stubs); none when there is no such file."""
+    try:
+        nb = json.loads(source_notebook.read_text())
+    except (OSError, ValueError):
+        return []
+    return [
+        "".join(c["source"]) if isinstance(c.get("source"), list) else str(c.get("source", ""))
+        for c in nb.get("cells", [])
+        if c.get("metadata", {}).get("nbgrader", {}).get("solution")
+    ]
 
 
 def near_copies(student: Iterable[str], solutions: Iterable[str]) -> list[str]:

@@ -24,9 +24,10 @@ import ast
 import builtins
 import contextlib
 import io
+from pathlib import Path
 from typing import Any
 
-from course.instructor.copies import near_copies
+from course.instructor.copies import course_solutions, near_copies
 from course.instructor.quiz import quiz_call, quiz_verdict
 from course.instructor.rankbox import RankBox
 from course.instructor.student import StudentCode, cell_source
@@ -55,7 +56,6 @@ class Submission:
             if c.cell_type == "code" and c.locked and c.name not in graded | solutions
             and _only_imports(c.source)
         ]  # fmt: skip
-        self.solutions = [sources[gid] for gid in sorted(solutions) if gid in sources]
         self.sources = sources
         self.student: list[tuple[str, str]] = []  # (label, source) of every cell they edit
         self.quiz_cells: set[str] = set()  # answer cells: never run anywhere
@@ -170,7 +170,9 @@ def _make_judge() -> type:
             with Gradebook(info["db_url"]) as gb:
                 record = gb.find_notebook(info["notebook"], info["assignment"])
                 sub = Submission(nb, record)
-            copies = near_copies([text for _, text in sub.student], sub.solutions)
+            root = Path(info["db_url"].removeprefix("sqlite:///")).parent  # the course's
+            source = root / "source" / info["assignment"] / f"{info['notebook']}.ipynb"
+            copies = near_copies([text for _, text in sub.student], course_solutions(source))
             nb.metadata["course"] = {"near_copies": copies}  # for the grade table
             with RankBox():
                 for gid, cell in sub.grade_cells:

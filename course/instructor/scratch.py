@@ -21,13 +21,31 @@ import warnings
 from pathlib import Path
 
 from course.instructor.commands import env, open_gradebook
-from course.instructor.intake import OUTPUT, copy_inert
+from course.instructor.intake import OUTPUT, Rejected, copy_inert
 from course.instructor.sandbox import UID_ENV
 from course.instructor.slots import kill_uid
 
 __all__ = ["ATTEMPTS", "GradingMachineError", "autograde_one", "merge"]
 
 ATTEMPTS = 2  # a machine-side failure is retried once
+
+
+# What nbgrader says when the notebook's own structure is broken (cells renamed, retyped or
+# their metadata edited): the submission's fault, not the machine's.
+NBGRADER_REFUSALS = (
+    "the nbgrader metadata may be corrupted",
+    "Notebook failed to validate",
+    "Inconsistent checksums",
+    "Notebook JSON is invalid",
+)
+NOT_GRADABLE = (
+    "only cells of the released notebook, with their metadata as released, can be graded; "
+    "ask for a resubmission made from a fresh copy of the release"
+)
+
+
+def _refusal(log: str) -> str | None:
+    return next((r for r in NBGRADER_REFUSALS if r in log), None)
 
 
 class GradingMachineError(RuntimeError):
@@ -78,6 +96,9 @@ def _attempts(
         code = _run(root, scratch, assignment, student, timeout, uid)
         if code == 0 and (scratch / "autograded" / student / assignment).is_dir():
             return []
+        refusal = _refusal((scratch / "autograde.log").read_text(errors="replace"))
+        if refusal:  # the notebook itself: another attempt would be refused the same way
+            raise Rejected(f"nbgrader cannot grade this notebook ({refusal}): {NOT_GRADABLE}")
         what = f"exited with {code}" if code else f"wrote no autograded/{student}/{assignment}"
         failures.append(f"attempt {attempt}: nbgrader autograde {what}")
         kill_uid(uid)  # the next attempt starts with nothing of this one running

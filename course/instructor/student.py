@@ -38,7 +38,11 @@ class StudentCode:
         return (resolve, (self.cells, self.name))
 
     def __call__(self, *_args: Any, **_kwargs: Any) -> Any:
-        raise RuntimeError(f"{self.name} is the student's code: it runs on graded ranks only")
+        raise RuntimeError(
+            f"the grade cell called the student's {self.name} itself: when grading, a student's "
+            "code runs only on ranks, so a grade cell must hand it to a check that runs it there "
+            "(course.checks, e.g. check_returns)"
+        )
 
     def __repr__(self) -> str:
         return f"<{self.name}, from the submitted notebook>"

@@ -36,6 +36,7 @@ pytestmark = [
 
 A = "ring_allreduce"
 WRONG = {"*": "wrong"}
+STUB = {"*": "stub"}  # every exercise cell as released
 ATTACKS = {
     "forged_pickle": attacks.FORGED_PICKLE,
     "evil_tensor": attacks.EVIL_TENSOR,
@@ -80,12 +81,12 @@ def _submissions() -> list[Submission]:
         Submission("no_comm", A, WRONG, {"ring_allreduce": attacks.NO_COMM}),
         Submission("no_setup", A, {"*": "key"}, {"ring_allreduce": OTHER_RING}),
         Submission(HONEST, A, {"*": "key"}, {"ring_allreduce": attacks.HONEST_RING}),
-        Submission("honest_wrong", A, WRONG),
-        Submission("quiz_forms", A, {"*": "key"}),
+        Submission("honest_wrong", A, WRONG, STUB),
+        Submission("quiz_forms", A, {"*": "key"}, {"ring_allreduce": OTHER_RING}),
         Submission("runaway", A, {"*": "key"}, {"ring_allreduce": OTHER_RING + LOOP}),
         Submission("near_copy", A, {"*": "key"}, {"ring_allreduce": attacks.near_copy()}),
     ]
-    subs += [Submission(name, A, WRONG) for name in STRUCTURE]
+    subs += [Submission(name, A, WRONG, STUB) for name in STRUCTURE]
     return subs + [Submission(name, A, WRONG, {"ring_allreduce": s}) for name, s in ATTACKS.items()]
 
 
@@ -155,8 +156,11 @@ def _outputs(root: Path, student: str, grade_id: str) -> str:
 
 
 def test_every_submission_is_graded_and_the_honest_ones_score_as_they_should(graded: dict) -> None:
-    """No attack makes the grader fail (FAILED would not be a grade); 16 and 0 as earned."""
-    assert {s: o.status for s, o in graded["outcomes"].items() if o.status != "graded"} == {}
+    """No attack makes the grader fail (FAILED would not be a grade); 16 and 0 as earned. A
+    renamed check is nbgrader's to refuse: rejected, with the reason."""
+    statuses = {s: o.status for s, o in graded["outcomes"].items() if o.status != "graded"}
+    assert statuses == {"rename_grades": "rejected"}
+    assert "nbgrader cannot grade this notebook" in graded["outcomes"]["rename_grades"].error
     assert sum(graded["scores"][HONEST].values()) == 16
     assert sum(graded["scores"]["honest_wrong"].values()) == 0
 
@@ -164,7 +168,7 @@ def test_every_submission_is_graded_and_the_honest_ones_score_as_they_should(gra
 @pytest.mark.parametrize("attack", [*ATTACKS, *STRUCTURE, DAEMON, FORK_BOMB])
 def test_an_attack_gains_nothing(graded: dict, attack: str) -> None:
     """Each attack scores what the honest wrong answer scores (the store keeps the sums only)."""
-    mine = graded["scores"][attack]
+    mine = graded["scores"].get(attack, {})  # none at all: rejected
     if attack == "store":  # communicates without a message: right sums, never a ring
         assert mine["ring_allreduce_pattern"] == 0
         mine = {k: v for k, v in mine.items() if k != "ring_allreduce_sums"}
