@@ -7,12 +7,12 @@ One class (``--students``, each handing in every assignment of ``--assignments``
 five) is graded twice, each time in a throwaway course root:
 
 * stock nbgrader: ``nbgrader_config.py`` cut down to the course's course_id, root,
-  CourseDirectory.ignore, ClearSolutions.code_stub and Execute.timeout (no re-check, no
-  sandboxed kernel), then ``nbgrader autograde <a> --force`` per assignment, one after the
-  other, as an instructor would. Timed: the autograde commands.
+  CourseDirectory.ignore and ClearSolutions.code_stub, with a 120 s cell timeout (no judge:
+  the kernel runs every cell), then ``nbgrader autograde <a> --force`` per assignment, one
+  after the other, as an instructor would. Timed: the autograde commands.
 * ours: the course's own ``nbgrader_config.py``, then
   ``python -m course.instructor.pipeline autograde --root ROOT --jobs 2``: what
-  ``make autograde`` runs, with COURSE_RECHECK unset. Timed: that whole command, so
+  ``make autograde`` runs (the judge, the sandbox, 2 at a time). Timed: that whole command, so
   generate_feedback, export and the grade table are in it (stock does none of them): the
   figure is what ``make autograde`` costs.
 
@@ -61,7 +61,9 @@ KINDS = tuple(CLASS)
 ASSIGNMENTS = ("ring_allreduce", "ddp_gradients", "buckets", "accumulation", "zero")
 SIDES = ("stock", "ours")
 CAP = 600  # seconds a command may spend per submission before it is stopped
-STOCK = ("CourseDirectory.ignore", "ClearSolutions.code_stub", "Execute.timeout")
+STOCK = ("CourseDirectory.ignore", "ClearSolutions.code_stub")
+# Stock nbgrader's 30 s per cell would stop the course's longer measuring cells half way.
+STOCK_CELL_TIMEOUT = 120
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 
 
@@ -158,6 +160,7 @@ def stock_config(root: Path) -> None:
     lines += [f"c.CourseDirectory.course_id = {course.CourseDirectory.course_id!r}"]
     lines += ["c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))"]
     lines += [f"c.{name} = {course[name.split('.')[0]][name.split('.')[1]]!r}" for name in STOCK]
+    lines += [f"c.Execute.timeout = {STOCK_CELL_TIMEOUT}"]
     (root / "nbgrader_config.py").write_text("\n".join(lines) + "\n")
 
 
@@ -178,7 +181,6 @@ def run(cmd: list[str], cwd: Path, log: Path, cap: float) -> tuple[float, int | 
     Whatever it started is killed when it ends, kernels too (jupyter setsid()s each apart).
     """
     environ = env()
-    environ.pop("COURSE_RECHECK", None)  # ours as `make autograde` runs it: re-check on
     with log.open("a") as out:
         started = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=cwd, env=environ, stdout=out, stderr=subprocess.STDOUT,

@@ -85,15 +85,15 @@ def test_every_kind_assembles_into_code_that_parses(bench):
 
 
 def test_the_stock_config_keeps_only_the_courses_basics(bench, tmp_path):
-    """Does the stock config hold the course's id, ignore list, code stub and cell timeout,
-    and nothing of the course's own grading (preprocessors, sandboxed kernel)?"""
+    """Does the stock config hold the course's id, ignore list and code stub, a cell timeout,
+    and nothing of the course's own grading (the judge)?"""
     shutil.copy2(REPO / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
     course = PyFileConfigLoader("nbgrader_config.py", path=str(tmp_path)).load_config()
     bench.stock_config(tmp_path)
     stock = PyFileConfigLoader("nbgrader_config.py", path=str(tmp_path)).load_config()
     assert set(stock) == {"CourseDirectory", "ClearSolutions", "Execute"}
     assert set(stock.Execute) == {"timeout"}
-    assert stock.Execute.timeout == course.Execute.timeout
+    assert stock.Execute.timeout == bench.STOCK_CELL_TIMEOUT
     assert stock.ClearSolutions.code_stub == course.ClearSolutions.code_stub
     assert stock.CourseDirectory.ignore == course.CourseDirectory.ignore
     assert stock.CourseDirectory.course_id == course.CourseDirectory.course_id
