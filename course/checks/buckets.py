@@ -1,22 +1,20 @@
-"""Graded checks for the buckets assignment: bucketed all-reduce, and overlap with backward.
+"""Graded check for the buckets assignment's first exercise: a bucketed all-reduce.
 
 The checks record every all-reduce the student's code makes on each rank with the course's
 one interception layer (``course.ring.recorder``: size, ``async_op``, when, however it was
 imported), compare the gradients with the average over ranks of each rank's own gradient
 (what DDP gives), and compare the calls with the bucket rule of
-:func:`course.experiments.buckets.bucket_assignment` (the rule the question states).
+:func:`course.experiments.buckets.bucket_assignment` (the rule the question states). The
+overlap exercise is ``course.checks.overlap``.
 """
 
 from __future__ import annotations
 
-import copy
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from course.checks.compare import close, fresh_seed, near, ratio
 from course.checks.ddp import on_ranks
@@ -25,7 +23,7 @@ from course.experiments.buckets import MB, bucket_assignment
 from course.ranks import PerRank
 from course.ring.recorder import Recorder
 
-__all__ = ["check_bucketed_allreduce", "check_overlapping_ddp"]
+__all__ = ["all_reduces", "check_bucketed_allreduce"]
 
 # (shapes, dtype, bucket_cap_mb): tensors of 4-byte floats, caps of a few tensors each
 VISIBLE_CASES: list[tuple[list[tuple[int, ...]], str, float]] = [
@@ -39,7 +37,7 @@ HIDDEN_CASES: list[tuple[list[tuple[int, ...]], str, float]] = [
 ]
 
 
-def _all_reduces(recorder: Recorder) -> list[dict[str, Any]]:
+def all_reduces(recorder: Recorder) -> list[dict[str, Any]]:
     """The all-reduces a rank made, however it imported them: elements, async_op, time.
 
     ``async_op`` is unknown (None) only for functional collectives, which are asynchronous.
@@ -85,7 +83,7 @@ def _bucketed_trial(fn: Any, grads: list[torch.Tensor], cap: float) -> dict[str,
         except Exception as exc:  # noqa: BLE001 - the student's code may raise anything; each becomes a message
             out["problem"] = f"bucketed_allreduce raised an exception:\n{user_traceback(exc)}"
             return out
-    out["calls"] = _all_reduces(recorder)
+    out["calls"] = all_reduces(recorder)
     out["replaced"] = [i for i, (a, b) in enumerate(zip(given, grads, strict=True)) if a is not b]
     out["result"] = grads
     return out
@@ -180,120 +178,3 @@ def _check_calls(
     else:
         got = f"{len(calls)} all-reduce calls of {calls} elements"
     raise AssertionError(f"On {where}: bucketed_allreduce made {got}. The rule: {rule}")
-
-
-# --- exercise (b): OverlappingDDP(module, bucket_cap_mb) with .finish() ----------
-
-
-def _overlap_model(seed: int, layers: int = 6, width: int = 48) -> nn.Module:
-    torch.manual_seed(seed)
-    mods: list[nn.Module] = []
-    for _ in range(layers):
-        mods += [nn.Linear(width, width), nn.Tanh()]
-    return nn.Sequential(*mods)
-
-
-def _overlap_trial(cls: Any, cap: float, seed: int, steps: int) -> dict[str, Any]:
-    """On each rank: ``steps`` training steps through the student's wrapper, recorded."""
-    rank = dist.get_rank()
-    model = _overlap_model(seed)
-    plain = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed * 1009 + rank)
-    inputs = [torch.randn(8, 48, generator=gen) for _ in range(steps)]
-    expected = []
-    for x in inputs:
-        plain.zero_grad()
-        plain(x).square().mean().backward()
-        expected.append(_average([p.grad for p in plain.parameters()]))
-    out: dict[str, Any] = {"rank": rank, "problem": None, "steps": []}
-    ready: list[float] = []
-    with Recorder() as recorder:
-        try:
-            wrapper = cls(model, cap)
-        except Exception as exc:  # noqa: BLE001 - the student's code may raise anything; each becomes a message
-            out["problem"] = f"OverlappingDDP(module, bucket_cap_mb) raised:\n{user_traceback(exc)}"
-            return out
-        for p in model.parameters():  # after the student's hooks, so they fire first
-            p.register_post_accumulate_grad_hook(lambda _p: ready.append(time.perf_counter()))
-        for x, want in zip(inputs, expected, strict=True):
-            recorder.collectives.clear()
-            ready.clear()
-            model.zero_grad()
-            loss = model(x).square().mean()
-            try:
-                loss.backward()
-                returned = time.perf_counter()
-                wrapper.finish()
-            except Exception as exc:  # noqa: BLE001 - the student's code may raise anything; each becomes a message
-                out["problem"] = f"backward or finish() raised:\n{user_traceback(exc)}"
-                return out
-            grads = [p.grad.clone() if p.grad is not None else None for p in model.parameters()]
-            out["steps"].append(
-                {"calls": _all_reduces(recorder), "ready": list(ready), "returned": returned}
-                | {"grads": grads, "expected": want}
-            )
-    out["nbytes"] = [p.numel() * p.element_size() for p in model.parameters()]
-    return out
-
-
-@teaches
-def check_overlapping_ddp(
-    OverlappingDDP: type,  # noqa: N803 - the name of the class the student wrote
-    world_sizes: Sequence[int] = (2,),
-    bucket_cap_mb: float = 0.01,
-    seed: int | None = None,
-) -> str:
-    """Check the wrapper on fresh ranks: DDP's averaged gradients, buckets started in backward."""
-    for world_size in world_sizes:
-        s = fresh_seed(seed)
-        args = (OverlappingDDP, bucket_cap_mb, s, 2)
-        for r in on_ranks("OverlappingDDP", _overlap_trial, world_size, *args):
-            where = f"rank {r['rank']} of {world_size} (bucket_cap_mb={bucket_cap_mb}, seed {s})"
-            if r["problem"]:
-                raise AssertionError(f"On {where}: {r['problem']}")
-            buckets = bucket_assignment(r["nbytes"], bucket_cap_mb)
-            for i, step in enumerate(r["steps"]):
-                _diagnose_overlap(step, buckets, world_size, f"{where}, step {i + 1}")
-    return f"OverlappingDDP averages like DDP, overlapping backward, on {list(world_sizes)} ranks."
-
-
-def _diagnose_overlap(
-    step: dict[str, Any], buckets: list[list[int]], world_size: int, where: str
-) -> None:
-    calls, ready = step["calls"], sorted(step["ready"])
-    if not calls:
-        raise AssertionError(
-            f"On {where}: no dist.all_reduce call was made. Register a hook on each parameter "
-            "(p.register_post_accumulate_grad_hook) that launches its bucket's all-reduce "
-            "once the bucket is full, and wait for them in finish()."
-        )
-    for i, (got, want) in enumerate(zip(step["grads"], step["expected"], strict=True)):
-        if got is None or not close(got, want):
-            if got is None:
-                hint = "it is None"
-            elif near(ratio(got, want), world_size):
-                hint = f"it is the SUM over ranks; divide by world_size ({world_size})"
-            else:
-                hint = "it differs from the average over ranks (what DDP gives)"
-            raise AssertionError(f"On {where}, parameter {i}'s .grad after finish(): {hint}.")
-    if not all(c["async_op"] for c in calls):
-        raise AssertionError(
-            f"On {where}: call dist.all_reduce(..., async_op=True) so backward goes on while "
-            "the bucket is reduced; keep the returned Work and wait() for it in finish()."
-        )
-    if len(calls) != len(buckets):
-        raise AssertionError(
-            f"On {where}: {len(calls)} all-reduce calls for {len(buckets)} buckets. Use the "
-            f"rule of bucketed_allreduce (parameters from last to first, close at >= "
-            f"bucket_cap_mb): buckets {buckets}."
-        )
-    done = 0
-    for k, (call, bucket) in enumerate(zip(calls, buckets, strict=True)):
-        done += len(bucket)
-        seen = sum(t < call["t"] for t in ready)
-        if seen > done or call["t"] > step["returned"]:
-            raise AssertionError(
-                f"On {where}: bucket {k} was full once {done} gradients were ready, but its "
-                f"all-reduce started only after {seen} were (of {len(ready)}). Start each "
-                "bucket's all-reduce from the gradient hook that completes it, during backward."
-            )

@@ -27,6 +27,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+from course.checks.teaching import CheckFailed
 from course.instructor.copies import course_solutions, near_copies
 from course.instructor.quiz import quiz_call, quiz_verdict
 from course.instructor.rankbox import RankBox
@@ -145,16 +146,14 @@ def _aliases(node: ast.AST) -> list[ast.alias]:
 
 
 def _outputs(passed: bool, text: str) -> list[Any]:
+    """The cell's outputs: what passed prints, or the error a failed check shows in a notebook
+    (its teaching line first, as ``CheckFailed`` renders in JupyterLab)."""
     from nbformat.v4 import new_output
 
     if passed:
         return [new_output("stream", name="stdout", text=text)] if text else []
-    head = text.splitlines()[0] if text else "the check failed"
-    return [
-        new_output(
-            "error", ename="CheckFailed", evalue=text, traceback=[head, *text.splitlines()[1:]]
-        )
-    ]
+    shown = CheckFailed(text)._render_traceback_()
+    return [new_output("error", ename="CheckFailed", evalue=text, traceback=shown)]
 
 
 def _make_judge() -> type:

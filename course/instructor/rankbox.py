@@ -65,7 +65,8 @@ class RankBox:
                        uid=self.uid, pid_namespace=False, hide=hide)  # fmt: skip
         wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(argv)} "$@"\n')
         wrapper.chmod(0o700)
-        self.server = Server(str(wrapper), preload=("course.checks", "course.instructor.student"))
+        preload = ("course.ranks.nodump", "course.checks", "course.instructor.student")
+        self.server = Server(str(wrapper), preload=preload)
         self._stack.callback(self.server.stop)
         launches = confined_launches(self.server, str(scratch), self._share, self._cleanup)
         self._stack.enter_context(launches)

@@ -113,7 +113,7 @@ def test_a_value_that_is_not_plain_data_is_refused_on_the_rank() -> None:
 def test_student_code_is_defined_on_the_rank_only() -> None:
     cells = (("setup", "import torch"), ("mine", "def double(t):\n    return t * 2\n"))
     code = StudentCode(cells, "double")
-    with pytest.raises(RuntimeError, match="runs on graded ranks only"):
+    with pytest.raises(RuntimeError, match="runs only on ranks"):
         code(1)
     with RankBox():
         result = launch(_apply, 1, code, timeout=30)
@@ -168,3 +168,57 @@ def test_a_reply_of_the_wrong_shape_fails_the_cell_not_the_grader() -> None:
         passed, text = judge_cell(sub, "print(check_ring_sums(ring_allreduce, world_sizes=(2,)))")
     assert not passed
     assert "not what this check reads" in text
+
+
+def _fill_the_disk() -> tuple[int, str]:
+    written, chunk = 0, b"x" * 2**20
+    try:
+        for i in range(400):
+            with open(f"fill-{i}", "wb") as f:
+                for _ in range(60):
+                    f.write(chunk)
+                    written += len(chunk)
+    except OSError as err:
+        return written, type(err).__name__ + ": " + (err.strerror or "")
+    return written, "wrote it all"
+
+
+def test_what_a_submission_writes_is_capped() -> None:
+    """Its only writable folder is a tmpfs of SCRATCH_SIZE; each file is capped too."""
+    with RankBox():
+        result = launch(_fill_the_disk, 1, timeout=60)
+    written, stopped = result.results[0]
+    assert written <= 256 * 2**20
+    assert "No space left" in stopped
+
+
+def _read_memory_of(pids: list[int]) -> list[str]:
+    seen = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/mem", "rb") as f:
+                f.read(1)
+            seen.append("read")
+        except OSError as err:
+            seen.append(type(err).__name__)
+    return seen
+
+
+def _siblings_and_server() -> list[str]:
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor([os.getpid()])
+    pids = [torch.zeros(1, dtype=mine.dtype) for _ in range(dist.get_world_size())]
+    dist.all_gather(pids, mine)
+    others = [int(p) for p in pids if int(p) != os.getpid()]
+    return _read_memory_of([*others, os.getppid()])
+
+
+def test_a_rank_cannot_read_another_ranks_memory_or_the_forkservers() -> None:
+    """Graded ranks and their forkserver are not dumpable: same uid, still closed."""
+    with RankBox():
+        result = launch(_siblings_and_server, 2, timeout=30)
+    assert result.ok, result.failures
+    for seen in result.results:
+        assert seen and "read" not in seen, seen
