@@ -58,8 +58,16 @@ def _pick(hook: Any) -> Any:
 
 def runs(hook: Any, scale: float = 1e-8, steps: int = STEPS) -> dict[str, torch.Tensor]:
     """On each rank: the weights after training without a hook, with fp16, with ``hook``."""
-    kinds = (("fp32", None), ("fp16", "fp16"), ("yours", hook))
-    return {name: _train(h, scale, steps) for name, h in kinds}
+    return baselines(scale, steps) | {"yours": _train(hook, scale, steps)}
+
+
+def baselines(scale: float = 1e-8, steps: int = STEPS) -> dict[str, torch.Tensor]:
+    """On each rank: the weights after training without a hook, and with plain fp16."""
+    return {"fp32": _train(None, scale, steps), "fp16": _train("fp16", scale, steps)}
+
+
+def _yours(hook: Any, scale: float, steps: int) -> dict[str, torch.Tensor]:
+    return {"yours": _train(hook, scale, steps)}
 
 
 @teaches
@@ -69,8 +77,10 @@ def check_error_feedback_hook(hook: Any, scale: float = 1e-8) -> str:
         raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
             f"expected your ef_fp16_hook function, got {type(hook).__name__}"
         )
-    results = on_ranks("ef_fp16_hook", runs, 2, hook, scale, STEPS)
-    for rank, run in enumerate(results):
+    # The baselines on ranks of their own, which never see the student's code.
+    base = on_ranks("the fp32 and fp16 baselines", baselines, 2, scale, STEPS)
+    results = on_ranks("ef_fp16_hook", _yours, 2, hook, scale, STEPS)
+    for rank, run in enumerate(r | b for r, b in zip(results, base, strict=True)):
         moved = run["fp32"].abs().max().item()
         err = (run["yours"] - run["fp32"]).abs().max().item() / moved
         if math.isnan(err):
