@@ -279,9 +279,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     subs = class_submissions(args.students, args.assignments)
     work = (args.keep or Path(tempfile.mkdtemp(prefix="bench-autograde-"))).resolve()
-    kinds = ", ".join(KINDS[: args.students])
     print(f"{args.students} students x {len(args.assignments)} assignments = {len(subs)} "
-          f"submissions ({kinds}); course roots in {work}", flush=True)  # fmt: skip
+          f"submissions; course roots in {work}", flush=True)  # fmt: skip
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally blocks kill and clean
     if Path(course.__file__).resolve().parents[1] != REPO:  # a venv installed from elsewhere
         print(f"note: the graders import course from {Path(course.__file__).parent}, not {REPO}")
     results = {}
