@@ -114,8 +114,8 @@ def test_build_replaces_each_quiz_check_by_sealed_feedback():
 def test_build_keeps_exercise_hidden_tests_runnable():
     """Do exercise checks keep their hidden tests (markers gone) since nothing is graded?"""
     built = build_selfstudy(_toy())
-    small = next(c for c in built.cells if "add_one(-5)" in c.source)
-    assert "assert add_one(1) == 2" in small.source
+    small = next(c for c in built.cells if "[(-5,)]" in c.source)
+    assert "check_returns(add_one, [(1,)], [2])" in small.source
     assert "HIDDEN" not in small.source
 
 
