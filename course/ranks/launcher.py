@@ -25,7 +25,9 @@ How it works, and the trade-offs:
   dies. The first run in a process pays for importing torch there (~2-3 s).
 * Functions travel by value with cloudpickle, so functions defined in a notebook
   work; arguments and return values are pickled bytes (tensors included), so no
-  shared-memory file descriptors are passed around.
+  shared-memory file descriptors are passed around. An argument wrapped in ``PerRank``
+  sends rank r its element r only. Under grading (``course.ranks.confined``) ranks fork
+  from a confined server and reply in plain data, never unpickled.
 * Rendezvous is a FileStore in a private temp dir: no port to pick, no collision
   between notebooks. The dir (with each rank's stdout/stderr files) is removed after
   the run.
@@ -205,7 +207,11 @@ def _share(args: tuple, kwargs: dict, rank: int) -> tuple[tuple, dict]:
     """One rank's arguments: each :class:`PerRank` one replaced by that rank's element."""
 
     def mine(value: Any) -> Any:
-        return value.for_rank(rank) if isinstance(value, PerRank) else value
+        if not isinstance(value, PerRank):
+            return value
+        if len(value) <= rank:
+            raise ValueError(f"a PerRank argument has {len(value)} elements for rank {rank}")
+        return value.for_rank(rank)
 
     return tuple(map(mine, args)), {k: mine(v) for k, v in kwargs.items()}
 
