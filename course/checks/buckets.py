@@ -16,7 +16,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from course.checks.compare import close, fresh_seed, near, ratio
+from course.checks.compare import (
+    close,
+    fresh_seed,
+    mean_over_ranks,
+    near,
+    rank_generators,
+    ratio,
+)
 from course.checks.ddp import on_ranks
 from course.checks.teaching import teaches, user_traceback
 from course.experiments.buckets import MB, bucket_assignment
@@ -49,15 +56,6 @@ def all_reduces(recorder: Recorder) -> list[dict[str, Any]]:
     ]
 
 
-def _average(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The oracle: the average over ranks, with one plain all-reduce of everything."""
-    flat = torch.cat([t.flatten() for t in tensors])
-    sizes = [t.numel() for t in tensors]
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
-    return [part.view_as(t) for part, t in zip(flat.split(sizes), tensors, strict=True)]
-
-
 # --- exercise (a): bucketed_allreduce(grads, bucket_cap_mb) ----------------------
 
 
@@ -65,7 +63,7 @@ def _bucket_grads(
     world_size: int, shapes: list[tuple[int, ...]], dtype: str, seed: int
 ) -> list[list[torch.Tensor]]:
     """Each rank's random gradients, made by the checker."""
-    gens = [torch.Generator().manual_seed(seed * 1009 + r) for r in range(world_size)]
+    gens = rank_generators(seed, world_size)
     return [
         [torch.randn(s, generator=gens[r], dtype=getattr(torch, dtype)) for s in shapes]
         for r in range(world_size)
@@ -104,7 +102,7 @@ def check_bucketed_allreduce(
             args = (bucketed_allreduce, PerRank(grads), cap)
             results = on_ranks("bucketed_allreduce", _bucketed_trial, world_size, *args)
             case = f"{len(shapes)} {dtype} tensors {shapes}, bucket_cap_mb={cap}, seed {s}"
-            expected = [sum(g) / world_size for g in zip(*grads, strict=True)]  # the oracle
+            expected = mean_over_ranks(grads)  # the oracle
             for rank, r in enumerate(results):
                 known = {"rank": rank, "before": grads[rank], "expected": expected}
                 _diagnose_bucketed(r | known, world_size, shapes, cap, case)

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
 
-__all__ = ["ATOL", "RTOL", "close", "fresh_seed", "near", "ratio"]
+__all__ = [
+    "ATOL",
+    "RTOL",
+    "close",
+    "fresh_seed",
+    "local_grads",
+    "mean_over_ranks",
+    "near",
+    "rank_generators",
+    "ratio",
+]
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -14,6 +25,32 @@ RTOL, ATOL = 1e-4, 1e-5
 def fresh_seed(seed: int | None) -> int:
     """A new random seed unless one is given (failure messages print it to replay a case)."""
     return random.randrange(2**31) if seed is None else seed  # noqa: S311 - a seed for test data, not a secret
+
+
+def rank_generators(seed: int, world_size: int) -> list[torch.Generator]:
+    """One generator per rank, for the data the checker makes for each rank."""
+    return [torch.Generator().manual_seed(seed * 1009 + r) for r in range(world_size)]
+
+
+def mean_over_ranks(per_rank: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    """Tensor by tensor, the mean over ranks of each rank's list: what DDP's all-reduce gives."""
+    return [sum(ts) / len(per_rank) for ts in zip(*per_rank, strict=True)]
+
+
+def local_grads(
+    model: torch.nn.Module,
+    batches: list[list[torch.Tensor]],
+    loss: Callable[[torch.Tensor], torch.Tensor],
+) -> list[list[list[torch.Tensor]]]:
+    """Per rank and step, ``model``'s own gradient of ``loss(model(x))`` on that rank's batch,
+    computed by the checker in one process (the parameters do not move between steps)."""
+
+    def grads(x: torch.Tensor) -> list[torch.Tensor]:
+        model.zero_grad()
+        loss(model(x)).backward()
+        return [p.grad.detach().clone() for p in model.parameters()]
+
+    return [[grads(x) for x in mine] for mine in batches]
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -20,7 +20,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course.checks import teaching
-from course.checks.compare import close, fresh_seed, near, ratio
+from course.checks.compare import (
+    close,
+    fresh_seed,
+    local_grads,
+    mean_over_ranks,
+    near,
+    rank_generators,
+    ratio,
+)
 from course.checks.hooks import guard_hook, hook_signature_problem
 from course.checks.teaching import teaches, user_traceback
 from course.ranks import PerRank
@@ -45,7 +53,7 @@ def _hook_model(seed: int) -> nn.Module:
 
 def _hook_batches(world_size: int, seed: int, steps: int) -> list[list[torch.Tensor]]:
     """Each rank's inputs, one batch per step (rank r's batches hold 1 + r samples)."""
-    gens = [torch.Generator().manual_seed(seed * 1009 + r) for r in range(world_size)]
+    gens = rank_generators(seed, world_size)
     return [
         [torch.randn(1 + r, 6, generator=gens[r]) for _ in range(steps)] for r in range(world_size)
     ]
@@ -76,18 +84,9 @@ def _hook_trial(hook: Any, seed: int, batches: list[torch.Tensor]) -> dict[str, 
 
 def _hook_oracle(seed: int, batches: list[list[torch.Tensor]]) -> list[list[dict[str, list]]]:
     """Per rank and step: the local gradient and DDP's default (their mean over ranks)."""
-    model = _hook_model(seed)
-
-    def grad(x: torch.Tensor) -> list[torch.Tensor]:
-        model.zero_grad()
-        model(x).square().sum().backward()
-        return [p.grad.detach().clone() for p in model.parameters()]
-
-    local = [[grad(x) for x in mine] for mine in batches]
+    local = local_grads(_hook_model(seed), batches, lambda out: out.square().sum())
     steps = range(len(batches[0]))
-    mean = [
-        [sum(g) / len(batches) for g in zip(*(r[k] for r in local), strict=True)] for k in steps
-    ]
+    mean = [mean_over_ranks([r[k] for r in local]) for k in steps]
     return [[{"local": mine[k], "default": mean[k]} for k in steps] for mine in local]
 
 

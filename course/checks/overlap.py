@@ -19,7 +19,15 @@ import torch.distributed as dist
 from torch import nn
 
 from course.checks.buckets import all_reduces
-from course.checks.compare import close, fresh_seed, near, ratio
+from course.checks.compare import (
+    close,
+    fresh_seed,
+    local_grads,
+    mean_over_ranks,
+    near,
+    rank_generators,
+    ratio,
+)
 from course.checks.ddp import on_ranks
 from course.checks.teaching import teaches, user_traceback
 from course.experiments.buckets import bucket_assignment
@@ -39,23 +47,15 @@ def _overlap_model(seed: int, layers: int = 6, width: int = 48) -> nn.Module:
 
 def _overlap_inputs(world_size: int, seed: int, steps: int) -> list[list[torch.Tensor]]:
     """Each rank's batches, made by the checker."""
-    gens = [torch.Generator().manual_seed(seed * 1009 + r) for r in range(world_size)]
+    gens = rank_generators(seed, world_size)
     return [[torch.randn(8, 48, generator=g) for _ in range(steps)] for g in gens]
 
 
 def _expected(seed: int, inputs: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
     """The oracle, computed by the checker: per step, the average over ranks of each rank's
     own gradient (what DDP gives)."""
-    plain = _overlap_model(seed)
-
-    def grads(x: torch.Tensor) -> list[torch.Tensor]:
-        plain.zero_grad()
-        plain(x).square().mean().backward()
-        return [p.grad.clone() for p in plain.parameters()]
-
-    local = [[grads(x) for x in mine] for mine in inputs]
-    steps = range(len(inputs[0]))
-    return [[sum(g) / len(inputs) for g in zip(*(r[k] for r in local), strict=True)] for k in steps]
+    local = local_grads(_overlap_model(seed), inputs, lambda out: out.square().mean())
+    return [mean_over_ranks([r[k] for r in local]) for k in range(len(inputs[0]))]
 
 
 def _overlap_trial(cls: Any, cap: float, seed: int, inputs: list[torch.Tensor]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from course.instructor.student import cell_source
+from course.instructor.student import parse_cell
 
 __all__ = ["course_solutions", "near_copies", "normalised"]
 
@@ -46,9 +46,8 @@ def near_copies(student: Iterable[str], solutions: Iterable[str]) -> list[str]:
 
 
 def _definitions(source: str) -> list[Definition]:
-    try:
-        tree = ast.parse(cell_source(source) or "")
-    except (SyntaxError, RecursionError, ValueError, MemoryError):
+    tree = parse_cell(source)
+    if tree is None:
         return []
     defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
     return [n for n in tree.body if isinstance(n, defs) and _has_code(n)]

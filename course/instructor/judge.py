@@ -31,7 +31,8 @@ from course.checks.teaching import CheckFailed
 from course.instructor.copies import course_solutions, near_copies
 from course.instructor.quiz import quiz_call, quiz_verdict
 from course.instructor.rankbox import RankBox
-from course.instructor.student import StudentCode, cell_source
+from course.instructor.student import StudentCode, cell_source, parse_cell
+from course.ranks.magics import bound_names
 
 __all__ = ["GraderError", "Submission", "autograde_preprocessors", "judge_cell"]
 
@@ -82,9 +83,8 @@ class Submission:
 
 def _only_answers(source: str) -> bool:
     """An answer cell, as released: it binds ``answer_*`` names only."""
-    try:
-        tree = ast.parse(cell_source(source) or "")
-    except (SyntaxError, RecursionError, ValueError, MemoryError):
+    tree = parse_cell(source)
+    if tree is None:
         return False
     targets = [t for n in tree.body if isinstance(n, ast.Assign) for t in n.targets]
     names = [getattr(t, "id", "") for t in targets]
@@ -93,11 +93,8 @@ def _only_answers(source: str) -> bool:
 
 def _only_imports(source: str) -> bool:
     """A setup cell: imports (and magics) only."""
-    try:
-        tree = ast.parse(cell_source(source) or "")
-    except (SyntaxError, RecursionError, ValueError, MemoryError):
-        return False
-    return all(isinstance(n, ast.Import | ast.ImportFrom) for n in tree.body)
+    tree = parse_cell(source)
+    return tree is not None and all(isinstance(n, ast.Import | ast.ImportFrom) for n in tree.body)
 
 
 # What a check raises when the ranks' replies are not what it reads: the student's doing
@@ -126,10 +123,8 @@ def _run_check(sub: Submission, source: str) -> str:
         exec(compile(cell_source(setup) or "", "<setup>", "exec", dont_inherit=True), namespace)  # noqa: S102 - the instructor's import cell
     code = cell_source(source) or ""
     tree = ast.parse(code)
-    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not _loads(n)}
-    bound |= {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) for a in _aliases(n)}
     wanted = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and _loads(n)}
-    for name in wanted - bound - set(namespace) - set(vars(builtins)):
+    for name in wanted - bound_names(tree) - set(namespace) - set(vars(builtins)):
         namespace[name] = sub.code(name)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -139,10 +134,6 @@ def _run_check(sub: Submission, source: str) -> str:
 
 def _loads(node: ast.Name) -> bool:
     return isinstance(node.ctx, ast.Load)
-
-
-def _aliases(node: ast.AST) -> list[ast.alias]:
-    return node.names if isinstance(node, ast.Import | ast.ImportFrom) else []
 
 
 def _outputs(passed: bool, text: str) -> list[Any]:

@@ -13,7 +13,7 @@ import ast
 from typing import Any
 
 from course.checks.answers import answer_verdict
-from course.instructor.student import cell_source
+from course.instructor.student import UNREADABLE, cell_source, parse_cell
 
 __all__ = ["quiz_call", "quiz_verdict", "read_answer"]
 
@@ -22,12 +22,9 @@ Cells = list[tuple[str, str]]  # (label, source) of the cells the student could 
 
 def quiz_call(grade_source: str) -> dict[str, Any] | None:
     """The arguments of a grade cell's ``check_answer`` call (the keyed one, if there is one)."""
-    try:
-        tree = ast.parse(cell_source(grade_source) or "")
-    except (SyntaxError, RecursionError, ValueError, MemoryError):
-        return None
+    tree = parse_cell(grade_source)
     calls = []
-    for node in tree.body:
+    for node in tree.body if tree else []:
         call = node.value if isinstance(node, ast.Expr) else None
         func = getattr(call, "func", None)
         if isinstance(func, ast.Name) and func.id == "check_answer" and call.args:
@@ -59,7 +56,7 @@ def read_answer(cells: Cells, name: str) -> str:
         text = cell_source(source)
         try:
             tree = ast.parse(text or "")
-        except (SyntaxError, RecursionError, ValueError, MemoryError) as err:
+        except UNREADABLE as err:
             if name in (text or ""):
                 line = getattr(err, "lineno", None) or "?"
                 other.append(f"cell {label} is not Python the grader can read (line {line})")

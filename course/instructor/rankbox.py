@@ -28,6 +28,7 @@ from typing import Self
 import psutil
 
 from course.instructor.sandbox import Limits, confine, sandbox_uid
+from course.instructor.slots import owned_by
 from course.ranks.confined import confined_launches
 from course.ranks.forkserver import Server
 
@@ -88,10 +89,9 @@ class RankBox:
         if not self.exclusive or os.geteuid() != 0:
             return
         keep = self.server.pid()  # bwrap's pid: the forkserver is its child
-        for proc in psutil.process_iter(["uids", "ppid"]):
-            uids, ppid = proc.info["uids"], proc.info["ppid"]
-            if uids and uids.real == self.uid and keep not in (ppid, proc.pid):
-                with contextlib.suppress(psutil.Error):
+        for proc in owned_by(self.uid):
+            with contextlib.suppress(psutil.Error):
+                if keep not in (proc.ppid(), proc.pid):
                     proc.kill()
 
 

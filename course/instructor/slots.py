@@ -22,7 +22,12 @@ import psutil
 
 from course.instructor.sandbox import SLOT_UID_BASE, SandboxUnavailable
 
-__all__ = ["Slots", "kill_uid", "slot_uid"]
+__all__ = [
+    "Slots",
+    "kill_uid",
+    "owned_by",
+    "slot_uid",
+]
 
 
 def slot_uid(slot: int) -> int:
@@ -38,7 +43,7 @@ def slot_uid(slot: int) -> int:
     return uid
 
 
-def _owned_by(uid: int) -> list[psutil.Process]:
+def owned_by(uid: int) -> list[psutil.Process]:
     """Live processes whose real, effective or saved uid is ``uid`` (zombies are already dead)."""
     return [
         p
@@ -59,7 +64,7 @@ def kill_uid(uid: int, rounds: int = 50) -> int:
         raise ValueError(f"refusing to kill every process of uid {uid} (root or this process)")
     killed = 0
     for _ in range(rounds):
-        alive = _owned_by(uid)
+        alive = owned_by(uid)
         if not alive:
             break
         for proc in alive:

@@ -14,9 +14,12 @@ import linecache
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["StudentCode", "cell_source", "resolve"]
+__all__ = ["UNREADABLE", "StudentCode", "cell_source", "parse_cell", "resolve"]
 
 Cells = tuple[tuple[str, str], ...]  # (label, source) in notebook order
+# What ast.parse raises on a cell a student wrote: a syntax error, nesting deep enough to
+# exhaust the parser, a null byte, a cell too large to hold.
+UNREADABLE = (SyntaxError, RecursionError, ValueError, MemoryError)
 
 
 def cell_source(source: str) -> str | None:
@@ -25,6 +28,14 @@ def cell_source(source: str) -> str | None:
         return None
     lines = source.splitlines()
     return "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln for ln in lines)
+
+
+def parse_cell(source: str) -> ast.Module | None:
+    """A cell's syntax tree (magics blanked; a cell magic is empty), or None if unreadable."""
+    try:
+        return ast.parse(cell_source(source) or "")
+    except UNREADABLE:
+        return None
 
 
 @dataclass(frozen=True)
@@ -64,11 +75,8 @@ class StudentCode:
         """The last top-level def or class of ``name`` in the cells."""
         found = None
         for _, source in self.cells:
-            try:
-                tree = ast.parse(cell_source(source) or "")
-            except (SyntaxError, RecursionError, ValueError, MemoryError):
-                continue
-            for node in tree.body:
+            tree = parse_cell(source)
+            for node in tree.body if tree else []:
                 defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
                 if isinstance(node, defs) and node.name == self.name:
                     found = node

@@ -63,6 +63,8 @@ class PerRank(list):
     """An argument that differs per rank: rank r receives element r, and only that."""
 
     def for_rank(self, rank: int) -> Any:
+        if rank >= len(self):
+            raise ValueError(f"a PerRank argument has {len(self)} elements for rank {rank}")
         return self[rank]
 
 

@@ -207,11 +207,7 @@ def _share(args: tuple, kwargs: dict, rank: int) -> tuple[tuple, dict]:
     """One rank's arguments: each :class:`PerRank` one replaced by that rank's element."""
 
     def mine(value: Any) -> Any:
-        if not isinstance(value, PerRank):
-            return value
-        if len(value) <= rank:
-            raise ValueError(f"a PerRank argument has {len(value)} elements for rank {rank}")
-        return value.for_rank(rank)
+        return value.for_rank(rank) if isinstance(value, PerRank) else value
 
     return tuple(map(mine, args)), {k: mine(v) for k, v in kwargs.items()}
 

@@ -65,8 +65,7 @@ def _encode(value: Any, depth: int) -> Any:  # noqa: PLR0911 - one return per ki
 
 def _tensor(t: torch.Tensor) -> list:
     t = t.detach().as_subclass(torch.Tensor)
-    if t.layout != torch.strided or t.device.type != "cpu" or t.is_quantized:
-        t = t.to_dense().cpu() if t.layout != torch.strided else t.cpu()
+    t = (t.to_dense() if t.layout != torch.strided else t).cpu()
     dtype = str(t.dtype).removeprefix("torch.")
     if dtype not in DTYPES:
         raise PlainDataError(f"a tensor of dtype {t.dtype} is not plain data")
