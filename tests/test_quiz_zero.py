@@ -14,8 +14,8 @@ import pytest
 from quiz import keys, supported
 
 from course.experiments import compression, zero
+from course.instructor.reference import ring_allreduce
 from course.ring.recorder import record
-from course.ring.reference import ring_allreduce
 from course.ring.trace import bytes_sent
 
 sys.path.insert(0, str(Path(__file__).parent / "checks"))

@@ -114,22 +114,23 @@ def refuse_collectives(name: str, called: list[list[str]]) -> None:
 
 
 def refuse_the_reference() -> None:
-    """On a rank, make the course's own ring fail: the student's ring is checked.
+    """On a rank, make the course's own ring fail where it exists: the student's ring is checked.
 
-    On graded ranks the reference is not there at all (``course.instructor.rankbox.HIDDEN``).
+    Only the instructor's install has it, and graded ranks see it blank
+    (``course.instructor.rankbox.HIDDEN``).
     """
     try:
-        import course.ring.reference
+        import course.instructor.reference
     except ImportError:
         return
 
     def refuse(*_args: Any) -> None:
         raise AssertionError(
-            "this calls the course's reference course.ring.reference.ring_allreduce: "
+            "this calls the course's reference course.instructor.reference.ring_allreduce: "
             "the exercise is to write the ring yourself, with dist.isend/irecv/send/recv"
         )
 
-    course.ring.reference._ring = refuse  # noqa: SLF001 - the reference's one entry point, refused while grading
+    course.instructor.reference._ring = refuse  # noqa: SLF001 - the reference's one entry point, refused while grading
 
 
 def running_case(directory: str, rank: int, count: int) -> int | None:

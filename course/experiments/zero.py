@@ -183,20 +183,20 @@ def traffic_per_step(
 ) -> dict[str, float]:
     """Rank side: bytes this rank sends in one step's communication, in model sizes.
 
-    DDP all-reduces the gradient (``course.ring.reference.ring_allreduce``); ZeRO-1/2
+    DDP all-reduces the gradient (a ring all-reduce's traffic: ``course.ring.traffic``); ZeRO-1/2
     reduce-scatter it and all-gather the updated parameters; ZeRO-3 all-gathers the
     parameters for forward and again for backward, then reduce-scatters the gradient.
     """
     from course.ring.recorder import Recorder
-    from course.ring.reference import ring_allreduce
     from course.ring.schedule import chunk_bounds
+    from course.ring.traffic import ring_traffic
 
     rank, n = dist.get_rank(), dist.get_world_size()
     lo, hi = chunk_bounds(numel, n)[rank]
     grad, params = torch.ones(numel), torch.zeros(numel)
     model_bytes = grad.nbytes
     steps = {
-        "DDP": lambda: ring_allreduce(grad.clone()),
+        "DDP": lambda: ring_traffic(grad),
         "ZeRO-1/2": lambda: all_gather(reduce_scatter(grad.clone()), params),
         "ZeRO-3": lambda: [
             all_gather(params[lo:hi].clone(), params),

@@ -35,8 +35,8 @@ from course.ranks.forkserver import Server
 __all__ = ["HIDDEN", "RankBox"]
 
 COURSE = Path(__file__).resolve().parents[1]
-# Working solutions that ship with the course for its demonstrations: empty on graded ranks.
-HIDDEN = (COURSE / "ring" / "reference.py",)
+# The instructor's working solutions (the student install has none): empty on graded ranks.
+HIDDEN = (COURSE / "instructor" / "reference.py",)
 LIMITS = Limits(file_size=64 * 2**20, tmp_size=64 * 2**20)
 SCRATCH_SIZE = "256m"  # the scratch folder's size cap, when it can be a tmpfs (as root)
 

@@ -29,8 +29,8 @@ __all__ = ["LEFT_OUT", "export", "student_files"]
 REPO = Path(__file__).resolve().parents[2]
 
 # What the student install of the package leaves out, in one place: the instructor's tools
-# (authoring, release, grading, its sandbox and this export). Working solutions of the
-# exercises join this list when the notebooks no longer need them.
+# (authoring, release, grading, its sandbox and this export) and the reference ring, a
+# working solution (the notebooks measure the ring's traffic with course.ring.traffic).
 LEFT_OUT = (
     "course/instructor/authoring.py",
     "course/instructor/classrun.py",
@@ -42,6 +42,7 @@ LEFT_OUT = (
     "course/instructor/pipeline.py",
     "course/instructor/quiz.py",
     "course/instructor/rankbox.py",
+    "course/instructor/reference.py",
     "course/instructor/sandbox.py",
     "course/instructor/scratch.py",
     "course/instructor/slots.py",

@@ -3,5 +3,6 @@
 ``schedule`` (chunk bounds, who sends what at each step, a simulator), ``trace`` (one
 message format for the checks, the widget and the simulator), ``cost`` (alpha-beta model),
 then on real ranks: ``recorder`` (every point-to-point message and collective a rank makes),
-``reference`` (the course's ring all-reduce), ``p2p`` (blocking orders) and ``bandwidth``.
+``traffic`` (the ring's messages, without the sums), ``p2p`` (blocking orders) and
+``bandwidth``. The course's working ring is the instructor's: ``course.instructor.reference``.
 """

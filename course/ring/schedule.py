@@ -1,8 +1,9 @@
 """The ring all-reduce schedule, as plain data: chunk bounds, who sends what at each step.
 
-Pure Python (numpy for the large-N simulator), no torch: the reference ring on real ranks
-(``course.ring.reference``), the simulator, the cost model and the widget all read the same few
-functions, so the real run and the simulation agree by construction.
+Pure Python (numpy for the large-N simulator), no torch: the ring's traffic on real ranks
+(``course.ring.traffic``), the instructor's reference ring (``course.instructor.reference``),
+the simulator, the cost model and the widget all read the same few functions, so the real
+runs and the simulation agree by construction.
 
 The ring (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of
 workstations"; the Baidu/Horovod ring) splits the tensor into ``N`` chunks and runs

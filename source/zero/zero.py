@@ -132,16 +132,17 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The course's reference ring, recorded on 4 real ranks: its first N-1 steps
-# are a reduce-scatter, its last N-1 an all-gather. The cell counts the bytes each rank sends
-# in each half, in units of the tensor's size.
+# **Measure it.** A ring all-reduce's traffic (`ring_traffic`, the messages of the ring you
+# wrote in the first assignment), recorded on 4 real ranks: its first N-1 steps are a
+# reduce-scatter, its last N-1 an all-gather. The cell counts the bytes each rank sends in
+# each half, in units of the tensor's size.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.ring.recorder import record
-from course.ring.reference import ring_allreduce as reference_ring
 from course.ring.trace import bytes_sent
+from course.ring.traffic import ring_traffic
 
-trace = record(reference_ring, 4, numel=4000)
+trace = record(ring_traffic, 4, numel=4000)
 first_half = bytes_sent(trace, upto_step=3)
 whole = bytes_sent(trace)
 for r in range(4):
@@ -304,8 +305,8 @@ check_answer(
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**, with your own halves: one step's communication of each scheme on 4 real
-# ranks, recorded message by message (DDP uses the course's reference ring), in units of the
-# model's size.
+# ranks, recorded message by message (DDP's all-reduce is a ring all-reduce's traffic,
+# `ring_traffic`), in units of the model's size.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 zero_report.report_traffic(reduce_scatter, all_gather, world_size=4)

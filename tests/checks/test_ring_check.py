@@ -11,7 +11,7 @@ import torch
 from wrong_rings import CORRECT, WRONG, WRONG_PATTERN
 
 from course.checks import check_ring_allreduce, check_ring_pattern, check_ring_sums
-from course.ring import reference as ring
+from course.instructor import reference as ring
 
 pytestmark = pytest.mark.ranks
 
@@ -72,9 +72,9 @@ def test_right_but_naive_earns_the_sums(name: str) -> None:
 
 
 def calls_the_reference(tensor: torch.Tensor) -> None:
-    import course.ring.reference
+    import course.instructor.reference
 
-    course.ring.reference.ring_allreduce(tensor)
+    course.instructor.reference.ring_allreduce(tensor)
 
 
 def test_calling_the_course_reference_earns_nothing() -> None:

@@ -70,17 +70,17 @@ def ring_allreduce(tensor):
 # The course's own ring, by every route: import, reload, the file itself.
 REFERENCE = """
 import importlib, pathlib
-import course.ring
+import course.instructor
 
 def ring_allreduce(tensor):
     try:
-        from course.ring.reference import ring_allreduce as theirs
+        from course.instructor.reference import ring_allreduce as theirs
     except ImportError:
         try:
-            module = importlib.reload(importlib.import_module("course.ring.reference"))
+            module = importlib.reload(importlib.import_module("course.instructor.reference"))
             theirs = module.ring_allreduce
         except ImportError:
-            path = pathlib.Path(course.ring.__file__).parent / "reference.py"
+            path = pathlib.Path(course.instructor.__file__).parent / "reference.py"
             namespace = {}
             exec(path.read_text(), namespace)
             theirs = namespace["ring_allreduce"]

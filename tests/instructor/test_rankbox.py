@@ -34,11 +34,11 @@ def _where_am_i() -> dict:
     import os
 
     try:
-        importlib.import_module("course.ring.reference")
+        importlib.import_module("course.instructor.reference")
         reference = "imported"
     except ImportError as err:
         reference = str(err)
-    path = Path(importlib.import_module("course.ring").__file__).parent / "reference.py"
+    path = Path(importlib.import_module("course.instructor").__file__).parent / "reference.py"
     try:
         text = path.read_text()
     except OSError as err:

@@ -13,6 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course.instructor.copies import course_solutions, near_copies
 from course.instructor.selfstudy import quiz_items
 from course.instructor.studentview import LEFT_OUT, export
 
@@ -60,6 +61,18 @@ def test_the_view_has_what_students_need_and_no_source_or_keys(view: Path) -> No
     assert set(json.loads((view / "selfstudy.json").read_text())) == {
         p.name for p in (REPO / "release").iterdir()
     }
+
+
+def test_the_view_holds_no_working_solution(view: Path) -> None:
+    """Does no module a student gets define a copy of an exercise's solution: the source
+    notebooks' solution cells, or the instructor's reference ring?"""
+    solutions = [(REPO / "course" / "instructor" / "reference.py").read_text()]
+    for path in sorted((REPO / "source").glob("*/*.ipynb")):
+        solutions += course_solutions(path)
+    shipped = {p: p.read_text() for p in sorted((view / "course").rglob("*.py"))}
+    assert len(shipped) > 40 and len(solutions) > 10
+    copies = {str(p.relative_to(view)): near_copies([t], solutions) for p, t in shipped.items()}
+    assert {p: names for p, names in copies.items() if names} == {}
 
 
 def _fresh_venv(tmp_path: Path) -> Path:

@@ -99,7 +99,7 @@ def _recv_first(tensor) -> None:
 def test_animate_records_a_real_run() -> None:
     """Does animate() record the reference ring_allreduce on real ranks with no deviation,
     ending with every chunk full?"""
-    from course.ring.reference import ring_allreduce
+    from course.instructor.reference import ring_allreduce
 
     w = animate(ring_allreduce, world_size=3, numel=7)
     assert w.slider.max == 4 and "No deviations" in w.report.value

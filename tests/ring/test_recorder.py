@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import recv, send
 
+from course.instructor.reference import ring_allreduce
 from course.ring.encoding import decode_tensor, encoded_tensor
 from course.ring.recorder import record
-from course.ring.reference import ring_allreduce
 from course.ring.schedule import ring_trace
 from course.ring.trace import decode, encoded_value
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from course.ring.reference import ring_allreduce
+from course.instructor.reference import ring_allreduce
 
 pytestmark = pytest.mark.ranks
 

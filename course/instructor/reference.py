@@ -1,4 +1,10 @@
-"""The reference ring all-reduce on real ``torch.distributed`` ranks, point-to-point only.
+"""The course's reference ring all-reduce on real ``torch.distributed`` ranks, point-to-point only.
+
+A working solution of the ring exercise, so it is the instructor's: the student install leaves
+it out (``course.instructor.studentview.LEFT_OUT``), graded ranks see it blank
+(``course.instructor.rankbox.HIDDEN``), and the notebooks measure the ring's traffic with
+``course.ring.traffic`` instead. The tests decide the ring quiz's keys with it, check the
+checks against it, and ``benchmarks/ring.py`` times it against gloo.
 
 It plays ``course.ring.schedule`` step by step (reduce-scatter, then all-gather; Patarasuk & Yuan
 2009), so a recorded run of it and the simulator's ``ring_trace`` agree by construction:
