@@ -9,6 +9,7 @@ import torch
 
 __all__ = [
     "ATOL",
+    "MODEL_SEED",
     "RTOL",
     "close",
     "fresh_seed",
@@ -20,6 +21,9 @@ __all__ = [
 ]
 
 RTOL, ATOL = 1e-4, 1e-5
+# The initial weights every rank builds: from a seed of their own, never the data's, so that
+# what a rank is told about its model says nothing about the other ranks' batches.
+MODEL_SEED = 0
 
 
 def fresh_seed(seed: int | None) -> int:

@@ -4,7 +4,8 @@ The student's loop runs on fresh ranks that hold different numbers of batches, u
 gloo timeout: a loop that leaves a rank waiting for peers that ran out of data fails after
 that timeout (not the whole deadline) with what each rank was doing. The exercise asks for the
 loop without ``torch.distributed.algorithms.join.Join``, so the grading ranks refuse it; the
-oracle is still what Join gives, simulated in the checker without ranks.
+oracle is still what Join gives, simulated in the checker without ranks. The checker makes
+every rank's batches from a fresh seed and sends each rank its own only.
 """
 
 # No "from __future__ import annotations", as in the other checks that hand functions to DDP.
@@ -17,8 +18,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course.checks.compare import close, fresh_seed
+from course.checks.compare import MODEL_SEED, close, fresh_seed, rank_generators
 from course.checks.teaching import failure_message, teaches
+from course.ranks import PerRank
 
 __all__ = ["JOIN_REFUSED", "check_train_uneven", "join_oracle", "refuse_join"]
 
@@ -49,16 +51,20 @@ def refuse_join() -> None:
     Join.__enter__ = refuse  # type: ignore[method-assign]
 
 
-def _batches(seed: int, rank: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Rank ``rank``'s batches: the same on the rank and in the checker."""
-    gen = torch.Generator().manual_seed(seed + rank)
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _rank_batches(counts: Sequence[int], seed: int) -> list[Batches]:
+    """Every rank's batches, ``counts[r]`` for rank r, made in the checker from ``seed``."""
+    gens = rank_generators(seed, len(counts))
     return [
-        (torch.randn(2, 3, generator=gen), torch.randn(2, 1, generator=gen)) for _ in range(count)
+        [(torch.randn(2, 3, generator=g), torch.randn(2, 1, generator=g)) for _ in range(n)]
+        for g, n in zip(gens, counts, strict=True)
     ]
 
 
-def _model(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
+def _model() -> nn.Module:
+    torch.manual_seed(MODEL_SEED)
     return nn.Linear(3, 1)
 
 
@@ -66,18 +72,17 @@ def _params(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
 
 
-def join_oracle(counts: Sequence[int], seed: int, lr: float = LR) -> torch.Tensor:
-    """The weights Join gives, simulated in one process without any rank.
+def join_oracle(batches: Sequence[Batches], lr: float = LR) -> torch.Tensor:
+    """The weights Join gives when rank r holds ``batches[r]``, simulated in one process.
 
     At step t every rank that still has a batch contributes its gradient and a rank that has
     run out contributes zeros; the sum is divided by the initial world size (Join's default).
     When the last rank leaves Join, DDP copies its weights to the others.
     """
-    model, world_size = _model(seed), len(counts)
-    data = [_batches(seed, r, n) for r, n in enumerate(counts)]
-    for t in range(max(counts)):
+    model, world_size = _model(), len(batches)
+    for t in range(max(map(len, batches))):
         model.zero_grad()
-        losses = [nn.functional.mse_loss(model(b[t][0]), b[t][1]) for b in data if t < len(b)]
+        losses = [nn.functional.mse_loss(model(b[t][0]), b[t][1]) for b in batches if t < len(b)]
         (sum(losses) / world_size).backward()
         with torch.no_grad():
             for p in model.parameters():
@@ -85,14 +90,13 @@ def join_oracle(counts: Sequence[int], seed: int, lr: float = LR) -> torch.Tenso
     return _params(model)
 
 
-def _uneven_trial(train: Any, counts: list[int], seed: int) -> dict[str, Any]:
-    """On each rank: the student's loop on this rank's batches; its final weights."""
-    rank = dist.get_rank()
-    model = _model(seed)
+def _uneven_trial(train: Any, batches: Batches) -> dict[str, Any]:
+    """On each rank: the student's loop on the batches this rank was sent; its final weights."""
+    model = _model()
     ddp = DDP(model)
     refuse_join()
-    train(ddp, torch.optim.SGD(ddp.parameters(), lr=LR), _batches(seed, rank, counts[rank]))
-    return {"rank": rank, "student": _params(model)}
+    train(ddp, torch.optim.SGD(ddp.parameters(), lr=LR), batches)
+    return {"rank": dist.get_rank(), "student": _params(model)}
 
 
 @teaches
@@ -105,18 +109,18 @@ def check_train_uneven(
     for world_size in world_sizes:
         s = fresh_seed(seed)
         counts = [3 + 2 * r for r in range(world_size)][::-1]  # rank 0 has the most batches
+        batches = _rank_batches(counts, s)
         result = launch(
             _uneven_trial,
             world_size,
             train_uneven,
-            counts,
-            s,
+            PerRank(batches),
             timeout=UNEVEN_TIMEOUT,
             pg_timeout=UNEVEN_PG_TIMEOUT,
         )
         if not result.ok:
             raise AssertionError(_uneven_failure(result, counts))
-        problem = _weights_problem([r["student"] for r in result.results], counts, s)
+        problem = _weights_problem([r["student"] for r in result.results], batches, s)
         if problem:
             raise AssertionError(problem)
     return (
@@ -125,9 +129,10 @@ def check_train_uneven(
     )
 
 
-def _weights_problem(weights: list[torch.Tensor], counts: list[int], seed: int) -> str | None:
+def _weights_problem(weights: list[torch.Tensor], batches: list[Batches], seed: int) -> str | None:
     """What is wrong with the ranks' final weights against Join's (None: nothing)."""
-    want, start = join_oracle(counts, seed), _params(_model(seed))
+    counts = [len(b) for b in batches]
+    want, start = join_oracle(batches), _params(_model())
     where = f"(batches per rank {counts}, seed {seed})"
     if any(close(w, start) for w in weights):
         rank = next(r for r, w in enumerate(weights) if close(w, start))
@@ -142,7 +147,7 @@ def _weights_problem(weights: list[torch.Tensor], counts: list[int], seed: int) 
             "of data must still step its optimizer each step, with the averaged gradient DDP "
             "gives it, until no rank has data: then every rank takes the same steps."
         )
-    if close(weights[0], join_oracle([min(counts)] * len(counts), seed)):
+    if close(weights[0], join_oracle([b[: min(counts)] for b in batches])):
         return (
             f"The weights {_show(weights[0])} {where} are those after only {min(counts)} "
             "steps: the loop stopped when the first rank ran out of data. Keep stepping until "

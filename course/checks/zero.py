@@ -4,41 +4,51 @@
     print(check_zero_matches_ddp(ZeroOptimizer))
 
 ``ZeroOptimizer(params, optimizer_class, **defaults)`` (the signature of torch's
-``ZeroRedundancyOptimizer``) wraps Adam on fresh ranks. The ranks send back the final
+``ZeroRedundancyOptimizer``) wraps Adam on fresh ranks. Every rank's batches are made here
+from a fresh seed, and each rank is sent its own only. The ranks send back the final
 parameters of the student's optimizer and the bytes each rank holds
 (``course.experiments.zero.memory_breakdown``). The oracle, what DDP + Adam computes from
-the same weights and data, is trained here in one process
+the same weights and batches, is trained here in one process
 (``course.experiments.zero.single_process_params``), and the verdict is made here.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from course.checks.compare import MODEL_SEED, fresh_seed, rank_generators
 from course.checks.ddp import on_ranks
 from course.checks.teaching import teaches
 from course.experiments.zero import (
     FORMULAS,
+    Batches,
     final_params,
+    make_batches,
     memory_on_ranks,
     single_process_params,
     toy_model,
 )
+from course.ranks import PerRank
 
 __all__ = ["RTOL", "check_zero_matches_ddp", "check_zero_memory"]
 
 RTOL = 1e-4  # of the largest parameter: float sums in another order differ by about 1e-6
 STEPS = 5
+MEMORY_STEPS = 2
 SLACK = 256  # bytes: Adam's step counters and the like
 
 
-def _trained(zero_class: Any, steps: int, seed: int) -> torch.Tensor:
-    """On each rank: the parameters after ``steps`` steps of the student's optimizer."""
-    return final_params("zero", zero_class, steps, seed)
+def _rank_batches(world_size: int, steps: int, seed: int) -> list[Batches]:
+    """Every rank's batches, ``steps`` each, made in the checker from ``seed``."""
+    return [make_batches(steps, g) for g in rank_generators(seed, world_size)]
+
+
+def _trained(zero_class: Any, batches: Batches) -> torch.Tensor:
+    """On each rank: the parameters after the student's optimizer stepped on ``batches``."""
+    return final_params("zero", zero_class, len(batches), MODEL_SEED, batches)
 
 
 @teaches
@@ -47,11 +57,12 @@ def check_zero_matches_ddp(
 ) -> str:
     """After STEPS steps of Adam, the parameters match DDP's to RTOL on every rank."""
     _callable(zero_class)
-    seed = random.randrange(1000) if seed is None else seed  # noqa: S311 - test data, not a secret
+    seed = fresh_seed(seed)
     worst = 0.0
     for n in world_sizes:
-        results = on_ranks("ZeroOptimizer", _trained, n, zero_class, STEPS, seed)
-        ddp = single_process_params(n, STEPS, seed)  # the oracle, computed here
+        batches = _rank_batches(n, STEPS, seed)
+        results = on_ranks("ZeroOptimizer", _trained, n, zero_class, PerRank(batches))
+        ddp = single_process_params(n, STEPS, MODEL_SEED, batches)  # the oracle, computed here
         for rank, zero in enumerate(results):
             worst = max(worst, _compare(ddp, zero, n, rank, seed))
     return (
@@ -65,7 +76,7 @@ def _compare(ddp: Any, zero: Any, n: int, rank: int, seed: int) -> float:
     where = f"on rank {rank} of {n} (seed {seed})"
     if not isinstance(zero, torch.Tensor) or zero.shape != ddp.shape:
         raise AssertionError(f"ZeroOptimizer changed the model's parameters' shapes {where}.")
-    start = torch.cat([p.detach().reshape(-1) for p in toy_model(seed).parameters()])
+    start = torch.cat([p.detach().reshape(-1) for p in toy_model(MODEL_SEED).parameters()])
     scale = ddp.abs().max().item()
     err = (ddp - zero).abs().max().item() / scale
     if err <= RTOL:
@@ -90,7 +101,10 @@ def _compare(ddp: Any, zero: Any, n: int, rank: int, seed: int) -> float:
 def check_zero_memory(zero_class: Any, world_size: int = 4) -> str:
     """Each rank holds 1/N of Adam's state and of the gradients (ZeRO-2), measured."""
     _callable(zero_class)
-    results = on_ranks("ZeroOptimizer", memory_on_ranks, world_size, "zero", zero_class)
+    batches = PerRank(_rank_batches(world_size, MEMORY_STEPS, fresh_seed(None)))
+    results = on_ranks(
+        "ZeroOptimizer", memory_on_ranks, world_size, "zero", zero_class, MEMORY_STEPS, batches
+    )
     psi = sum(p.numel() for p in toy_model().parameters())
     _, grads, state = (b * psi for b in FORMULAS["ZeRO-2"](world_size))
     for rank, held in enumerate(results):

@@ -24,10 +24,12 @@ from torch import nn
 
 __all__ = [
     "FORMULAS",
+    "Batches",
     "equivalence",
     "final_params",
     "held_objects",
     "inner_optimizers",
+    "make_batches",
     "memory_breakdown",
     "memory_on_ranks",
     "single_process_params",
@@ -109,15 +111,32 @@ def held_objects(root: Any) -> list[Any]:
     return found
 
 
-def _batches(steps: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def make_batches(steps: int, generator: torch.Generator) -> Batches:
+    """One rank's data: ``steps`` (input, target) batches of 16 samples drawn from ``generator``."""
     return [
-        (torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g)) for _ in range(steps)
+        (torch.randn(16, 64, generator=generator), torch.randn(16, 64, generator=generator))
+        for _ in range(steps)
     ]
 
 
-def _train(kind: str, zero_class: Any, steps: int, seed: int = 0) -> tuple[nn.Module, Any]:
-    """Adam on this rank's batches: DDP, torch's ZeroRedundancyOptimizer, or ``zero_class``."""
+def _own_batches(steps: int, seed: int, rank: int) -> Batches:
+    """Rank ``rank``'s batches when none are given: the same on the rank and in the oracle."""
+    return make_batches(steps, torch.Generator().manual_seed(seed + 100 + rank))
+
+
+def _train(
+    kind: str, zero_class: Any, steps: int, seed: int = 0, batches: Batches | None = None
+) -> tuple[nn.Module, Any]:
+    """Adam on this rank's batches: DDP, torch's ZeroRedundancyOptimizer, or ``zero_class``.
+
+    The model is ``toy_model(seed)``; the batches are ``batches`` if given (a grader's, made
+    for this rank), else ``steps`` of them made here from ``seed`` and the rank.
+    """
+    if batches is None:
+        batches = _own_batches(steps, seed, dist.get_rank())
     model = toy_model(seed)
     if kind == "DDP":
         net = nn.parallel.DistributedDataParallel(model)
@@ -131,7 +150,7 @@ def _train(kind: str, zero_class: Any, steps: int, seed: int = 0) -> tuple[nn.Mo
         )
     else:
         net, optimizer = model, zero_class(model.parameters(), torch.optim.Adam, lr=1e-2)
-    for i, (x, y) in enumerate(_batches(steps, seed + 100 + dist.get_rank())):
+    for i, (x, y) in enumerate(batches):
         if i:
             optimizer.zero_grad()
         nn.functional.mse_loss(net(x), y).backward()
@@ -139,29 +158,45 @@ def _train(kind: str, zero_class: Any, steps: int, seed: int = 0) -> tuple[nn.Mo
     return model, optimizer
 
 
-def memory_on_ranks(kind: str, zero_class: Any = None, steps: int = 2) -> dict[str, int]:
-    """Rank side: train ``steps`` steps the ``kind`` way; the bytes this rank then holds."""
-    model, optimizer = _train(kind, zero_class, steps)
+def memory_on_ranks(
+    kind: str, zero_class: Any = None, steps: int = 2, batches: Batches | None = None
+) -> dict[str, int]:
+    """Rank side: train ``steps`` steps the ``kind`` way (on ``batches`` if given); the bytes
+    this rank then holds."""
+    model, optimizer = _train(kind, zero_class, steps, batches=batches)
     return memory_breakdown(model, optimizer)
 
 
-def final_params(kind: str, zero_class: Any = None, steps: int = 20, seed: int = 0) -> torch.Tensor:
-    """Rank side: the parameters, flattened, after ``steps`` steps of training ``kind``."""
-    model, _ = _train(kind, zero_class, steps, seed)
+def final_params(
+    kind: str,
+    zero_class: Any = None,
+    steps: int = 20,
+    seed: int = 0,
+    batches: Batches | None = None,
+) -> torch.Tensor:
+    """Rank side: the parameters, flattened, after ``steps`` steps of training ``kind`` (on
+    ``batches`` if given)."""
+    model, _ = _train(kind, zero_class, steps, seed, batches)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def single_process_params(world_size: int, steps: int = 20, seed: int = 0) -> torch.Tensor:
+def single_process_params(
+    world_size: int, steps: int = 20, seed: int = 0, batches: list[Batches] | None = None
+) -> torch.Tensor:
     """What DDP + Adam computes, in one process: each step, Adam on the average over ranks of
-    the gradients of each rank's batch (the oracle for a sharded optimizer's training)."""
+    the gradients of each rank's batch (the oracle for a sharded optimizer's training).
+
+    ``batches[r]`` are rank r's batches, as :func:`final_params` was given them; by default
+    those the ranks make from ``seed``.
+    """
     model = toy_model(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    batches = [_batches(steps, seed + 100 + r) for r in range(world_size)]
-    for i in range(steps):
+    if batches is None:
+        batches = [_own_batches(steps, seed, r) for r in range(world_size)]
+    for step in zip(*batches, strict=True):  # one batch per rank
         grads = []
-        for r in range(world_size):
+        for x, y in step:
             model.zero_grad()
-            x, y = batches[r][i]
             nn.functional.mse_loss(model(x), y).backward()
             grads.append([p.grad.clone() for p in model.parameters()])
         for p, *gs in zip(model.parameters(), *grads, strict=True):

@@ -1,0 +1,153 @@
+"""Is each rank the uneven-data and ZeRO checks start sent its own batches only?
+
+A recording stand-in for the student's code runs the right answer, then saves what it can
+reach on its rank: every tensor alive there and every int its callers hold. The checker's
+batches for every rank are made again from the seed, outside the check; a rank must reach all
+of its own and none of another rank's, and must not hold the seed they were made from.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import halves_impls
+import pytest
+import torch
+import torch.distributed as dist
+from test_accumulation_check import train_no_step_when_done, train_uneven
+
+from course.checks import check_train_uneven, check_zero_matches_ddp, check_zero_memory
+from course.checks import uneven as uneven_check
+from course.checks import zero as zero_check
+from course.checks.compare import rank_generators
+
+pytestmark = pytest.mark.ranks
+
+SEED = 424_242  # any seed but MODEL_SEED: the data's, which no rank may hold
+
+
+@pytest.fixture(autouse=True)
+def _sent_by_value() -> Iterator[None]:
+    """Send this module and the model solution to the ranks by value, as a cell would be."""
+    modules = [sys.modules[__name__], halves_impls, sys.modules[train_uneven.__module__]]
+    for module in modules:
+        cloudpickle.register_pickle_by_value(module)
+    yield
+    for module in modules:
+        cloudpickle.unregister_pickle_by_value(module)
+
+
+def _reachable() -> tuple[list[torch.Tensor], set[int]]:
+    """Every tensor alive on this rank, and every int its callers hold, in containers too."""
+    tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    ints: set[int] = set()
+    frame, stack, seen = sys._getframe(1), [], set()  # noqa: SLF001 - the callers are what is read
+    while frame is not None:
+        stack += [(v, 0) for v in frame.f_locals.values()]
+        frame = frame.f_back
+    while stack:
+        value, depth = stack.pop()
+        if type(value) is int:
+            ints.add(value)
+        elif isinstance(value, torch.Tensor):
+            tensors.append(value)
+        elif depth < 5 and isinstance(value, list | tuple | dict) and id(value) not in seen:
+            seen.add(id(value))
+            items = value.values() if isinstance(value, dict) else value
+            stack += [(v, depth + 1) for v in items]
+    return tensors, ints
+
+
+def _record(where: str, shapes: set[tuple[int, ...]]) -> None:
+    """Save what this rank reaches: its tensors of the batches' shapes, and its ints."""
+    tensors, ints = _reachable()
+    batch_like = [t.detach().clone() for t in tensors if tuple(t.shape) in shapes]
+    torch.save({"tensors": batch_like, "ints": sorted(ints)}, f"{where}/{dist.get_rank()}.pt")
+
+
+def _recording_loop(where: str) -> Callable[..., None]:
+    """The right uneven-data loop, which then records what its rank reaches."""
+
+    def train_and_record(ddp: Any, optimizer: Any, batches: list) -> None:
+        train_uneven(ddp, optimizer, batches)
+        _record(where, {(2, 3), (2, 1)})
+
+    return train_and_record
+
+
+def _recording_zero(where: str) -> type:
+    """The model ZeroOptimizer, which records what its rank reaches when it is built."""
+
+    class RecordingZero(halves_impls.ZeroOptimizer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            _record(where, {(16, 64)})
+
+    return RecordingZero
+
+
+def _assert_own_batches_only(where: Path, batches: list[list], seed: int) -> None:
+    """Rank r reached every tensor of ``batches[r]``, none of another rank's, and no seed of
+    the data (``seed`` itself or a rank's generator seed)."""
+    seeds = {seed} | {g.initial_seed() for g in rank_generators(seed, len(batches))}
+    for rank, own in enumerate(batches):
+        seen = torch.load(where / f"{rank}.pt")
+
+        def reached(t: torch.Tensor, seen: dict = seen) -> bool:
+            return any(s.shape == t.shape and torch.equal(s, t) for s in seen["tensors"])
+
+        assert all(reached(t) for pair in own for t in pair), f"rank {rank} lacks its batches"
+        others = [t for q, b in enumerate(batches) if q != rank for pair in b for t in pair]
+        assert not any(map(reached, others)), f"rank {rank} holds another rank's batches"
+        assert not seeds & set(seen["ints"]), f"rank {rank} holds the data's seed"
+
+
+def test_each_uneven_rank_is_sent_its_own_batches_only(no_leftovers, tmp_path) -> None:
+    """On 3 ranks with 7, 5 and 3 batches: does each rank reach only its own, and pass?"""
+    assert "without Join" in check_train_uneven(
+        _recording_loop(str(tmp_path)), world_sizes=(3,), seed=SEED
+    )
+    batches = uneven_check._rank_batches([7, 5, 3], SEED)  # noqa: SLF001 - the checker's, again
+    _assert_own_batches_only(tmp_path, batches, SEED)
+
+
+def test_each_zero_rank_is_sent_its_own_batches_only(no_leftovers, tmp_path) -> None:
+    """Training against DDP on 3 ranks: does each rank reach only its own batches, and pass?"""
+    assert "matches DDP" in check_zero_matches_ddp(
+        _recording_zero(str(tmp_path)), world_sizes=(3,), seed=SEED
+    )
+    batches = zero_check._rank_batches(3, zero_check.STEPS, SEED)  # noqa: SLF001 - the checker's, again
+    _assert_own_batches_only(tmp_path, batches, SEED)
+
+
+def test_each_zero_memory_rank_is_sent_its_own_batches_only(
+    no_leftovers, tmp_path, monkeypatch
+) -> None:
+    """Measuring memory on 4 ranks: does each rank reach only its own batches, and pass?"""
+    monkeypatch.setattr(zero_check, "fresh_seed", lambda seed: SEED if seed is None else seed)
+    assert "1/4" in check_zero_memory(_recording_zero(str(tmp_path)))
+    batches = zero_check._rank_batches(4, zero_check.MEMORY_STEPS, SEED)  # noqa: SLF001 - the checker's
+    _assert_own_batches_only(tmp_path, batches, SEED)
+
+
+@pytest.mark.parametrize(
+    ("check", "wrong"),
+    [
+        (check_train_uneven, train_no_step_when_done),
+        (check_zero_matches_ddp, halves_impls.SummingZero),
+    ],
+)
+def test_a_failure_replays_from_the_seed_it_prints(no_leftovers, check, wrong) -> None:
+    """Does a wrong answer fail again, with the same message, given the seed its message prints?"""
+    with pytest.raises(AssertionError) as first:
+        check(wrong, world_sizes=(2,))
+    seed = int(re.search(r"seed (\d+)", str(first.value))[1])
+    with pytest.raises(AssertionError) as again:
+        check(wrong, world_sizes=(2,), seed=seed)
+    assert str(again.value) == str(first.value)
