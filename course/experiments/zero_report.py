@@ -1,9 +1,10 @@
 """What the zero notebook's measuring cells print and draw, from ``course.experiments.zero`` and
 ``course.experiments.compression`` run on fresh ranks.
 
-Each function measures, then prints a short table (or returns a figure). While nbgrader
-autogrades (``NBGRADER_EXECUTION`` is set) they print one line and measure nothing: the
-measurements decide no points, and a class's worth of notebooks should not pay for them.
+Each function measures, then prints a short table (or returns a figure). Given a function
+or class that is still the released stub, they say so and measure nothing (a stub hook would
+crash DDP in native code). While nbgrader executes the notebook (``NBGRADER_EXECUTION`` is
+set) they print one line and measure nothing: the measurements decide no points.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from course.checks.teaching import not_implemented
 from course.experiments import compression, zero
 from course.ranks import run
 
@@ -26,6 +28,7 @@ __all__ = [
     "report_powersgd",
     "report_torch_zero",
     "report_traffic",
+    "unwritten",
 ]
 
 TIMEOUT = 60.0  # seconds per launch: DDP's first construction on a rank imports torch._dynamo
@@ -39,9 +42,19 @@ def grading() -> bool:
     return False
 
 
+def unwritten(*yours: Any) -> bool:
+    """Whether any of ``yours`` is still the released stub; says so if it is."""
+    for obj in yours:
+        message = not_implemented(obj)
+        if message:
+            print(f"Note: {message}")
+            return True
+    return False
+
+
 def report_traffic(reduce_scatter: Callable, all_gather: Callable, world_size: int = 4) -> None:
     """Bytes each scheme's step sends per rank, in model sizes (your halves, recorded)."""
-    if grading():
+    if grading() or unwritten(reduce_scatter, all_gather):
         return
     for scheme, sent in zero.traffic_on_ranks(reduce_scatter, all_gather, world_size).items():
         print(f"{scheme:9} sends {sent:.2f} x the model's size per rank per step")
@@ -49,7 +62,7 @@ def report_traffic(reduce_scatter: Callable, all_gather: Callable, world_size: i
 
 def report_memory(zero_class: Any, world_size: int = 4) -> None:
     """Bytes held per rank after two steps, DDP + Adam against ``zero_class``, in units of P."""
-    if grading():
+    if grading() or unwritten(zero_class):
         return
     psi = sum(p.numel() for p in zero.toy_model().parameters())
     for kind in ("DDP", "zero"):
@@ -62,7 +75,7 @@ def report_memory(zero_class: Any, world_size: int = 4) -> None:
 
 def report_equivalence(zero_class: Any, world_sizes: Sequence[int] = (2, 3, 4)) -> None:
     """DDP + Adam against ``zero_class`` after 20 steps, on each world size."""
-    if grading():
+    if grading() or unwritten(zero_class):
         return
     for n in world_sizes:
         same = run(zero.equivalence, n, zero_class, timeout=TIMEOUT)[0]
@@ -93,7 +106,7 @@ def report_ef_training(hook: Any, scale: float = 1e-8) -> None:
     """Weights after 200 SGD steps with gradients of ``scale``: fp32, plain fp16, ``hook``."""
     from course.checks.compression import runs
 
-    if grading():
+    if grading() or unwritten(hook):
         return
     weights = run(runs, 2, hook, scale, timeout=TIMEOUT)[0]
     for name, w in weights.items():
@@ -127,7 +140,7 @@ def memory_figure(zero_class: Any, world_sizes: tuple[int, ...] = (2, 3, 4)) -> 
     """Bytes per rank against world size: the formulas as lines, the measurements as points."""
     import plotly.graph_objects as go
 
-    if grading():
+    if grading() or unwritten(zero_class):
         return None
     points = memory_points(zero_class, world_sizes)
     xs = list(range(1, 9))

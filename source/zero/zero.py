@@ -215,11 +215,15 @@ def all_gather(shard: torch.Tensor, out: torch.Tensor) -> None:
 
 # %% nbgrader={"grade": false, "grade_id": "try_halves", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 3 --timeout 20
+from course.checks.teaching import say_if_unimplemented
+
+say_if_unimplemented(reduce_scatter)  # a note if a cell above is still the empty stub
+say_if_unimplemented(all_gather)
 t = torch.full((7,), rank + 1.0)
 shard = reduce_scatter(t)
 out = torch.zeros(7)
 all_gather(shard, out)
-print(f"shard {shard.tolist()}   gathered {out.tolist()}")
+print(f"shard {shard}   gathered {out.tolist()}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "watch_yours_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # Now watch **your** two functions, recorded on 4 real ranks. Where a run departs from half a
