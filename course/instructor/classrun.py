@@ -125,9 +125,17 @@ def _grade_queue(
     """Grade ``queue`` ``workers`` at a time, each as its slot's uid; merge each as it ends."""
     slots = Slots(max(1, workers))
 
-    def grade(student: str) -> tuple[Path, float]:
-        with slots.lend() as uid:  # every process of the uid is killed when it is given back
-            return autograde_one(root, snapshot, assignment, student, timeout, uid)
+    def grade(student: str) -> tuple[Path | BaseException, float]:
+        """The scratch course graded (or why not), and the seconds it took either way."""
+        started = time.monotonic()
+        try:
+            with slots.lend() as uid:  # every process of the uid is killed when it is given back
+                graded: Path | BaseException = autograde_one(
+                    root, snapshot, assignment, student, timeout, uid
+                )
+        except Exception as err:  # noqa: BLE001 - recorded by _collect, with its time
+            graded = err
+        return graded, time.monotonic() - started
 
     with open_gradebook(root / "gradebook.db"):  # made (or repaired) before it is copied
         pass
@@ -223,8 +231,9 @@ def _plan(
 def _collect(root: Path, assignment: str, fut: Future, student: str, digest: str) -> Outcome:
     """One finished submission: merged into the gradebook, or failed (or rejected) and why."""
     outcome = Outcome(student, "failed", digest=digest)
+    graded, outcome.seconds = fut.result()
     try:
-        scratch, outcome.seconds = fut.result()
+        scratch = _result(graded)
         try:  # merging is serial: only the caller's thread writes the real gradebook
             outcome.score, outcome.max_score, left_out = merge(root, scratch, assignment, student)
             outcome.status, outcome.note = "graded", "; ".join(left_out)
@@ -236,6 +245,13 @@ def _collect(root: Path, assignment: str, fut: Future, student: str, digest: str
     except Exception as err:  # noqa: BLE001 - any failure is recorded; the run goes on
         outcome.error = f"{type(err).__name__}: {err}"
     return outcome
+
+
+def _result(graded: Path | BaseException) -> Path:
+    """The scratch course, or the grading's own exception raised again."""
+    if isinstance(graded, BaseException):
+        raise graded
+    return graded
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -54,12 +53,11 @@ class GradingMachineError(RuntimeError):
 
 def autograde_one(
     root: Path, gradebook: Path, assignment: str, student: str, timeout: float, uid: int
-) -> tuple[Path, float]:
+) -> Path:
     """Autograde one submission in a scratch course as ``uid``; return it (caller removes it).
 
     ``timeout`` caps each attempt; a submission that reaches it is stopped, not retried.
     """
-    started = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix=f"classrun-{student}-"))
     try:
         names = (student, assignment)
@@ -76,7 +74,7 @@ def autograde_one(
             f"the grading machine failed, not the submission ({'; '.join(failures)}); "
             f"the end of its log:\n{tail}"
         )
-    return scratch, time.monotonic() - started
+    return scratch
 
 
 def _attempts(

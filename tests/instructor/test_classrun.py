@@ -120,6 +120,7 @@ def test_grades_are_merged_and_a_hang_is_stopped(class_run: dict) -> None:
     assert first["right"].status == "graded" and first["right"].score == 3.0
     assert first["wrong"].status == "graded" and first["wrong"].score == 0.0
     assert first["hangs"].status == "failed" and "longer than 10 s" in first["hangs"].error
+    assert first["hangs"].seconds >= 10  # its time is the cap it reached, not 0
     assert any("failed: ['hangs']" in line for line in class_run["lines"])
     assert _score(root, "right") == 3.0
     manifest = json.loads((root / "autograded" / ".classrun.json").read_text())["tamper"]
@@ -244,6 +245,7 @@ def test_a_persistent_machine_fault_fails_with_its_reason(faulty: dict) -> None:
     """Does a grading process that fails twice end as failed, with the log, and no grade?"""
     broken: Outcome = faulty["outcomes"]["broken"]
     assert broken.status == "failed" and broken.score == 0.0
+    assert broken.seconds > 0  # the time its two attempts took, as for a graded one
     assert "the grading machine failed, not the submission" in broken.error
     assert "attempt 1: nbgrader autograde exited with 3" in broken.error
     assert "attempt 2: nbgrader autograde exited with 3" in broken.error
