@@ -2,9 +2,10 @@
 
 The student's function runs only on fresh rank processes (one rank for the sampler, whose
 oracle is ``torch.utils.data.DistributedSampler`` itself, built here in the checker). The
-accumulation check records the collectives of the step (``course.ring.recorder.Recorder``) and
-counts DDP's bucket all-reduces with a comm hook. The uneven-data loop is checked in
-``course.checks.uneven``.
+accumulation check makes every rank's micro-batches from a fresh seed and sends each rank its
+own only (the model's initial weights come from ``MODEL_SEED``); it records the collectives of
+the step (``course.ring.recorder.Recorder``) and counts DDP's bucket all-reduces with a comm
+hook. The uneven-data loop is checked in ``course.checks.uneven``.
 """
 
 # No "from __future__ import annotations": a comm hook handed to DDP is inspected as objects.
@@ -18,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from course.checks.compare import close, fresh_seed, near
+from course.checks.compare import MODEL_SEED, close, fresh_seed, near, rank_generators
 from course.checks.ddp import on_ranks
 from course.checks.teaching import teaches, user_traceback
 from course.experiments.accumulation import counting_hook
@@ -136,8 +137,8 @@ def _sampler_hint(
 # --- exercise 2: one optimizer step from K micro-batches -----------------------------------
 
 
-def _accum_model(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
+def _accum_model() -> nn.Module:
+    torch.manual_seed(MODEL_SEED)
     return nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2))
 
 
@@ -145,28 +146,33 @@ def _params(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
 
 
-def _global_batch(world_size: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every rank's K micro-batches of 3 samples: x (N, K, 3, 5) and y (N, K, 3, 2)."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(world_size, k, 3, 5, generator=gen), torch.randn(
-        world_size, k, 3, 2, generator=gen
-    )
+MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def _large_update(world_size: int, k: int, seed: int) -> torch.Tensor:
+def _micro_batches(world_size: int, k: int, seed: int) -> list[MicroBatches]:
+    """Every rank's K micro-batches of 3 samples, x (3, 5) and y (3, 2), made by the checker."""
+    return [
+        [(torch.randn(3, 5, generator=g), torch.randn(3, 2, generator=g)) for _ in range(k)]
+        for g in rank_generators(seed, world_size)
+    ]
+
+
+def _large_update(micro: list[MicroBatches]) -> torch.Tensor:
     """The oracle, computed by the checker: one SGD step on the whole global batch."""
-    large = _accum_model(seed)
+    large = _accum_model()
     before = _params(large)
-    x, y = _global_batch(world_size, k, seed)
-    nn.functional.mse_loss(large(x.reshape(-1, 5)), y.reshape(-1, 2)).backward()
+    pairs = [pair for mine in micro for pair in mine]
+    x, y = torch.cat([x for x, _ in pairs]), torch.cat([y for _, y in pairs])
+    nn.functional.mse_loss(large(x), y).backward()
     torch.optim.SGD(large.parameters(), lr=0.1).step()
     return _params(large) - before
 
 
-def accumulation_trial(step: Any, micro: list, seed: int) -> dict[str, Any]:
-    """On each rank: the student's step on this rank's own micro-batches, and DDP's syncs."""
+def accumulation_trial(step: Any, micro: MicroBatches) -> dict[str, Any]:
+    """On each rank: the student's step on the micro-batches this rank was sent, and DDP's
+    syncs."""
     rank = dist.get_rank()
-    model = _accum_model(seed)
+    model = _accum_model()
     ddp = DDP(model)
     syncs: list[int] = []
     ddp.register_comm_hook(syncs, counting_hook)
@@ -190,26 +196,28 @@ def accumulation_trial(step: Any, micro: list, seed: int) -> dict[str, Any]:
 
 
 def try_accumulation_step(step: Any, world_size: int = 2, k: int = 4, seed: int = 0) -> dict:
-    """Rank 0's trial of ``step`` (raises RankError if a rank fails), with the oracle's update."""
+    """Rank 0's trial of ``step`` on micro-batches made from ``seed`` (raises RankError if a
+    rank fails), with the oracle's update."""
     from course.ranks import run
 
-    x, y = _global_batch(world_size, k, seed)
-    micro = PerRank([[(x[r, i], y[r, i]) for i in range(k)] for r in range(world_size)])
-    first = run(accumulation_trial, world_size, step, micro, seed, timeout=60)[0]
-    return first | {"large_update": _large_update(world_size, k, seed)}
+    micro = _micro_batches(world_size, k, seed)
+    first = run(accumulation_trial, world_size, step, PerRank(micro), timeout=60)[0]
+    return first | {"large_update": _large_update(micro)}
 
 
 def _accumulation_results(step: Any, world_sizes: Sequence[int], k: int, seed: int | None) -> list:
     out = []
     for world_size in world_sizes:
         s = fresh_seed(seed)
-        x, y = _global_batch(world_size, k, s)
-        micro = PerRank([[(x[r, i], y[r, i]) for i in range(k)] for r in range(world_size)])
-        results = on_ranks("accumulation_step", accumulation_trial, world_size, step, micro, s)
+        micro = _micro_batches(world_size, k, s)
+        results = on_ranks(
+            "accumulation_step", accumulation_trial, world_size, step, PerRank(micro)
+        )
+        large = _large_update(micro)
         for r in results:
             if r["problem"]:
                 raise AssertionError(f"On rank {r['rank']} of {world_size}: {r['problem']}")
-            r["large_update"] = _large_update(world_size, k, s)
+            r["large_update"] = large
         out.append((world_size, s, results))
     return out
 

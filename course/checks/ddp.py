@@ -1,10 +1,11 @@
 """Graded checks for the DDP assignment: an averaging comm hook, and a loss for uneven batches.
 
-Each check runs the student's function on fresh gloo ranks (fresh random data each call),
-compares with an oracle (DDP's own averaging; a single-process run on the pooled data), and
-fails with an ``AssertionError`` that says what was wrong and what to try. The diagnosis runs
-in the caller on plain data the ranks send back; a crash or a deadlock in the student's code
-comes back as the student's own traceback.
+Each check runs the student's function on fresh gloo ranks. Every rank's data is made here
+from a fresh seed and each rank is sent its own only (the model's initial weights come from
+``MODEL_SEED``). The checker compares with an oracle (DDP's own averaging; a single-process
+run on the pooled data) and fails with an ``AssertionError`` that says what was wrong and what
+to try. The diagnosis runs in the caller on plain data the ranks send back; a crash or a
+deadlock in the student's code comes back as the student's own traceback.
 """
 
 # No "from __future__ import annotations": the hook wrapper below is handed to DDP, which
@@ -21,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course.checks import teaching
 from course.checks.compare import (
+    MODEL_SEED,
     close,
     fresh_seed,
     local_grads,
@@ -46,8 +48,8 @@ def on_ranks(name: str, fn: Callable[..., Any], world_size: int, *args: Any) -> 
 # --- exercise (a): an averaging comm hook -----------------------------------------
 
 
-def _hook_model(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
+def _hook_model() -> nn.Module:
+    torch.manual_seed(MODEL_SEED)
     return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 3))
 
 
@@ -59,8 +61,8 @@ def _hook_batches(world_size: int, seed: int, steps: int) -> list[list[torch.Ten
     ]
 
 
-def _hook_trial(hook: Any, seed: int, batches: list[torch.Tensor]) -> dict[str, Any]:
-    """On each rank: the student's hook on this rank's own batches, one step each.
+def _hook_trial(hook: Any, batches: list[torch.Tensor]) -> dict[str, Any]:
+    """On each rank: the student's hook on the batches this rank was sent, one step each.
 
     The hook's signature is checked here, where the hook is defined (the grader holds only
     its name and cells); what DDP's default would give is computed by the checker.
@@ -69,7 +71,7 @@ def _hook_trial(hook: Any, seed: int, batches: list[torch.Tensor]) -> dict[str, 
     signature = hook_signature_problem(hook)
     if signature:
         return {"rank": rank, "signature": signature, "problems": [], "steps": []}
-    student = DDP(_hook_model(seed), bucket_cap_mb=0.0005)  # ~500 bytes: several buckets
+    student = DDP(_hook_model(), bucket_cap_mb=0.0005)  # ~500 bytes: several buckets
     problems: list[str] = []
     student.register_comm_hook(None, guard_hook(hook, problems))
     out = []
@@ -82,9 +84,9 @@ def _hook_trial(hook: Any, seed: int, batches: list[torch.Tensor]) -> dict[str, 
     return {"rank": rank, "problems": problems, "steps": out}
 
 
-def _hook_oracle(seed: int, batches: list[list[torch.Tensor]]) -> list[list[dict[str, list]]]:
+def _hook_oracle(batches: list[list[torch.Tensor]]) -> list[list[dict[str, list]]]:
     """Per rank and step: the local gradient and DDP's default (their mean over ranks)."""
-    local = local_grads(_hook_model(seed), batches, lambda out: out.square().sum())
+    local = local_grads(_hook_model(), batches, lambda out: out.square().sum())
     steps = range(len(batches[0]))
     mean = [mean_over_ranks([r[k] for r in local]) for k in steps]
     return [[{"local": mine[k], "default": mean[k]} for k in steps] for mine in local]
@@ -98,15 +100,13 @@ def check_average_hook(
     for world_size in world_sizes:
         s = fresh_seed(seed)
         batches = _hook_batches(world_size, s, 2)
-        results = on_ranks(
-            "average_hook", _hook_trial, world_size, average_hook, s, PerRank(batches)
-        )
+        results = on_ranks("average_hook", _hook_trial, world_size, average_hook, PerRank(batches))
         if results[0].get("signature"):
             raise AssertionError(results[0]["signature"])
         for r in results:
             if r["problems"]:
                 raise AssertionError(f"On rank {r['rank']} of {world_size}: {r['problems'][0]}")
-        oracle = _hook_oracle(s, batches)
+        oracle = _hook_oracle(batches)
         for rank, r in enumerate(results):
             for step, got in enumerate(r["steps"]):
                 _diagnose_hook(got, oracle[rank][step], rank, world_size, step, s)
@@ -157,27 +157,33 @@ def _local_batch_sizes(world_size: int, seed: int) -> list[int]:
     return sizes
 
 
-def _weighted_data(sizes: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch, every rank's samples in rank order: x (n, 4) and y (n, 2)."""
-    gen = torch.Generator().manual_seed(seed)
-    n = sum(sizes)
-    return torch.randn(n, 4, generator=gen), torch.randn(n, 2, generator=gen)
+Samples = tuple[torch.Tensor, torch.Tensor]
+
+
+def _weighted_data(sizes: list[int], seed: int) -> list[Samples]:
+    """Each rank's samples, made by the checker: ``sizes[r]`` of them for rank r, x (k, 4) and
+    y (k, 2)."""
+    gens = rank_generators(seed, len(sizes))
+    return [
+        (torch.randn(k, 4, generator=g), torch.randn(k, 2, generator=g))
+        for g, k in zip(gens, sizes, strict=True)
+    ]
 
 
 def _per_sample(m: nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
     return (m(xs) - ys).square().mean(dim=1)
 
 
-def _weighted_model(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
+def _weighted_model() -> nn.Module:
+    torch.manual_seed(MODEL_SEED)
     return nn.Linear(4, 2)
 
 
-def _weighted_trial(weighted_loss: Any, mine: tuple, seed: int) -> dict[str, Any]:
-    """On each rank: a DDP step with the student's loss on this rank's own samples."""
+def _weighted_trial(weighted_loss: Any, mine: Samples) -> dict[str, Any]:
+    """On each rank: a DDP step with the student's loss on the samples this rank was sent."""
     rank = dist.get_rank()
     x, y = mine
-    model = _weighted_model(seed)
+    model = _weighted_model()
     ddp = DDP(model)
     result: dict[str, Any] = {"rank": rank, "problem": None}
     losses = _per_sample(ddp, x, y)
@@ -194,21 +200,20 @@ def _weighted_trial(weighted_loss: Any, mine: tuple, seed: int) -> dict[str, Any
     return result
 
 
-def _weighted_oracle(sizes: list[int], seed: int) -> dict[str, list]:
-    """Computed by the checker: the pooled per-sample mean's gradient, and the mean of the
-    local means' (what an unweighted loss gives)."""
-    x, y = _weighted_data(sizes, seed)
-    oracle = _weighted_model(seed)
+def _weighted_oracle(data: list[Samples]) -> dict[str, list]:
+    """Computed by the checker from every rank's samples: the pooled per-sample mean's
+    gradient, and the mean of the local means' (what an unweighted loss gives)."""
+    oracle = _weighted_model()
 
     def grad_of(loss_value: torch.Tensor) -> list[torch.Tensor]:
         oracle.zero_grad()
         loss_value.backward()
         return [p.grad.clone() for p in oracle.parameters()]
 
-    bounds = [(sum(sizes[:r]), sum(sizes[: r + 1])) for r in range(len(sizes))]
-    means = [grad_of(_per_sample(oracle, x[a:b], y[a:b]).mean()) for a, b in bounds]
+    means = [grad_of(_per_sample(oracle, x, y).mean()) for x, y in data]
+    x, y = (torch.cat(ts) for ts in zip(*data, strict=True))
     pooled = grad_of(_per_sample(oracle, x, y).mean())
-    return {"pooled": pooled, "flat": [sum(g) / len(sizes) for g in zip(*means, strict=True)]}
+    return {"pooled": pooled, "flat": [sum(g) / len(data) for g in zip(*means, strict=True)]}
 
 
 def _loss_problem(loss: Any, count: int) -> str | None:
@@ -239,14 +244,14 @@ def check_weighted_loss(
     for world_size in world_sizes:
         s = fresh_seed(seed)
         sizes = _local_batch_sizes(world_size, s)
-        x, y = _weighted_data(sizes, s)
-        starts = [sum(sizes[:r]) for r in range(world_size)]
-        mine = PerRank((x[a : a + k], y[a : a + k]) for a, k in zip(starts, sizes, strict=True))
-        results = on_ranks("weighted_loss", _weighted_trial, world_size, weighted_loss, mine, s)
+        data = _weighted_data(sizes, s)
+        results = on_ranks(
+            "weighted_loss", _weighted_trial, world_size, weighted_loss, PerRank(data)
+        )
         for r in results:
             if r["problem"]:
                 raise AssertionError(f"On rank {r['rank']} of {world_size}: {r['problem']}")
-        oracle = _weighted_oracle(sizes, s)
+        oracle = _weighted_oracle(data)
         for r in results:
             _diagnose_weighted(r | oracle | {"sizes": sizes}, world_size, s)
     return f"weighted_loss gives the pooled per-sample mean gradient on {list(world_sizes)} ranks."

@@ -1,9 +1,10 @@
 """Graded check for the buckets assignment's second exercise: OverlappingDDP, whose bucket
 all-reduces start during backward.
 
-Each rank trains on its own batches (made here) through the student's wrapper; the course's
-recorder (``course.ring.recorder``) times every all-reduce against the gradients becoming
-ready. The gradients are compared with DDP's, the average over ranks of each rank's own
+Each rank trains through the student's wrapper on its own batches, made here from a fresh seed
+(each rank is sent its own only; the model's initial weights come from ``MODEL_SEED``); the
+course's recorder (``course.ring.recorder``) times every all-reduce against the gradients
+becoming ready. The gradients are compared with DDP's, the average over ranks of each rank's own
 gradient, computed here; the calls with the bucket rule of
 :func:`course.experiments.buckets.bucket_assignment`.
 """
@@ -20,6 +21,7 @@ from torch import nn
 
 from course.checks.buckets import all_reduces
 from course.checks.compare import (
+    MODEL_SEED,
     close,
     fresh_seed,
     local_grads,
@@ -37,8 +39,8 @@ from course.ring.recorder import Recorder
 __all__ = ["check_overlapping_ddp"]
 
 
-def _overlap_model(seed: int, layers: int = 6, width: int = 48) -> nn.Module:
-    torch.manual_seed(seed)
+def _overlap_model(layers: int = 6, width: int = 48) -> nn.Module:
+    torch.manual_seed(MODEL_SEED)
     mods: list[nn.Module] = []
     for _ in range(layers):
         mods += [nn.Linear(width, width), nn.Tanh()]
@@ -51,17 +53,17 @@ def _overlap_inputs(world_size: int, seed: int, steps: int) -> list[list[torch.T
     return [[torch.randn(8, 48, generator=g) for _ in range(steps)] for g in gens]
 
 
-def _expected(seed: int, inputs: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+def _expected(inputs: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
     """The oracle, computed by the checker: per step, the average over ranks of each rank's
     own gradient (what DDP gives)."""
-    local = local_grads(_overlap_model(seed), inputs, lambda out: out.square().mean())
+    local = local_grads(_overlap_model(), inputs, lambda out: out.square().mean())
     return [mean_over_ranks([r[k] for r in local]) for k in range(len(inputs[0]))]
 
 
-def _overlap_trial(cls: Any, cap: float, seed: int, inputs: list[torch.Tensor]) -> dict[str, Any]:
-    """On each rank: a training step per batch of its own through the student's wrapper."""
+def _overlap_trial(cls: Any, cap: float, inputs: list[torch.Tensor]) -> dict[str, Any]:
+    """On each rank: a training step per batch it was sent, through the student's wrapper."""
     rank = dist.get_rank()
-    model = _overlap_model(seed)
+    model = _overlap_model()
     out: dict[str, Any] = {"rank": rank, "problem": None, "steps": []}
     ready: list[float] = []
     with Recorder() as recorder:
@@ -104,10 +106,10 @@ def check_overlapping_ddp(
     for world_size in world_sizes:
         s = fresh_seed(seed)
         inputs = _overlap_inputs(world_size, s, 2)
-        args = (OverlappingDDP, bucket_cap_mb, s, PerRank(inputs))
+        args = (OverlappingDDP, bucket_cap_mb, PerRank(inputs))
         results = on_ranks("OverlappingDDP", _overlap_trial, world_size, *args)
-        expected = _expected(s, inputs)
-        buckets = bucket_assignment(_nbytes(s), bucket_cap_mb)
+        expected = _expected(inputs)
+        buckets = bucket_assignment(_nbytes(), bucket_cap_mb)
         for rank, r in enumerate(results):
             where = f"rank {rank} of {world_size} (bucket_cap_mb={bucket_cap_mb}, seed {s})"
             if r["problem"]:
@@ -118,8 +120,8 @@ def check_overlapping_ddp(
     return f"OverlappingDDP averages like DDP, overlapping backward, on {list(world_sizes)} ranks."
 
 
-def _nbytes(seed: int) -> list[int]:
-    return [p.numel() * p.element_size() for p in _overlap_model(seed).parameters()]
+def _nbytes() -> list[int]:
+    return [p.numel() * p.element_size() for p in _overlap_model().parameters()]
 
 
 def _diagnose_overlap(

@@ -1,8 +1,9 @@
-"""Is each rank the uneven-data and ZeRO checks start sent its own batches only?
+"""Is each rank a check starts (uneven data, ZeRO, comm hook, weighted loss, overlap,
+accumulation) sent its own inputs only?
 
 A recording stand-in for the student's code runs the right answer, then saves what it can
 reach on its rank: every tensor alive there and every int its callers hold. The checker's
-batches for every rank are made again from the seed, outside the check; a rank must reach all
+inputs for every rank are made again from the seed, outside the check; a rank must reach all
 of its own and none of another rank's, and must not hold the seed they were made from.
 """
 
@@ -20,9 +21,28 @@ import halves_impls
 import pytest
 import torch
 import torch.distributed as dist
-from test_accumulation_check import train_no_step_when_done, train_uneven
+from test_accumulation_check import (
+    accumulation_step,
+    no_division,
+    train_no_step_when_done,
+    train_uneven,
+)
+from test_buckets_check import Blocking, OverlappingDDP
+from test_ddp_check import average_hook, mean_loss, sum_hook, weighted_loss
 
-from course.checks import check_train_uneven, check_zero_matches_ddp, check_zero_memory
+from course.checks import accumulation as accumulation_check
+from course.checks import (
+    check_accumulation_syncs,
+    check_accumulation_values,
+    check_average_hook,
+    check_overlapping_ddp,
+    check_train_uneven,
+    check_weighted_loss,
+    check_zero_matches_ddp,
+    check_zero_memory,
+)
+from course.checks import ddp as ddp_check
+from course.checks import overlap as overlap_check
 from course.checks import uneven as uneven_check
 from course.checks import zero as zero_check
 from course.checks.compare import rank_generators
@@ -35,7 +55,9 @@ SEED = 424_242  # any seed but MODEL_SEED: the data's, which no rank may hold
 @pytest.fixture(autouse=True)
 def _sent_by_value() -> Iterator[None]:
     """Send this module and the model solution to the ranks by value, as a cell would be."""
-    modules = [sys.modules[__name__], halves_impls, sys.modules[train_uneven.__module__]]
+    modules = [sys.modules[__name__], halves_impls] + [
+        sys.modules[f.__module__] for f in (train_uneven, OverlappingDDP, average_hook)
+    ]
     for module in modules:
         cloudpickle.register_pickle_by_value(module)
     yield
@@ -92,7 +114,55 @@ def _recording_zero(where: str) -> type:
     return RecordingZero
 
 
-def _assert_own_batches_only(where: Path, batches: list[list], seed: int) -> None:
+def _recording_hook(where: str) -> Callable[..., Any]:
+    """The right averaging hook, which records what its rank reaches each time DDP calls it."""
+
+    def recording_hook(state, bucket):
+        _record(where, {(1 + r, 6) for r in range(3)})
+        return average_hook(state, bucket)
+
+    return recording_hook
+
+
+def _recording_loss(where: str, shapes: set[tuple[int, ...]]) -> Callable[..., Any]:
+    """The right weighted loss, which first records what its rank reaches."""
+
+    def record_and_weigh(loss_per_sample: torch.Tensor) -> torch.Tensor:
+        _record(where, shapes)
+        return weighted_loss(loss_per_sample)
+
+    return record_and_weigh
+
+
+def _recording_overlap(where: str) -> type:
+    """The model OverlappingDDP, which records what its rank reaches when it is built."""
+
+    class RecordingOverlap(OverlappingDDP):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            _record(where, {(8, 48)})
+
+    return RecordingOverlap
+
+
+def _recording_step(where: str) -> Callable[..., None]:
+    """The right accumulation step, which then records what its rank reaches."""
+
+    def step_and_record(ddp: Any, optimizer: Any, micro_batches: list) -> None:
+        accumulation_step(ddp, optimizer, micro_batches)
+        _record(where, {(3, 5), (3, 2)})
+
+    return step_and_record
+
+
+def _flat(nested: Any) -> list[torch.Tensor]:
+    """The tensors in ``nested``: a tensor, or lists and tuples of them at any depth."""
+    if isinstance(nested, torch.Tensor):
+        return [nested]
+    return [t for item in nested for t in _flat(item)]
+
+
+def _assert_own_batches_only(where: Path, batches: list, seed: int) -> None:
     """Rank r reached every tensor of ``batches[r]``, none of another rank's, and no seed of
     the data (``seed`` itself or a rank's generator seed)."""
     seeds = {seed} | {g.initial_seed() for g in rank_generators(seed, len(batches))}
@@ -102,8 +172,8 @@ def _assert_own_batches_only(where: Path, batches: list[list], seed: int) -> Non
         def reached(t: torch.Tensor, seen: dict = seen) -> bool:
             return any(s.shape == t.shape and torch.equal(s, t) for s in seen["tensors"])
 
-        assert all(reached(t) for pair in own for t in pair), f"rank {rank} lacks its batches"
-        others = [t for q, b in enumerate(batches) if q != rank for pair in b for t in pair]
+        assert all(map(reached, _flat(own))), f"rank {rank} lacks its batches"
+        others = _flat([b for q, b in enumerate(batches) if q != rank])
         assert not any(map(reached, others)), f"rank {rank} holds another rank's batches"
         assert not seeds & set(seen["ints"]), f"rank {rank} holds the data's seed"
 
@@ -136,11 +206,55 @@ def test_each_zero_memory_rank_is_sent_its_own_batches_only(
     _assert_own_batches_only(tmp_path, batches, SEED)
 
 
+def test_each_hook_rank_is_sent_its_own_batches_only(no_leftovers, tmp_path) -> None:
+    """A comm hook on 3 ranks: does each rank reach only its own batches, and pass?"""
+    assert "matches DDP" in check_average_hook(
+        _recording_hook(str(tmp_path)), world_sizes=(3,), seed=SEED
+    )
+    batches = ddp_check._hook_batches(3, SEED, 2)  # noqa: SLF001 - the checker's, again
+    _assert_own_batches_only(tmp_path, batches, SEED)
+
+
+def test_each_weighted_loss_rank_is_sent_its_own_samples_only(no_leftovers, tmp_path) -> None:
+    """A weighted loss on 3 ranks: does each rank reach only its own samples, and pass?"""
+    sizes = ddp_check._local_batch_sizes(3, SEED)  # noqa: SLF001 - the checker's, again
+    samples = ddp_check._weighted_data(sizes, SEED)  # noqa: SLF001 - the checker's, again
+    shapes = {tuple(t.shape) for t in _flat(samples)}
+    assert "pooled" in check_weighted_loss(
+        _recording_loss(str(tmp_path), shapes), world_sizes=(3,), seed=SEED
+    )
+    _assert_own_batches_only(tmp_path, samples, SEED)
+
+
+def test_each_overlap_rank_is_sent_its_own_batches_only(no_leftovers, tmp_path) -> None:
+    """OverlappingDDP on 3 ranks: does each rank reach only its own batches, and pass?"""
+    assert "overlapping" in check_overlapping_ddp(
+        _recording_overlap(str(tmp_path)), world_sizes=(3,), seed=SEED
+    )
+    batches = overlap_check._overlap_inputs(3, SEED, 2)  # noqa: SLF001 - the checker's, again
+    _assert_own_batches_only(tmp_path, batches, SEED)
+
+
+@pytest.mark.parametrize("check", [check_accumulation_values, check_accumulation_syncs])
+def test_each_accumulation_rank_is_sent_its_own_micro_batches_only(
+    no_leftovers, tmp_path, check
+) -> None:
+    """An accumulation step on 3 ranks: does each rank reach only its own micro-batches, and
+    pass?"""
+    assert "accumulation_step" in check(_recording_step(str(tmp_path)), world_sizes=(3,), seed=SEED)
+    micro = accumulation_check._micro_batches(3, 4, SEED)  # noqa: SLF001 - the checker's, again
+    _assert_own_batches_only(tmp_path, micro, SEED)
+
+
 @pytest.mark.parametrize(
     ("check", "wrong"),
     [
         (check_train_uneven, train_no_step_when_done),
         (check_zero_matches_ddp, halves_impls.SummingZero),
+        (check_average_hook, sum_hook),
+        (check_weighted_loss, mean_loss),
+        (check_overlapping_ddp, Blocking),
+        (check_accumulation_values, no_division),
     ],
 )
 def test_a_failure_replays_from_the_seed_it_prints(no_leftovers, check, wrong) -> None:
