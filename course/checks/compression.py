@@ -8,8 +8,9 @@ fixes SignSGD") adds what the last compression dropped to the next gradient befo
 compressing it. The check trains ``nn.Linear(8, 1)`` with SGD under DDP on 2 fresh ranks,
 once without a hook, once with ``fp16_compress_hook``, once with the student's hook (its
 ``state`` is a dict it may keep residuals in), with gradients of about 1e-8: below float16's
-smallest subnormal (6e-8), so plain fp16 sends zeros. The weights come back; the verdict is
-made here.
+smallest subnormal (6e-8), so plain fp16 sends zeros. Each rank's input is made here from a
+fresh seed, and each rank is sent its own only (the baselines train on the same inputs, on
+ranks of their own). The weights come back; the verdict is made here.
 """
 
 # No "from __future__ import annotations": the hook wrapper is handed to DDP, which
@@ -22,8 +23,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from course.checks.compare import fresh_seed, rank_generators
 from course.checks.ddp import on_ranks
 from course.checks.teaching import teaches
+from course.ranks import PerRank
 
 __all__ = ["check_error_feedback_hook", "runs"]
 
@@ -31,16 +34,29 @@ STEPS = 200
 TOLERANCE = 0.05  # of the fp32 run's displacement: one float16 quantum in 200 steps is ~1%
 
 
-def _train(hook: Any, scale: float, steps: int) -> torch.Tensor:
-    """On each rank: SGD on loss ``scale * (w . x)``, so every step's gradient is ``scale * x``."""
-    rank = dist.get_rank()
+def _inputs(seed: int, world_size: int = 2) -> list[torch.Tensor]:
+    """Every rank's x, made by the checker: 8 values between 1 and 2, times 1 to 2, so the
+    averaged gradients stay below float16's smallest subnormal, as in the notebook's run."""
+    return [
+        (1 + torch.rand(1, 8, generator=g)) * (1 + torch.rand(1, generator=g))
+        for g in rank_generators(seed, world_size)
+    ]
+
+
+def _train(hook: Any, scale: float, steps: int, x: torch.Tensor | None = None) -> torch.Tensor:
+    """On each rank: SGD on loss ``scale * (w . x)``, so every step's gradient is ``scale * x``.
+
+    ``x`` is this rank's input as the checker sent it; by default ``linspace(1, 2)`` times
+    ``1 + rank``.
+    """
+    if x is None:
+        x = torch.linspace(1.0, 2.0, 8).reshape(1, 8) * (1 + dist.get_rank())
     model = nn.Linear(8, 1, bias=False)
     nn.init.zeros_(model.weight)
     ddp = nn.parallel.DistributedDataParallel(model)
     if hook is not None:
         ddp.register_comm_hook({} if hook != "fp16" else dist.group.WORLD, _pick(hook))
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    x = torch.linspace(1.0, 2.0, 8).reshape(1, 8) * (1 + rank)
     for _ in range(steps):
         optimizer.zero_grad()
         (scale * ddp(x).sum()).backward()
@@ -61,25 +77,29 @@ def runs(hook: Any, scale: float = 1e-8, steps: int = STEPS) -> dict[str, torch.
     return baselines(scale, steps) | {"yours": _train(hook, scale, steps)}
 
 
-def baselines(scale: float = 1e-8, steps: int = STEPS) -> dict[str, torch.Tensor]:
+def baselines(
+    scale: float = 1e-8, steps: int = STEPS, x: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     """On each rank: the weights after training without a hook, and with plain fp16."""
-    return {"fp32": _train(None, scale, steps), "fp16": _train("fp16", scale, steps)}
+    return {"fp32": _train(None, scale, steps, x), "fp16": _train("fp16", scale, steps, x)}
 
 
-def _yours(hook: Any, scale: float, steps: int) -> dict[str, torch.Tensor]:
-    return {"yours": _train(hook, scale, steps)}
+def _yours(hook: Any, scale: float, steps: int, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"yours": _train(hook, scale, steps, x)}
 
 
 @teaches
-def check_error_feedback_hook(hook: Any, scale: float = 1e-8) -> str:
+def check_error_feedback_hook(hook: Any, scale: float = 1e-8, seed: int | None = None) -> str:
     """The student's hook trains within TOLERANCE of fp32, at gradients plain fp16 loses."""
     if not callable(hook):
         raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
             f"expected your ef_fp16_hook function, got {type(hook).__name__}"
         )
+    seed = fresh_seed(seed)
+    xs = PerRank(_inputs(seed))
     # The baselines on ranks of their own, which never see the student's code.
-    base = on_ranks("the fp32 and fp16 baselines", baselines, 2, scale, STEPS)
-    results = on_ranks("ef_fp16_hook", _yours, 2, hook, scale, STEPS)
+    base = on_ranks("the fp32 and fp16 baselines", baselines, 2, scale, STEPS, xs)
+    results = on_ranks("ef_fp16_hook", _yours, 2, hook, scale, STEPS, xs)
     for rank, run in enumerate(r | b for r, b in zip(results, base, strict=True)):
         moved = run["fp32"].abs().max().item()
         err = (run["yours"] - run["fp32"]).abs().max().item() / moved
@@ -93,8 +113,9 @@ def check_error_feedback_hook(hook: Any, scale: float = 1e-8) -> str:
                 "future's value the average over ranks (the sum / world_size) as float32"
             )
             raise AssertionError(
-                f"on rank {rank}, after {STEPS} SGD steps with gradients of about {scale:g}, "
-                f"your weights differ from fp32 training by {err:.1%} of how far fp32 moved them "
+                f"on rank {rank} (seed {seed}), after {STEPS} SGD steps with gradients of "
+                f"about {scale:g}, your weights differ from fp32 training by {err:.1%} of how "
+                "far fp32 moved them "
                 f"(tolerance {TOLERANCE:.0%}; plain fp16 compression: {plain:.0%}): {hint}."
             )
     return (

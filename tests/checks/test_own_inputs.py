@@ -1,5 +1,5 @@
 """Is each rank a check starts (uneven data, ZeRO, comm hook, weighted loss, overlap,
-accumulation) sent its own inputs only?
+accumulation, error feedback) sent its own inputs only?
 
 A recording stand-in for the student's code runs the right answer, then saves what it can
 reach on its rank: every tensor alive there and every int its callers hold. The checker's
@@ -35,12 +35,14 @@ from course.checks import (
     check_accumulation_syncs,
     check_accumulation_values,
     check_average_hook,
+    check_error_feedback_hook,
     check_overlapping_ddp,
     check_train_uneven,
     check_weighted_loss,
     check_zero_matches_ddp,
     check_zero_memory,
 )
+from course.checks import compression as compression_check
 from course.checks import ddp as ddp_check
 from course.checks import overlap as overlap_check
 from course.checks import uneven as uneven_check
@@ -122,6 +124,20 @@ def _recording_hook(where: str) -> Callable[..., Any]:
         return average_hook(state, bucket)
 
     return recording_hook
+
+
+def _recording_ef_hook(where: str) -> Callable[..., Any]:
+    """The model error-feedback hook, which records what its rank reaches the first time DDP
+    calls it (of 200)."""
+    recorded: list[bool] = []
+
+    def recording_ef_hook(state, bucket):
+        if not recorded:
+            _record(where, {(1, 8)})
+            recorded.append(True)
+        return halves_impls.ef_fp16_hook(state, bucket)
+
+    return recording_ef_hook
 
 
 def _recording_loss(where: str, shapes: set[tuple[int, ...]]) -> Callable[..., Any]:
@@ -264,4 +280,21 @@ def test_a_failure_replays_from_the_seed_it_prints(no_leftovers, check, wrong) -
     seed = int(re.search(r"seed (\d+)", str(first.value))[1])
     with pytest.raises(AssertionError) as again:
         check(wrong, world_sizes=(2,), seed=seed)
+    assert str(again.value) == str(first.value)
+
+
+def test_each_error_feedback_rank_is_sent_its_own_input_only(no_leftovers, tmp_path) -> None:
+    """An error-feedback hook on 2 ranks: does each rank reach only its own input, and pass?"""
+    assert "within 5%" in check_error_feedback_hook(_recording_ef_hook(str(tmp_path)), seed=SEED)
+    xs = compression_check._inputs(SEED)  # noqa: SLF001 - the checker's, again
+    _assert_own_batches_only(tmp_path, xs, SEED)
+
+
+def test_an_error_feedback_failure_replays_from_its_seed(no_leftovers) -> None:
+    """Does plain fp16 fail the error-feedback check again, alike, given the seed it prints?"""
+    with pytest.raises(AssertionError) as first:
+        check_error_feedback_hook(halves_impls.fp16_no_feedback)
+    seed = int(re.search(r"seed (\d+)", str(first.value))[1])
+    with pytest.raises(AssertionError) as again:
+        check_error_feedback_hook(halves_impls.fp16_no_feedback, seed=seed)
     assert str(again.value) == str(first.value)
