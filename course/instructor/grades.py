@@ -17,7 +17,6 @@ __all__ = [
     "format_grades",
     "grade_rows",
     "near_copies",
-    "totals",
 ]
 
 
@@ -45,12 +44,6 @@ def grade_rows(root: Path) -> list[GradeRow]:
                             GradeRow(sub.student.id, assignment.name, g.name, score, g.max_score)
                         )
     return sorted(rows, key=lambda r: (r.assignment, r.student))
-
-
-def totals(root: Path, assignment: str, student: str) -> tuple[float, float]:
-    """A student's points and the points possible on one assignment."""
-    mine = [r for r in grade_rows(root) if (r.assignment, r.student) == (assignment, student)]
-    return sum(r.score for r in mine), sum(r.max_score for r in mine)
 
 
 def near_copies(root: Path) -> dict[tuple[str, str], list[str]]:

@@ -115,7 +115,7 @@ def _run(root: Path, scratch: Path, assignment: str, student: str, timeout: floa
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # nbgrader and its kernel; the uid's go later
+            os.killpg(proc.pid, signal.SIGKILL)  # nbgrader (no kernel); the uid's go later
             proc.wait()
             raise TimeoutError(
                 f"autograde took longer than {timeout:.0f} s and was stopped"
