@@ -194,22 +194,52 @@ def _assert_own_batches_only(where: Path, batches: list, seed: int) -> None:
         assert not seeds & set(seen["ints"]), f"rank {rank} holds the data's seed"
 
 
-def test_each_uneven_rank_is_sent_its_own_batches_only(no_leftovers, tmp_path) -> None:
-    """On 3 ranks with 7, 5 and 3 batches: does each rank reach only its own, and pass?"""
-    assert "without Join" in check_train_uneven(
-        _recording_loop(str(tmp_path)), world_sizes=(3,), seed=SEED
-    )
-    batches = uneven_check._rank_batches([7, 5, 3], SEED)  # noqa: SLF001 - the checker's, again
-    _assert_own_batches_only(tmp_path, batches, SEED)
+# A check of 3 ranks, the right answer that records what its rank reaches, what the check
+# says when it passes, and the inputs the checker made for each rank, made again from SEED.
+SENT_OWN = {
+    "uneven": (
+        check_train_uneven,
+        _recording_loop,
+        "without Join",
+        lambda: uneven_check._rank_batches([7, 5, 3], SEED),  # noqa: SLF001 - the checker's
+    ),
+    "zero": (
+        check_zero_matches_ddp,
+        _recording_zero,
+        "matches DDP",
+        lambda: zero_check._rank_batches(3, zero_check.STEPS, SEED),  # noqa: SLF001 - the checker's
+    ),
+    "hook": (
+        check_average_hook,
+        _recording_hook,
+        "matches DDP",
+        lambda: ddp_check._hook_batches(3, SEED, 2),  # noqa: SLF001 - the checker's
+    ),
+    "overlap": (
+        check_overlapping_ddp,
+        _recording_overlap,
+        "overlapping",
+        lambda: overlap_check._overlap_inputs(3, SEED, 2),  # noqa: SLF001 - the checker's
+    ),
+    **{
+        f"accumulation {check.__name__.rsplit('_', 1)[1]}": (
+            check,
+            _recording_step,
+            "accumulation_step",
+            lambda: accumulation_check._micro_batches(3, 4, SEED),  # noqa: SLF001 - the checker's
+        )
+        for check in (check_accumulation_values, check_accumulation_syncs)
+    },
+}
 
 
-def test_each_zero_rank_is_sent_its_own_batches_only(no_leftovers, tmp_path) -> None:
-    """Training against DDP on 3 ranks: does each rank reach only its own batches, and pass?"""
-    assert "matches DDP" in check_zero_matches_ddp(
-        _recording_zero(str(tmp_path)), world_sizes=(3,), seed=SEED
-    )
-    batches = zero_check._rank_batches(3, zero_check.STEPS, SEED)  # noqa: SLF001 - the checker's, again
-    _assert_own_batches_only(tmp_path, batches, SEED)
+@pytest.mark.parametrize("name", list(SENT_OWN))
+def test_each_rank_is_sent_its_own_inputs_only(no_leftovers, tmp_path, name: str) -> None:
+    """On 3 ranks (uneven data: 7, 5 and 3 batches): does each rank reach only its own
+    inputs, and does the right answer pass?"""
+    check, recording, passed, made = SENT_OWN[name]
+    assert passed in check(recording(str(tmp_path)), world_sizes=(3,), seed=SEED)
+    _assert_own_batches_only(tmp_path, made(), SEED)
 
 
 def test_each_zero_memory_rank_is_sent_its_own_batches_only(
@@ -222,15 +252,6 @@ def test_each_zero_memory_rank_is_sent_its_own_batches_only(
     _assert_own_batches_only(tmp_path, batches, SEED)
 
 
-def test_each_hook_rank_is_sent_its_own_batches_only(no_leftovers, tmp_path) -> None:
-    """A comm hook on 3 ranks: does each rank reach only its own batches, and pass?"""
-    assert "matches DDP" in check_average_hook(
-        _recording_hook(str(tmp_path)), world_sizes=(3,), seed=SEED
-    )
-    batches = ddp_check._hook_batches(3, SEED, 2)  # noqa: SLF001 - the checker's, again
-    _assert_own_batches_only(tmp_path, batches, SEED)
-
-
 def test_each_weighted_loss_rank_is_sent_its_own_samples_only(no_leftovers, tmp_path) -> None:
     """A weighted loss on 3 ranks: does each rank reach only its own samples, and pass?"""
     sizes = ddp_check._local_batch_sizes(3, SEED)  # noqa: SLF001 - the checker's, again
@@ -240,26 +261,6 @@ def test_each_weighted_loss_rank_is_sent_its_own_samples_only(no_leftovers, tmp_
         _recording_loss(str(tmp_path), shapes), world_sizes=(3,), seed=SEED
     )
     _assert_own_batches_only(tmp_path, samples, SEED)
-
-
-def test_each_overlap_rank_is_sent_its_own_batches_only(no_leftovers, tmp_path) -> None:
-    """OverlappingDDP on 3 ranks: does each rank reach only its own batches, and pass?"""
-    assert "overlapping" in check_overlapping_ddp(
-        _recording_overlap(str(tmp_path)), world_sizes=(3,), seed=SEED
-    )
-    batches = overlap_check._overlap_inputs(3, SEED, 2)  # noqa: SLF001 - the checker's, again
-    _assert_own_batches_only(tmp_path, batches, SEED)
-
-
-@pytest.mark.parametrize("check", [check_accumulation_values, check_accumulation_syncs])
-def test_each_accumulation_rank_is_sent_its_own_micro_batches_only(
-    no_leftovers, tmp_path, check
-) -> None:
-    """An accumulation step on 3 ranks: does each rank reach only its own micro-batches, and
-    pass?"""
-    assert "accumulation_step" in check(_recording_step(str(tmp_path)), world_sizes=(3,), seed=SEED)
-    micro = accumulation_check._micro_batches(3, 4, SEED)  # noqa: SLF001 - the checker's, again
-    _assert_own_batches_only(tmp_path, micro, SEED)
 
 
 @pytest.mark.parametrize(
