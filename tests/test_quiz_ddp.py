@@ -39,6 +39,7 @@ def sum_hook_runs(lr: float) -> dict[str, list[float]]:
         "default": ddp.train(lr),
         "sum": ddp.train(lr, ddp.sum_hook),
         "sum_lr_over_n": ddp.train(lr / n, ddp.sum_hook),
+        "default_lr_times_n": ddp.train(lr * n),
     }
 
 
@@ -50,11 +51,13 @@ def test_ddp_2_sum_hook_symptom(run_ranks) -> None:
     r = ranks[0]
     four_times = [x["grad_sum"] == pytest.approx([n * g for g in x["grad_default"]]) for x in ranks]
     options = {
-        "a": r["sum"] == pytest.approx(r["default"], rel=1e-3),
+        "a": r["grad_sum"] == pytest.approx(r["grad_default"])
+        or r["sum"] == pytest.approx(r["default"], rel=1e-3),
         "b": r["grad_sum"] == pytest.approx([g / n for g in r["grad_default"]]),
         "c": four_times[0] and not all(four_times[1:]),
         "d": all(four_times)
         and r["sum_lr_over_n"] == pytest.approx(r["default"], rel=1e-4)
+        and r["default_lr_times_n"] == pytest.approx(r["sum"], rel=1e-4)
         and r["sum"][-1] > 1e3 * r["default"][-1],
     }
     assert supported(options) == KEYS["ddp_2"]
@@ -77,6 +80,16 @@ def test_ddp_3_uneven_batches(run_ranks) -> None:
         and grad != pytest.approx(pooled, rel=1e-2),
     }
     assert supported(options) == KEYS["ddp_3"]
+
+
+def test_ddp_1_scales_before_the_sum(run_ranks) -> None:
+    """Does DDP multiply by 1/N before its SUM all-reduce (what ddp_1's explanation says):
+    on 3 ranks .grad equals all_reduce(g * (1/3)) in every element, and all_reduce(g) / 3
+    differs from it in 12,080 of 20,000, while on 2 and 4 ranks both orders agree?"""
+    three = run_ranks(ddp.scaling_order, 3)
+    assert all(r["scale_then_sum"] == 0 and r["sum_then_divide"] == 12_080 for r in three)
+    for n in (2, 4):
+        assert all(r["scale_then_sum"] == r["sum_then_divide"] == 0 for r in run_ranks(ddp.scaling_order, n))
 
 
 def test_ddp_4_construction_broadcast(run_ranks) -> None:

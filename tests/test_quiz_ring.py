@@ -71,3 +71,17 @@ def test_ring_3_blocking_send_first() -> None:
     assert supported(options) == KEYS["ring_3"]
     assert launch(p2p.isend_then_recv, 3, 1, timeout=5).ok  # the fix the explanation gives
     assert launch(p2p.parity_ordered, 3, 1, timeout=5).ok
+
+
+def test_ring_1_and_2_hold_for_gloo_s_own_all_reduce() -> None:
+    """Does gloo's dist.all_reduce (what the notebook measures on the wire) send 2(N-1) chunks
+    of 1/N per rank, and so 14 MB of an 8 MB tensor on 8 ranks?"""
+    from course.experiments.ring import allreduce_traffic
+    from course.ranks import run
+
+    numel = 2**18
+    for n in (2, 3, 5):
+        chunks = [b / (numel * 4 / n) for b in run(allreduce_traffic, n, numel)]
+        assert all(2 * (n - 1) <= c < 2 * (n - 1) * 1.01 for c in chunks), (n, chunks)
+    sent = run(allreduce_traffic, 8, 2_000_000)
+    assert all(14e6 <= b < 14e6 * 1.01 for b in sent), sent

@@ -16,7 +16,7 @@ from course.checks.answers import check_answer
 from course.checks.buckets import check_bucketed_allreduce
 from course.checks.calls import check_returns
 from course.checks.compression import check_error_feedback_hook
-from course.checks.ddp import check_average_hook, check_weighted_loss
+from course.checks.ddp import check_reduce_hook, check_weighted_loss
 from course.checks.halves import check_all_gather, check_halves_pattern, check_reduce_scatter
 from course.checks.overlap import check_overlapping_ddp
 from course.checks.ring import check_ring_allreduce, check_ring_pattern, check_ring_sums
@@ -28,7 +28,7 @@ __all__ = [
     "check_accumulation_values",
     "check_all_gather",
     "check_answer",
-    "check_average_hook",
+    "check_reduce_hook",
     "check_bucketed_allreduce",
     "check_error_feedback_hook",
     "check_halves_pattern",

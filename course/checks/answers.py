@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import textwrap
+from collections.abc import Sequence
 
 from course.checks.teaching import teaches
 
@@ -66,12 +67,15 @@ def check_answer(
     choices: str = "abcd",
     key: str | None = None,
     explanation: str | None = None,
+    giveaways: Sequence[str] = (),  # noqa: ARG001 - read by the authoring tests, not here
 ) -> None:
     """Check the answer's format and, given the ``key``, that it is right.
 
     A right answer prints the explanation; a wrong one raises ``AssertionError`` whose
     message carries it, so nbgrader's feedback shows why. Nothing is returned: a grade cell
-    whose last value is a number would count as partial credit in nbgrader.
+    whose last value is a number would count as partial credit in nbgrader. ``giveaways``,
+    beside the key in the hidden part, are the patterns that would hand the key over if a
+    student could read them anywhere else (``course.instructor.bank``); checking ignores them.
     """
     text = answer_verdict(name, value, choices, key, explanation)
     if text:

@@ -3,9 +3,9 @@
 The checks record every all-reduce the student's code makes on each rank with the course's
 one interception layer (``course.ring.recorder``: size, ``async_op``, when, however it was
 imported), compare the gradients with the average over ranks of each rank's own gradient
-(what DDP gives), and compare the calls with the bucket rule of
-:func:`course.experiments.buckets.bucket_assignment` (the rule the question states). The
-overlap exercise is ``course.checks.overlap``.
+(what DDP gives), and compare the calls with DDP's own bucket rule, :func:`ddp_bucket_rule`
+(torch's reducer function, called directly: the oracle is PyTorch itself). The overlap
+exercise is ``course.checks.overlap``.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from course.checks.compare import (
 )
 from course.checks.ddp import on_ranks
 from course.checks.teaching import teaches, user_traceback
-from course.experiments.buckets import MB, bucket_assignment
+from course.experiments.buckets import MB
 from course.ranks import PerRank
 from course.ring.recorder import Recorder
 
-__all__ = ["all_reduces", "check_bucketed_allreduce"]
+__all__ = ["all_reduces", "check_bucketed_allreduce", "ddp_bucket_rule"]
 
 # (shapes, dtype, bucket_cap_mb): tensors of 4-byte floats, caps of a few tensors each
 VISIBLE_CASES: list[tuple[list[tuple[int, ...]], str, float]] = [
@@ -42,6 +42,29 @@ HIDDEN_CASES: list[tuple[list[tuple[int, ...]], str, float]] = [
     ([(100,), (200,), (300,)], "float32", 25.0),  # everything in one bucket
     ([(1500,), (700,), (3, 4, 5), (2600,)], "float64", 0.01),
 ]
+
+
+def ddp_bucket_rule(
+    nbytes: Sequence[int], bucket_cap_mb: float, first_bucket_mb: float | None = None
+) -> list[list[int]]:
+    """DDP's buckets for tensors of these sizes (in registration order), as index lists.
+
+    The rule of DDP's reducer from the second step on, asked of torch itself
+    (``dist._compute_bucket_assignment_by_size``, which ``DistributedDataParallel`` calls):
+    tensors in the order backward produces them, last first; ``first_bucket_mb`` caps the
+    first bucket alone, as DDP does (``dist._DEFAULT_FIRST_BUCKET_BYTES``) when
+    ``bucket_cap_mb`` is left at its default.
+    """
+    if bucket_cap_mb <= 0:
+        raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+    order = list(reversed(range(len(nbytes))))
+    tensors = [torch.empty(nbytes[i], dtype=torch.uint8) for i in order]
+    limits = [int(bucket_cap_mb * MB)]
+    if first_bucket_mb is not None:
+        limits.insert(0, int(first_bucket_mb * MB))
+    rule = dist._compute_bucket_assignment_by_size  # noqa: SLF001 - DDP's own rule
+    buckets, _ = rule(tensors, limits, [False] * len(order), order)
+    return [list(b) for b in buckets]
 
 
 def all_reduces(recorder: Recorder) -> list[dict[str, Any]]:
@@ -159,7 +182,7 @@ def _check_calls(
     calls: list[int], shapes: list[tuple[int, ...]], itemsize: int, cap: float, where: str
 ) -> None:
     numels = [int(torch.Size(s).numel()) for s in shapes]
-    buckets = bucket_assignment([n * itemsize for n in numels], cap)
+    buckets = ddp_bucket_rule([n * itemsize for n in numels], cap)
     want = [sum(numels[i] for i in b) for b in buckets]
     if calls == want:
         return

@@ -35,7 +35,7 @@ from course.checks.hooks import guard_hook, hook_signature_problem
 from course.checks.teaching import teaches, user_traceback
 from course.ranks import PerRank
 
-__all__ = ["check_average_hook", "check_weighted_loss"]
+__all__ = ["check_reduce_hook", "check_weighted_loss"]
 
 TIMEOUT = 30.0  # seconds per launch; DDP's first construction on a rank imports torch._dynamo
 
@@ -93,14 +93,14 @@ def _hook_oracle(batches: list[list[torch.Tensor]]) -> list[list[dict[str, list]
 
 
 @teaches
-def check_average_hook(
-    average_hook: Callable[..., Any], world_sizes: Sequence[int] = (2, 3), seed: int | None = None
+def check_reduce_hook(
+    reduce_hook: Callable[..., Any], world_sizes: Sequence[int] = (2, 3), seed: int | None = None
 ) -> str:
     """Check a comm hook on fresh ranks: .grad must equal what DDP's default gives."""
     for world_size in world_sizes:
         s = fresh_seed(seed)
         batches = _hook_batches(world_size, s, 2)
-        results = on_ranks("average_hook", _hook_trial, world_size, average_hook, PerRank(batches))
+        results = on_ranks("reduce_hook", _hook_trial, world_size, reduce_hook, PerRank(batches))
         if results[0].get("signature"):
             raise AssertionError(results[0]["signature"])
         for r in results:
@@ -110,7 +110,7 @@ def check_average_hook(
         for rank, r in enumerate(results):
             for step, got in enumerate(r["steps"]):
                 _diagnose_hook(got, oracle[rank][step], rank, world_size, step, s)
-    return f"average_hook matches DDP's averaged gradients on {list(world_sizes)} ranks."
+    return f"reduce_hook matches DDP's averaged gradients on {list(world_sizes)} ranks."
 
 
 def _diagnose_hook(

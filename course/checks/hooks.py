@@ -24,20 +24,20 @@ __all__ = ["guard_hook", "hook_signature_problem"]
 def hook_signature_problem(hook: Any) -> str | None:
     """What DDP.register_comm_hook would reject in the hook's signature, said plainly."""
     if not callable(hook):
-        return f"average_hook should be a function, but it is {type(hook).__name__}."
+        return f"reduce_hook should be a function, but it is {type(hook).__name__}."
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     if hook is default_hooks.allreduce_hook:
-        return "that is PyTorch's own allreduce_hook: write your own average_hook above."
+        return "that is PyTorch's own allreduce_hook: write your own reduce_hook above."
     try:
         params = inspect.signature(hook).parameters
     except (TypeError, ValueError):
         return None
     if list(params)[:2] != ["state", "bucket"]:
         return (
-            f"average_hook's parameters are {list(params)}; DDP calls hook(state, bucket) and "
+            f"reduce_hook's parameters are {list(params)}; DDP calls hook(state, bucket) and "
             "looks the second one up by its name, so define it as "
-            "def average_hook(state, bucket: dist.GradBucket)."
+            "def reduce_hook(state, bucket: dist.GradBucket)."
         )
     note = params["bucket"].annotation
     if note not in (inspect.Parameter.empty, dist.GradBucket):
@@ -54,7 +54,7 @@ def guard_hook(hook: Any, problems: list[str]) -> Any:
         fut = hook(state, bucket)  # an exception here fails the rank with the student's traceback
         if not isinstance(fut, torch._C.Future):  # noqa: SLF001 - work.get_future() gives the C++ base class
             problems.append(
-                f"average_hook returned {type(fut).__name__}, not a torch.futures.Future. "
+                f"reduce_hook returned {type(fut).__name__}, not a torch.futures.Future. "
                 "Return the future of the all-reduce: dist.all_reduce(..., async_op=True)"
                 ".get_future(), then .then(...) to turn its value into one tensor."
             )
@@ -67,12 +67,12 @@ def guard_hook(hook: Any, problems: list[str]) -> Any:
                 text = user_traceback(exc)
                 hint = teaching.hint_for(text)
                 problems.append(
-                    f"average_hook's future failed{': ' + hint if hint else ''}\n{text}"
+                    f"reduce_hook's future failed{': ' + hint if hint else ''}\n{text}"
                 )
                 return local
             if isinstance(v, list | tuple):
                 problems.append(
-                    "average_hook's future holds a list of tensors (that is what "
+                    "reduce_hook's future holds a list of tensors (that is what "
                     "work.get_future() gives); DDP needs a future of ONE tensor. Return "
                     "fut.then(lambda f: f.value()[0]) instead."
                 )
@@ -81,7 +81,7 @@ def guard_hook(hook: Any, problems: list[str]) -> Any:
                 is_tensor = isinstance(v, torch.Tensor)
                 what = f"shape {tuple(v.shape)}" if is_tensor else type(v).__name__
                 problems.append(
-                    f"average_hook's future holds a {what}, but DDP needs a tensor shaped like "
+                    f"reduce_hook's future holds a {what}, but DDP needs a tensor shaped like "
                     f"bucket.buffer(), {tuple(shape)}."
                 )
                 return local

@@ -6,7 +6,7 @@ Each rank trains through the student's wrapper on its own batches, made here fro
 course's recorder (``course.ring.recorder``) times every all-reduce against the gradients
 becoming ready. The gradients are compared with DDP's, the average over ranks of each rank's own
 gradient, computed here; the calls with the bucket rule of
-:func:`course.experiments.buckets.bucket_assignment`.
+:func:`course.checks.buckets.ddp_bucket_rule`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course.checks.buckets import all_reduces
+from course.checks.buckets import all_reduces, ddp_bucket_rule
 from course.checks.compare import (
     MODEL_SEED,
     close,
@@ -32,7 +32,6 @@ from course.checks.compare import (
 )
 from course.checks.ddp import on_ranks
 from course.checks.teaching import teaches, user_traceback
-from course.experiments.buckets import bucket_assignment
 from course.ranks import PerRank
 from course.ring.recorder import Recorder
 
@@ -109,7 +108,7 @@ def check_overlapping_ddp(
         args = (OverlappingDDP, bucket_cap_mb, PerRank(inputs))
         results = on_ranks("OverlappingDDP", _overlap_trial, world_size, *args)
         expected = _expected(inputs)
-        buckets = bucket_assignment(_nbytes(), bucket_cap_mb)
+        buckets = ddp_bucket_rule(_nbytes(), bucket_cap_mb)
         for rank, r in enumerate(results):
             where = f"rank {rank} of {world_size} (bucket_cap_mb={bucket_cap_mb}, seed {s})"
             if r["problem"]:

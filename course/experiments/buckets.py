@@ -1,10 +1,8 @@
 """Gradient buckets and overlap: why DDP packs gradients, and when their all-reduces start.
 
-The pure core is :func:`bucket_assignment`, the rule DDP's reducer uses
-(``compute_bucket_assignment_by_size`` in ``torch/csrc/distributed/c10d/reducer.cpp``): walk the
-parameters in the order backward produces their gradients (reverse registration order) and
-close a bucket as soon as it holds at least the cap. The rest are experiments that run on
-every rank of an initialised gloo process group and return plain data::
+Experiments that run on every rank of an initialised gloo process group and return plain
+data; DDP's own buckets are observed through a comm hook that reduces exactly as DDP's default
+does (torch's ``allreduce_hook``) and records what it saw::
 
     torchrun --nproc-per-node 2 -m course.experiments.buckets
 
@@ -23,13 +21,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 __all__ = [
     "MB",
     "allreduce_timing",
-    "bucket_assignment",
     "ddp_buckets",
+    "grad_storage",
     "many_params_model",
     "overlap_timeline",
     "timeline_figure",
@@ -38,37 +37,15 @@ __all__ = [
 MB = 1024 * 1024  # DDP's bucket_cap_mb counts mebibytes
 
 
-def bucket_assignment(
-    nbytes: Sequence[int], bucket_cap_mb: float, first_bucket_mb: float | None = None
-) -> list[list[int]]:
-    """Group tensor indices into buckets, last tensor first; a bucket closes at >= the cap.
-
-    ``first_bucket_mb`` caps the first bucket alone, as DDP does (1 MiB,
-    ``dist._DEFAULT_FIRST_BUCKET_BYTES``) when ``bucket_cap_mb`` is left at its default.
-    """
-    if bucket_cap_mb <= 0:
-        raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    size = 0
-    for i in reversed(range(len(nbytes))):
-        current.append(i)
-        size += nbytes[i]
-        cap = first_bucket_mb if (first_bucket_mb is not None and not buckets) else bucket_cap_mb
-        if size >= cap * MB:
-            buckets.append(current)
-            current, size = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
-
-
-def many_params_model(layers: int = 8, width: int = 256, seed: int = 0) -> nn.Sequential:
-    """A stack of ``layers`` Linear(width, width) layers with ReLU: 2 * layers parameters."""
+def many_params_model(
+    layers: int = 8, width: int = 256, seed: int = 0, bias: bool = True
+) -> nn.Sequential:
+    """A stack of ``layers`` Linear(width, width) layers with ReLU: 2 * layers parameters
+    (``layers`` without the biases)."""
     torch.manual_seed(seed)
     mods: list[nn.Module] = []
     for _ in range(layers):
-        mods += [nn.Linear(width, width), nn.ReLU()]
+        mods += [nn.Linear(width, width, bias=bias), nn.ReLU()]
     return nn.Sequential(*mods[:-1])
 
 
@@ -77,16 +54,17 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def allreduce_timing(
-    params: int = 200, numel: int = 1000, bucket_cap_mb: float = 25.0, repeats: int = 5
+    params: int = 200, numel: int = 1000, buckets: Sequence[int] = (1, 8, 50, 200), repeats: int = 5
 ) -> dict[str, Any]:
-    """Time one all-reduce per gradient against one per bucket, for ``params`` small tensors.
+    """Time averaging ``params`` gradients of ``numel`` floats in 1, 8, ... all-reduce calls.
 
-    Like DDP, the bucket buffers are allocated once up front; the copy of each gradient into
-    its bucket (which DDP does as gradients become ready) is left out of the timing.
+    The same bytes every time, packed into ``b`` equal flat buffers for ``b`` calls (``b =
+    params``: one call per gradient). Like DDP, the buffers are allocated once up front; the
+    copy of each gradient into its buffer (which DDP does as gradients become ready) is left
+    out of the timing. The median of ``repeats`` runs, per bucket count.
     """
     grads = [torch.randn(numel) for _ in range(params)]
-    buckets = bucket_assignment([_nbytes(g) for g in grads], bucket_cap_mb)
-    flats = [torch.cat([grads[i] for i in b]) for b in buckets]  # same values, packed
+    world_size = dist.get_world_size()
 
     def timed(tensors: list[torch.Tensor]) -> float:
         dist.barrier()
@@ -95,24 +73,50 @@ def allreduce_timing(
             dist.all_reduce(t)
         return time.perf_counter() - start
 
-    per_param = statistics.median(timed(grads) for _ in range(repeats))
-    bucketed = statistics.median(timed(flats) for _ in range(repeats))
-    unpacked = {}
-    for bucket, flat in zip(buckets, flats, strict=True):
-        unpacked |= dict(zip(bucket, flat.split(numel), strict=True))
-    same = all(torch.allclose(g, unpacked[i], rtol=1e-5) for i, g in enumerate(grads))
+    rows, averaged = [], []
+    for b in buckets:
+        flats = [torch.cat(grads[i::b]) for i in range(b)] if b < params else list(grads)
+        flats = [f.clone() for f in flats]
+        seconds = statistics.median(timed([f.clone() for f in flats]) for _ in range(repeats))
+        for f in flats:
+            dist.all_reduce(f)
+        averaged.append(torch.sort(torch.cat(flats) / world_size).values)
+        rows.append({"calls": len(flats), "seconds": seconds})
+    same = all(torch.allclose(a, averaged[0], rtol=1e-5) for a in averaged)
+    return {"params": params, "nbytes": sum(_nbytes(g) for g in grads), "rows": rows, "same": same}
+
+
+def grad_storage(gradient_as_bucket_view: bool = False, layers: int = 4, width: int = 256) -> dict:
+    """Where DDP keeps the gradients: its bucket buffers' bytes, and whether ``.grad`` lies
+    inside them (``gradient_as_bucket_view=True``) or is a tensor of its own."""
+    model = many_params_model(layers, width)
+    ddp = DDP(model, gradient_as_bucket_view=gradient_as_bucket_view)
+    spans: list[tuple[int, int]] = []
+
+    def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buffer = bucket.buffer()
+        spans.append((buffer.data_ptr(), buffer.data_ptr() + _nbytes(buffer)))
+        return allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(None, hook)
+    for _ in range(2):  # the second step runs on the rebuilt buckets
+        spans.clear()
+        ddp.zero_grad()
+        ddp(torch.randn(4, width)).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    inside = [any(lo <= g.data_ptr() < hi for lo, hi in spans) for g in grads]
     return {
-        "params": params,
-        "nbytes": sum(_nbytes(g) for g in grads),
-        "per_param": {"calls": len(grads), "seconds": per_param},
-        "bucketed": {"calls": len(flats), "seconds": bucketed, "bucket_cap_mb": bucket_cap_mb},
-        "same_result": same,
+        "gradient_as_bucket_view": gradient_as_bucket_view,
+        "bucket_bytes": sum(hi - lo for lo, hi in spans),
+        "grad_bytes": sum(_nbytes(g) for g in grads),
+        "grads_in_buckets": sum(inside),
+        "params": len(grads),
     }
 
 
 def _recording_hook(log: list[dict[str, Any]], index: dict[int, int], t0: list[float]) -> Any:
-    """A comm hook that averages like DDP's default and logs each bucket's start and finish."""
-    world_size = dist.get_world_size()
+    """DDP's default reduction (torch's ``allreduce_hook``), logging each bucket's start and
+    finish."""
 
     def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:  # noqa: ARG001 - DDP's comm hook signature
         entry = {
@@ -122,28 +126,32 @@ def _recording_hook(log: list[dict[str, Any]], index: dict[int, int], t0: list[f
             "start": time.perf_counter() - t0[0],
         }
         log.append(entry)
-        work = dist.all_reduce(bucket.buffer(), async_op=True)
 
         def done(fut: torch.futures.Future) -> torch.Tensor:
             entry["done"] = time.perf_counter() - t0[0]
-            return fut.value()[0].div_(world_size)
+            return fut.value()
 
-        return work.get_future().then(done)
+        return allreduce_hook(state, bucket).then(done)
 
     return hook
 
 
 def ddp_buckets(
-    bucket_cap_mb: float | None = None, iterations: int = 3, layers: int = 8, width: int = 256
+    bucket_cap_mb: float | None = None,
+    iterations: int = 3,
+    layers: int = 8,
+    width: int = 256,
+    bias: bool = True,
+    **ddp_options: bool,
 ) -> list[list[dict[str, Any]]]:
     """DDP's buckets, as its comm hook sees them, in each of the first ``iterations`` steps.
 
     Each bucket is ``{"bucket", "nbytes", "params", "start", "done"}``; ``params`` are indices
     in ``model.parameters()`` (registration) order; times are seconds from backward's start.
     """
-    model = many_params_model(layers, width)
+    model = many_params_model(layers, width, bias=bias)
     kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
-    ddp = DDP(model, **kwargs)
+    ddp = DDP(model, **kwargs, **ddp_options)
     log: list[dict[str, Any]] = []
     t0 = [0.0]
     ddp.register_comm_hook(None, _recording_hook(log, _param_index(model), t0))

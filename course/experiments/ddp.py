@@ -26,6 +26,7 @@ __all__ = [
     "broadcast_step",
     "loss_figure",
     "regression_data",
+    "scaling_order",
     "seed_step",
     "sum_hook",
     "train",
@@ -65,6 +66,30 @@ def seed_step(hook: CommHook | None = None) -> dict[str, Any]:
         "grad": m.weight.grad.flatten().tolist(),
         "torch": torch.__version__,
         "backend": dist.get_backend(),
+    }
+
+
+def scaling_order(numel: int = 20_000, seed: int = 5) -> dict[str, int]:
+    """Where DDP divides by world_size: elements of ``.grad`` that differ from each ordering.
+
+    Rank r's gradient is random data of its own; ``.grad`` is compared, bit for bit, with
+    ``all_reduce(g * (1 / N))`` (scale, then sum) and with ``all_reduce(g) / N`` (sum, then
+    divide). With N a power of two both are exact; on 3 ranks they are not.
+    """
+    torch.manual_seed(0)
+    m = nn.Linear(numel, 1, bias=False)
+    ddp = DDP(m)
+    g = torch.Generator().manual_seed(seed + dist.get_rank())
+    x = torch.randn(1, numel, generator=g)
+    ddp(x).sum().backward()  # the local gradient of sum(w . x) is x
+    grad, n = m.weight.grad.reshape(-1), dist.get_world_size()
+    scaled, summed = x.reshape(-1) * (1.0 / n), x.reshape(-1).clone()
+    dist.all_reduce(scaled)
+    dist.all_reduce(summed)
+    return {
+        "numel": numel,
+        "scale_then_sum": int((grad != scaled).sum()),
+        "sum_then_divide": int((grad != summed / n).sum()),
     }
 
 

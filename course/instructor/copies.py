@@ -4,18 +4,25 @@ A student's function or class is a near copy when, docstrings, comments and anno
 aside and its own local names renamed in order of appearance, its syntax tree is the
 solution's in the instructor's source notebook. The judge records what it finds in the
 autograded notebook's metadata (``course.near_copies``); the grade table lists it.
+
+:func:`shared_rules` asks the other question, of the code students are given: does any
+function of it hold one of the solutions' rules (a solution function, or a loop, branch or
+``with`` block inside one), whatever its names, with a line or two added around it?
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
+import io
 import json
-from collections.abc import Iterable
+import tokenize
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from course.instructor.student import parse_cell
 
-__all__ = ["course_solutions", "near_copies", "normalised"]
+__all__ = ["course_solutions", "near_copies", "normalised", "shared_rules"]
 
 Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
 
@@ -99,3 +106,68 @@ def _is_string(s: ast.AST) -> bool:
         and isinstance(s.value, ast.Constant)
         and isinstance(s.value.value, str)
     )
+
+
+# --- rules of the solutions, inside other code ----------------------------------------------
+
+RULE_TOKENS = 40  # a rule shorter than this is an idiom, not a solution
+RULE_SHARE = 0.8  # share of a rule's tokens found, in order, in another function
+_BLOCKS = (ast.For, ast.While, ast.If, ast.With)
+_SKIP = {tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+
+
+def _functions(tree: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
+
+
+def _shape(node: ast.AST, local: set[str]) -> list[str]:
+    """The node's tokens with docstrings and annotations dropped and every local name ``_``
+    (a function's own ``def`` line left out), so that renaming hides nothing."""
+    tree = _Strip().visit(ast.parse(ast.unparse(node)))
+    body = tree.body[0].body if isinstance(tree.body[0], ast.FunctionDef) else tree.body
+    module = ast.Module(body=body, type_ignores=[])
+    for n in ast.walk(module):
+        if isinstance(n, ast.Name) and n.id in local:
+            n.id = "_"
+        elif isinstance(n, ast.arg):
+            n.arg = "_"
+    text = io.StringIO(ast.unparse(module))
+    return [t.string for t in tokenize.generate_tokens(text.readline) if t.type not in _SKIP]
+
+
+def _locals(fn: ast.AST) -> set[str]:
+    bound = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and not _load(n)}
+    return bound | {a.arg for a in ast.walk(fn) if isinstance(a, ast.arg)}
+
+
+def _rules(source: str) -> Iterator[tuple[str, list[str]]]:
+    """Each function of ``source``, and each block inside one, as (where, tokens)."""
+    tree = parse_cell(source)
+    for fn in _functions(tree) if tree is not None else ():
+        local = _locals(fn)
+        for node in [fn, *(n for n in ast.walk(fn) if isinstance(n, _BLOCKS))]:
+            tokens = _shape(node, local)
+            if len(tokens) >= RULE_TOKENS:
+                yield f"{fn.name} (line {node.lineno})", tokens
+
+
+def _found(rule: list[str], tokens: list[str]) -> float:
+    """The share of ``rule``'s tokens that ``tokens`` holds, in order."""
+    blocks = difflib.SequenceMatcher(None, rule, tokens, autojunk=False).get_matching_blocks()
+    return sum(b.size for b in blocks) / len(rule)
+
+
+def shared_rules(shipped: dict[str, str], solutions: Iterable[str]) -> list[str]:
+    """Functions of the ``shipped`` modules (name -> source) that hold a solution's rule."""
+    rules = [rule for source in solutions for rule in _rules(source)]
+    found = []
+    for module, source in shipped.items():
+        tree = parse_cell(source)
+        for fn in _functions(tree) if tree is not None else ():
+            tokens = _shape(fn, _locals(fn))
+            found += [
+                f"{module}: {fn.name} holds the solution's {where} ({share:.0%})"
+                for where, rule in rules
+                if (share := _found(rule, tokens)) >= RULE_SHARE
+            ]
+    return found

@@ -56,6 +56,7 @@ class QuizItem:
     key: str
     explanation: str
     points: float
+    giveaways: tuple[str, ...] = ()
 
 
 def grade_id(cell: NotebookNode) -> str | None:
@@ -94,12 +95,20 @@ def _check_answer_calls(code: str) -> Iterator[ast.Call]:
 def _keyed_call(cell: NotebookNode) -> dict[str, object] | None:
     """Constant arguments of the hidden ``check_answer(..., key=...)`` call, if any."""
     for call in _check_answer_calls(hidden_region(cell.source)):
-        kwargs = {k.arg: k.value.value for k in call.keywords if isinstance(k.value, ast.Constant)}
+        kwargs = {k.arg: _literal(k.value) for k in call.keywords}
         if "key" in kwargs:
             if call.args and isinstance(call.args[0], ast.Constant):
                 kwargs.setdefault("name", call.args[0].value)
             return kwargs
     return None
+
+
+def _literal(node: ast.expr) -> object:
+    """A keyword's value when it is a literal (a string, a tuple of strings), else None."""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return None
 
 
 def quiz_items(nb: NotebookNode) -> list[QuizItem]:
@@ -119,6 +128,7 @@ def quiz_items(nb: NotebookNode) -> list[QuizItem]:
                 key=str(call["key"]).strip().lower(),
                 explanation=_dedent(str(call.get("explanation") or "")),
                 points=float(cell.metadata["nbgrader"].get("points", 0)),
+                giveaways=tuple(str(g) for g in call.get("giveaways") or ()),
             )
         )
     return items

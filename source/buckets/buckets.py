@@ -16,12 +16,13 @@
 # # Buckets and overlap
 #
 # DDP does not all-reduce each parameter's gradient on its own. It packs gradients into
-# **buckets** of about `bucket_cap_mb` MiB and reduces one bucket per call, and it starts a
-# bucket's all-reduce **while backward is still computing** the gradients of earlier layers.
+# **buckets** of about `bucket_cap_mb` MiB and reduces one bucket per call. This notebook
+# measures why, which gradients go into which bucket, and when each bucket's all-reduce starts.
 #
 # In this notebook you will
 #
-# 1. measure what one all-reduce per parameter costs against one per bucket;
+# 1. time the same gradients averaged in 1 to 200 all-reduce calls, and look at where DDP keeps
+#    its gradients;
 # 2. watch DDP's own buckets through a comm hook, for several `bucket_cap_mb`, and a timeline of
 #    backward against communication;
 # 3. write `bucketed_allreduce`, then a small DDP of your own, `OverlappingDDP`, that starts
@@ -49,13 +50,10 @@ from course.ranks import run
 # running a single all-reduce over that buffer. What is the main reason DDP does this instead
 # of running one all-reduce per parameter?
 #
-# * a) It reduces per-rank GPU and host memory, since bucketed gradients replace the need to keep
-#   separate per-parameter communication buffers alive.
-# * b) A layer's gradients must be averaged together: averaged one parameter at a time, a
-#   layer's weight and bias would get inconsistent updates.
-# * c) It cuts the per-call overhead, and lets communication overlap with backward.
-# * d) It makes every all-reduce wait until backward has produced all the gradients, so that
-#   no rank reduces a gradient that is not final yet.
+# * a) It saves memory: bucketed gradients need no per-parameter communication buffers.
+# * b) A layer's weight and bias must be averaged together to stay consistent.
+# * c) It pays each call's fixed cost once per bucket, and buckets overlap backward.
+# * d) It holds every all-reduce until backward ends, so no gradient is sent unfinished.
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_buckets_1 = ""  # your answer: one letter, "a" to "d"
@@ -74,31 +72,41 @@ check_answer(
     explanation="""
     Every collective call pays a fixed cost (a latency term: launching, synchronising ranks,
     a handshake per step) whatever its size. Hundreds of tiny all-reduces pay it hundreds of
-    times; the measurement shows 200 calls taking far longer than one call moving the same
-    bytes. And because backward produces gradients layer by layer, from the last layer to the
-    first, a bucket that is complete can be reduced while the earlier layers are still being
-    differentiated: the timeline shows the first bucket's all-reduce starting well before the
-    last gradient is ready, so nothing waits for backward to finish. Averaging one parameter
-    at a time gives exactly the same numbers (every element is averaged on its own either
-    way), and buckets cost memory rather than save it (DDP keeps a flat buffer per bucket, as
-    large as the gradients it holds).
+    times: the measurement moves the same 800 kB in 1, 8, 50 and 200 calls, and the time
+    grows with the number of calls, not with the bytes. And because backward produces
+    gradients layer by layer, from the last layer to the first, a bucket that is complete
+    can be reduced while the earlier layers are still being differentiated: the timeline
+    shows the first bucket's all-reduce starting well before the last gradient is ready, so
+    d) is the opposite of what DDP does. b) Averaging one parameter at a time gives exactly
+    the same numbers (every element is averaged on its own either way; the measurement
+    compares them). a) Buckets never save memory: DDP keeps a flat buffer per bucket as large
+    as the gradients it holds; by default .grad is a tensor of its own beside it (twice the
+    gradients' bytes), and with gradient_as_bucket_view=True .grad is a view into the bucket,
+    so the buckets cost nothing extra, at best.
     """,
+    giveaways=(
+        r"fixed cost",
+        r"per-call (cost|overhead)",
+        r"grows with the number of calls",
+        r"while (the )?backward is still",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it (1): calls.** 200 gradients of 1000 floats each (800 kB in all) on 2 ranks: one
-# `dist.all_reduce` per gradient, against one per bucket with `bucket_cap_mb=25` (here: a
-# single bucket). Like DDP, the bucket buffer is allocated once; the median of 5 runs.
+# **Measure it (1): calls.** 200 gradients of 1000 floats each (800 kB in all) on 2 ranks,
+# averaged in 1, 8, 50 and 200 `dist.all_reduce` calls (200: one per gradient). The same bytes
+# every time; like DDP, the buffers are allocated once, and each row is the median of 5 runs.
+# What does a call cost beyond its bytes?
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-timing = run(buckets.allreduce_timing, 2, 200, 1000, 25.0, 5)[0]
-for name in ("per_param", "bucketed"):
-    calls, seconds = timing[name]["calls"], timing[name]["seconds"]
-    print(f"{name:9}: {calls:3} all-reduce calls, {1000 * seconds:7.2f} ms, {1e6 * seconds / calls:7.1f} us per call")
-print(f"same averaged values either way: {timing['same_result']}")
+timing = run(buckets.allreduce_timing, 2, 200, 1000, (1, 8, 50, 200), 5)[0]
+for row in timing["rows"]:
+    calls, seconds = row["calls"], row["seconds"]
+    print(f"{calls:3} all-reduce calls: {1000 * seconds:7.2f} ms, {1e6 * seconds / calls:7.1f} us per call")
+print(f"the same averaged values every time: {timing['same']}")
 
-# %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_1_timeline_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_1_measure_timeline_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it (2): overlap.** One DDP training step of 8 layers `Linear(512, 512)` on 2 ranks,
 # `bucket_cap_mb=1` (about one layer per bucket). A comm hook records when each bucket's
 # all-reduce starts and finishes; a hook on each parameter records when its gradient is ready.
@@ -109,7 +117,7 @@ print(f"same averaged values either way: {timing['same_result']}")
 # line: `backward()` returning, later than the last gradient because DDP's backward waits
 # for every bucket's all-reduce, then writes the averages into `.grad`.
 
-# %% nbgrader={"grade": false, "grade_id": "buckets_1_timeline", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "buckets_1_measure_timeline", "locked": true, "schema_version": 3, "solution": false, "task": false}
 timeline = run(buckets.overlap_timeline, 2, 1.0)[0]
 last_ready = max(t for _, t in timeline["grad_ready"])
 first = timeline["buckets"][0]
@@ -117,6 +125,19 @@ print(f"{len(timeline['buckets'])} buckets; bucket 0 (params {first['params']}) 
       f"{1000 * first['start']:.1f} ms; last gradient ready at {1000 * last_ready:.1f} ms; "
       f"backward() returned at {1000 * timeline['backward_returned']:.1f} ms")
 buckets.timeline_figure(timeline)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_1_measure_memory_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it (3): memory.** Where DDP keeps the gradients, on 2 ranks (4 layers
+# `Linear(256, 256)`): the bytes of its bucket buffers, the bytes of the parameters' `.grad`,
+# and how many `.grad` tensors lie inside a bucket buffer, with the default and with
+# `gradient_as_bucket_view=True`.
+
+# %% nbgrader={"grade": false, "grade_id": "buckets_1_measure_memory", "locked": true, "schema_version": 3, "solution": false, "task": false}
+for as_view in (False, True):
+    r = run(buckets.grad_storage, 2, as_view)[0]
+    print(f"gradient_as_bucket_view={as_view!s:5}: buckets {r['bucket_bytes'] / buckets.MB:.3f} MiB, "
+          f".grad {r['grad_bytes'] / buckets.MB:.3f} MiB, {r['grads_in_buckets']} of {r['params']} "
+          ".grad tensors inside a bucket")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question buckets_2: DDP's buckets, from the second step on
@@ -129,11 +150,10 @@ buckets.timeline_figure(timeline)
 # many buckets does DDP's comm hook see per backward, and what is in bucket 0 (the first one
 # reduced)?
 #
-# * a) 4 buckets; bucket 0 holds the last two layers' parameters (the gradients backward
-#   computes first).
-# * b) 4 buckets; bucket 0 holds the first two layers' parameters (in registration order).
-# * c) 1 bucket holding everything: DDP only splits buckets larger than 25 MiB.
-# * d) 16 buckets, one per parameter: every parameter is smaller than the 0.5 MiB cap.
+# * a) 4 buckets; bucket 0 holds the last two layers, whose gradients come first.
+# * b) 4 buckets; bucket 0 holds the first two layers, in registration order.
+# * c) 1 bucket with everything: DDP only splits gradients above 25 MiB.
+# * d) 16 buckets, one per parameter: each one is below the 0.5 MiB cap.
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_buckets_2 = ""  # your answer: one letter, "a" to "d"
@@ -151,25 +171,27 @@ check_answer(
     key="a",
     explanation="""
     DDP fills buckets in the order backward produces gradients, which for a plain stack is
-    the reverse of the order the parameters were registered: last layer first. A bucket is
-    closed as soon as it holds at least bucket_cap_mb; two layers here are 2 x (256 KiB + 1
-    KiB), just over 0.5 MiB, so the 16 parameters make 4 buckets of 4, and bucket 0 holds
-    parameters 15, 14, 13 and 12: the last two layers. That is what makes overlap possible:
-    the first bucket reduced is the first one complete. The cap is a size limit, not a
-    threshold below which tensors travel alone, and 25 MiB is only the default cap.
+    the reverse of the order the parameters were registered: last layer first (b has it the
+    wrong way round). A bucket is closed as soon as it holds at least bucket_cap_mb; two
+    layers here are 2 x (256 KiB + 1 KiB), just over 0.5 MiB, so the 16 parameters make 4
+    buckets of 4, and bucket 0 holds parameters 15, 14, 13 and 12: the last two layers. The
+    measurement shows the same rule at other caps: one layer per bucket at 0.25 MiB, four
+    layers at 1 MiB. That is what makes overlap possible: the first bucket reduced is the
+    first one complete. c) The cap is a size limit, and 25 MiB is only its default; d) a
+    parameter below the cap shares its bucket with the next ones until the cap is reached.
     """,
+    giveaways=(r"\b4 buckets\b", r"last two layers", r"15, 14, 13,? and 12", r"\[15, 14, 13, 12\]"),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** The model of the question, wrapped in DDP with a recording comm hook, for
-# three steps, for `bucket_cap_mb` of 0.5 and 2 and for the default (not set). Parameters are
-# numbered in `model.parameters()` order: 0 is the first layer's weight, 15 the last layer's
-# bias.
+# three steps, with `bucket_cap_mb` of 0.25 and of 1. Parameters are numbered in
+# `model.parameters()` order: 0 is the first layer's weight, 15 the last layer's bias. What
+# rule fills the buckets, and what does it give at the question's 0.5?
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-print(f"PyTorch {torch.__version__}; dist._DEFAULT_FIRST_BUCKET_BYTES = {dist._DEFAULT_FIRST_BUCKET_BYTES}")
-for cap in (0.5, 2.0, None):
+for cap in (0.25, 1.0):
     steps = run(buckets.ddp_buckets, 2, cap, 3)[0]
     print(f"\nbucket_cap_mb={cap}")
     for i, step in enumerate(steps):
@@ -181,14 +203,16 @@ for cap in (0.5, 2.0, None):
 #
 # *Difficulty 3/3*
 #
-# The same 2 MiB model, wrapped with the defaults: `DDP(model)` (no `bucket_cap_mb`, no
-# `find_unused_parameters`), on PyTorch 2.13. How many all-reduce calls (buckets) does DDP make
-# in the **first** backward, and in each backward **from the second on**?
+# A larger model: 10 layers `Linear(1024, 1024, bias=False)`, 4 MiB of gradient each, 40 MiB
+# in all, wrapped with the defaults: `DDP(model)` (no `bucket_cap_mb`, no
+# `find_unused_parameters`, no `static_graph`), on PyTorch 2.13. How many all-reduce calls
+# (buckets) does DDP make in the **first** backward, and in each backward **from the second
+# on**?
 #
-# * a) 1 in the first backward, then 2: a small first bucket of about 1 MiB, then the rest.
-# * b) 2 in every backward: a small first bucket of about 1 MiB, then the rest.
-# * c) 16 in the first backward (one per parameter, while DDP learns the order), then 1.
-# * d) 1 in every backward: 2 MiB is below the 25 MiB default cap.
+# * a) 1 in the first backward, then 3: one layer, the next 7 layers, the last 2.
+# * b) 1 in the first backward, then 2: a first bucket of 1 MiB, then the rest.
+# * c) 10 in the first backward (one per layer, to learn the order), then 2.
+# * d) 2 in every backward: a first bucket of 25 MiB, then the other 15 MiB.
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_buckets_3 = ""  # your answer: one letter, "a" to "d"
@@ -206,45 +230,55 @@ check_answer(
     key="a",
     explanation="""
     Before the first backward DDP cannot know the order in which gradients will be ready (the
-    forward may use layers in any order), so in PyTorch 2.13, without find_unused_parameters
-    or static_graph, it starts with every parameter in one bucket. During that first
-    backward it records the order gradients arrive in, and before the second forward it
-    rebuilds the buckets in that order. With the default cap (bucket_cap_mb not given) the
-    first rebuilt bucket is capped at dist._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB, so that the
-    last layers' gradients start travelling early; the others at 25 MiB. Here: one 2 MiB call
-    in step 1, then two calls of about 1 MiB. Setting bucket_cap_mb explicitly drops the
-    small first bucket: every bucket then uses that cap (the 0.5 and 2 MiB rows above).
+    forward may use layers in any order), so in PyTorch 2.13, unless find_unused_parameters
+    is set, it starts with every parameter in one bucket: one 40 MiB call in step 1 (c is
+    wrong: it learns the order from that one bucket). During that first backward it records
+    the order gradients arrive in, and before the second forward it rebuilds the buckets in
+    that order (with static_graph=True the rebuild waits one more step: steps 1 and 2 are one
+    bucket each). With the default cap (bucket_cap_mb not given) the first rebuilt bucket is
+    capped at dist._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB, so that the last layers' gradients
+    start travelling early, and the others at 25 MiB; a bucket closes at the first tensor
+    that takes it to its cap or beyond. Here the last layer alone (4 MiB) closes the first
+    bucket, 7 layers (28 MiB) the second, and the last 2 layers (8 MiB) make a third: 3
+    calls from step 2 on (b is the 2 MiB model's pattern, whose whole remainder fits under 25
+    MiB; d ignores both the first step and the small first bucket). Setting bucket_cap_mb
+    explicitly drops the small first bucket, and find_unused_parameters=True builds the
+    buckets by size from step 1 and never rebuilds them (both measured on the 2 MiB model).
     """,
+    giveaways=(r"\b1,? then 3\b", r"\[4\.0, 28\.0, 8\.0\]", r"28 MiB", r"7 layers"),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** Read the `bucket_cap_mb=None` rows of the measurement above, or run this cell:
-# the same model with the defaults, the number of buckets and their sizes per step.
+# **Measure it.** The 2 MiB model of question buckets_2 with the defaults, and with
+# `bucket_cap_mb=25` given explicitly (the default's own value): the number of all-reduce calls
+# and their sizes in each of the first four steps. What does the first step do, what caps the
+# first bucket of the later steps, and what would the same rules give for 10 layers of 4 MiB?
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for i, step in enumerate(run(buckets.ddp_buckets, 2, None, 3)[0]):
-    print(f"step {i + 1}: {len(step)} all-reduce call(s) of {[round(b['nbytes'] / buckets.MB, 3) for b in step]} MiB")
+print(f"PyTorch {torch.__version__}; dist._DEFAULT_FIRST_BUCKET_BYTES = {dist._DEFAULT_FIRST_BUCKET_BYTES}")
+for cap in (None, 25.0):
+    print(f"\nbucket_cap_mb={'not given' if cap is None else cap}")
+    for i, step in enumerate(run(buckets.ddp_buckets, 2, cap, 4)[0]):
+        print(f"  step {i + 1}: {len(step)} all-reduce call(s) of {[round(b['nbytes'] / buckets.MB, 3) for b in step]} MiB")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "bucketed_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 1: `bucketed_allreduce(grads, bucket_cap_mb)`
 #
 # Average a list of gradient tensors across ranks, **in place**, with one `dist.all_reduce`
-# per bucket, using the rule DDP uses (the `bucket_cap_mb` rows you measured above):
-#
-# 1. Go through `grads` from the **last** to the first (the order backward produces them),
-#    adding each tensor to the current bucket.
-# 2. Close the bucket as soon as its size reaches `bucket_cap_mb` MiB or more (size in bytes:
-#    `numel() * element_size()`, and 1 MiB = 1024 * 1024 bytes); start a new one. A last,
-#    smaller bucket holds whatever is left.
-# 3. For each bucket: pack its tensors into one flat tensor (`torch.cat` of `t.flatten()`),
-#    `dist.all_reduce` it, divide by the world size, and copy each slice back into its tensor
-#    (`t.copy_(...)`, so the caller's tensors hold the result).
+# per bucket, using the rule DDP uses for its buckets from the second step on when
+# `bucket_cap_mb` is given: the order and the closing size you measured in question buckets_2
+# (`grads` is in registration order, like `model.parameters()`; sizes in bytes are
+# `numel() * element_size()`, and 1 MiB = 1024 * 1024 bytes). For each bucket: pack its tensors
+# into one flat tensor (`torch.cat` of `t.flatten()`), `dist.all_reduce` it, turn the sum into
+# what DDP leaves in `.grad` (question ddp_1), and copy each slice back into its tensor
+# (`t.copy_(...)`, so the caller's tensors hold the result).
 #
 # All the tensors of one call have the same dtype. The grader checks the values against
-# `dist.all_reduce`, the number of calls and each call's size against the rule, on 2 and 3
-# ranks (and more cases in the hidden tests: a tensor larger than the cap, a cap larger than
-# everything, float64).
+# `dist.all_reduce`, the number of calls and each call's size against DDP's own rule (its
+# messages name the buckets it expected), on 2 and 3 ranks (and more cases in the hidden tests:
+# a tensor larger than the cap, a cap larger than everything, float64). torch's own bucketing
+# function, `dist._compute_bucket_assignment_by_size`, is refused on the grading ranks.
 
 # %% nbgrader={"grade": false, "grade_id": "bucketed_allreduce", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def bucketed_allreduce(grads: list[torch.Tensor], bucket_cap_mb: float) -> None:
@@ -275,8 +309,8 @@ def bucketed_allreduce(grads: list[torch.Tensor], bucket_cap_mb: float) -> None:
 # ### Test as you go
 #
 # Four tensors of 100 floats (400 bytes each), rank r holding `r + 1`, cap 800 bytes: the
-# buckets should be [3, 2] and [1, 0], so 2 calls, and every element should be the average,
-# 1.5.
+# rule gives 2 calls of 200 elements, and every element should end up as what DDP's `.grad`
+# would hold.
 
 # %% nbgrader={"grade": false, "grade_id": "bucketed_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 2 --timeout 20
@@ -308,9 +342,8 @@ print(check_bucketed_allreduce(bucketed_allreduce, world_sizes=(2, 3, 4), cases=
 # Write `OverlappingDDP(module, bucket_cap_mb)`, a minimal data-parallel wrapper in the style
 # of picotron's `Bucket`/`BucketManager`:
 #
-# * `__init__` groups the module's parameters into buckets by the rule of exercise 1
-#   (parameters from last to first, close a bucket at >= `bucket_cap_mb`) and registers a
-#   hook on every parameter with `p.register_post_accumulate_grad_hook(hook)`; autograd calls
+# * `__init__` groups the module's parameters into buckets by the rule of exercise 1 and
+#   registers a hook on every parameter with `p.register_post_accumulate_grad_hook(hook)`; autograd calls
 #   `hook(p)` as soon as `p.grad` holds this backward's gradient.
 # * When the last missing gradient of a bucket arrives, the hook packs the bucket's gradients
 #   and **starts** its all-reduce with `dist.all_reduce(flat, async_op=True)`, keeping the
@@ -330,7 +363,7 @@ class OverlappingDDP:
     """Average gradients like DDP, starting each bucket's all-reduce during backward."""
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float) -> None:
-        """Group the parameters into buckets (last to first) and register a hook on each."""
+        """Group the parameters into buckets by DDP's rule and register a hook on each."""
         ### BEGIN SOLUTION
         self.module = module
         params = [p for p in module.parameters() if p.requires_grad]
@@ -412,16 +445,16 @@ print(check_overlapping_ddp(OverlappingDDP, world_sizes=(3, 4), bucket_cap_mb=0.
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "summary", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## What the measurements showed
+# ## What you measured
 #
-# * **Calls.** Averaging 200 small gradients with one all-reduce each took far longer than
-#   the same bytes in a few bucketed calls, and gave exactly the same values.
-# * **Overlap.** The first bucket's all-reduce was queued while backward was still producing
-#   the earlier layers' gradients; the buckets then ran as a queue, and `backward()` returned
-#   only once DDP had waited for the last of them.
-# * **DDP's buckets.** From the second step on they follow the order backward produces
-#   gradients, last layer first, each up to `bucket_cap_mb`; the first step uses one bucket
-#   for everything, and the default cap starts with a small first bucket.
-# * **Your code**: `bucketed_allreduce` was checked for its averages, its number of calls and
-#   their order; `OverlappingDDP` for DDP's gradients, with every bucket's all-reduce
-#   started during backward.
+# * **Calls**: the same 800 kB averaged in 1 to 200 all-reduce calls; look at what each call
+#   costs, and at whether the values change.
+# * **Overlap**: when each bucket's all-reduce was queued and done, against the gradients
+#   becoming ready and `backward()` returning.
+# * **Memory**: DDP's bucket buffers against the parameters' `.grad`, with and without
+#   `gradient_as_bucket_view`.
+# * **DDP's buckets** at several caps and with the default, step by step.
+# * **Your code**: `bucketed_allreduce` checked for its values, its calls and their sizes;
+#   `OverlappingDDP` for DDP's gradients, with every bucket's all-reduce started during
+#   backward. The explanations of the questions come with your feedback.
+

@@ -16,9 +16,9 @@
 # # What DDP does to your gradients
 #
 # `DistributedDataParallel` (DDP) runs one copy of the model on every rank. Each rank computes
-# gradients on its own slice of the batch, and during `backward()` DDP all-reduces them so that
-# every rank steps its optimizer with the same `.grad`. *Which* value ends up in `.grad` decides
-# how the learning rate, the batch size and an uneven split of the data behave.
+# gradients on its own slice of the batch, and during `backward()` DDP communicates them with
+# an all-reduce. *Which* value ends up in each rank's `.grad` decides how the learning rate, the
+# batch size and an uneven split of the data behave.
 #
 # In this notebook you will
 #
@@ -40,7 +40,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course.experiments import ddp
-from course.checks import check_answer, check_average_hook, check_weighted_loss
+from course.checks import check_answer, check_reduce_hook, check_weighted_loss
 from course.ranks import run
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -81,21 +81,34 @@ check_answer(
     key="a",
     explanation="""
     DDP registers a hook on every parameter's gradient. When a bucket of gradients is ready it
-    all-reduces the bucket with SUM and divides by world_size, and it writes that result into
-    .grad during backward, on every rank. The measurement shows both numbers side by side: a
-    plain dist.all_reduce of the local gradients gives [3, 3], DDP's .grad is [1.5, 1.5] on
-    rank 0 and on rank 1. Averaging (not summing) keeps the gradient's scale independent of
-    the number of ranks, so a learning rate tuned on one process still fits.
+    multiplies it by 1/world_size, all-reduces it with SUM, and writes the result into .grad
+    during backward, on every rank: the average of the local gradients, (1 + 2) / 2 = 1.5 in
+    each element here. The measurement on 4 ranks shows both numbers side by side: a plain
+    dist.all_reduce of the local gradients [1, 1] to [4, 4] gives [10, 10], DDP's .grad is
+    [2.5, 2.5] on every rank. b) [3, 3] is that plain SUM: DDP divides. c) and d) leave a
+    rank unsynced, but the all-reduce leaves the same value on every rank that takes part.
+    Averaging (not summing) keeps the gradient's scale independent of the number of ranks,
+    so a learning rate tuned on one process still fits. The scaling comes before the sum: on
+    3 ranks .grad equals all_reduce(g * (1/3)) in every element, and all_reduce(g) / 3
+    differs from it in the last bit in 12,080 of 20,000 (1/3 is not exact in float32).
     """,
+    giveaways=(
+        r"\[1\.5, 1\.5\]",
+        r"the average over (the )?ranks",
+        r"\.grad\b[^.]{0,60}\baverag",
+        r"\bdivides? by (the )?world.?size",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The exact step from the question, on 2 ranks, with what a plain
-# `dist.all_reduce(SUM)` of the local gradients gives printed beside `.grad`.
+# **Measure it.** The step from the question, on 4 ranks (rank r's input is `r + 1`, so its
+# local gradient is `[r + 1, r + 1]`), with what a plain `dist.all_reduce(SUM)` of the local
+# gradients gives printed beside `.grad`. What law turns the local gradients into `.grad`, and
+# what does it give on the question's 2 ranks?
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# %%ranks 2 --timeout 60
+# %%ranks 4 --timeout 60
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -119,17 +132,13 @@ print(f"local gradient {local.tolist()}   all_reduce(SUM) {summed.tolist()}   "
 #
 # A team moves from single-GPU training to 4-rank DDP. To keep the code "simple" they replace
 # DDP's comm hook with their own, which calls `dist.all_reduce(bucket.buffer(), op=SUM)` and
-# does not divide by the world size, so `.grad` holds the raw cross-rank sum, not the average.
-# Keeping the same learning rate as the single-GPU run, what is the most likely immediate
-# symptom?
+# returns the result, so `.grad` holds what that SUM all-reduce leaves. Keeping the same
+# learning rate as the single-GPU run, what is the most likely immediate symptom?
 #
-# * a) No visible change: each rank's gradient is already a mean over its own samples, so a
-#   sum of such means behaves like a mean.
-# * b) Each step is about 4x too small: every rank holds only a quarter of the batch, so its
-#   share of the summed gradient is a quarter of the single-GPU gradient.
-# * c) Only rank 0 steps 4x too far; the other ranks keep their local gradients, so the
-#   replicas drift apart.
-# * d) Every rank steps about 4x too far, as if the learning rate were 4x larger.
+# * a) No change: a SUM all-reduce is what DDP's own reduction does anyway.
+# * b) Each step is 4x too small: every rank holds a quarter of the batch.
+# * c) Only rank 0 steps too far; the other replicas drift away from it.
+# * d) Every rank steps 4x too far, as if the learning rate were 4x larger.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ddp_2 = ""  # your answer: one letter, "a" to "d"
@@ -150,20 +159,24 @@ check_answer(
     average that DDP would have written (measured: 10 against 2.5), so each step moves the
     weights 4 times further: the same as running with 4 * lr. Nothing in PyTorch rescales
     the learning rate for you. In the measured run the same lr that converges with DDP's
-    default makes the SUM run blow up, while the SUM run at lr / 4 follows the default run's
-    curve step for step. A sum of local means is not a mean: with 4 ranks it is 4 times one.
-    The all-reduce leaves the same sum on every rank, so all replicas take the same too-large
-    step and stay identical; nothing is a quarter of the usual size either.
+    default makes the SUM run blow up; the SUM run at lr / 4 follows the default run's curve
+    step for step, and DDP's default at 4 * lr follows the SUM run. a) DDP's own reduction
+    averages (question ddp_1), and a sum of 4 local means is 4 times a mean, not a mean. b)
+    Each rank's local mean already has the single-GPU gradient's scale; summing 4 of them
+    makes it larger, not a quarter. c) The all-reduce leaves the same sum on every rank, so
+    all replicas take the same too-large step and stay identical.
     """,
+    giveaways=(r"4 ?(x|times) (too|further|larger)", r"as if the learning rate were"),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** First one step on 4 ranks, rank r holding input `r + 1`, with DDP's default
-# and with the SUM hook below (`course.experiments.ddp.sum_hook`). Then a short training run (linear
-# regression, 64 samples split over 4 ranks, full-batch SGD, 30 steps, fixed seed): DDP's
-# default, the SUM hook at the same learning rate, the SUM hook at lr / 4, and the same model
-# trained in one process on all 64 samples.
+# and with the SUM hook below (`course.experiments.ddp.sum_hook`). Then a short training run
+# (linear regression, 64 samples split over 4 ranks, full-batch SGD, 30 steps, fixed seed): the
+# same model trained in one process on all 64 samples, DDP's default and the SUM hook, each at
+# the learning rate lr, at 4 lr and at lr / 4. Which curves coincide, and what does that say
+# about the SUM hook's step?
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 def sum_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -180,15 +193,13 @@ for d, s in zip(default_step, sum_step):
     print(f"rank {d['rank']}: local {d['local']}  default .grad {d['grad']}  SUM hook .grad {s['grad']}")
 
 lr = 0.2
-curves = {
-    "one process, lr": ddp.train_single(lr),
-    "DDP default, lr": run(ddp.train, 4, lr)[0],
-    "DDP + SUM hook, lr": run(ddp.train, 4, lr, ddp.sum_hook)[0],
-    "DDP + SUM hook, lr / 4": run(ddp.train, 4, lr / 4, ddp.sum_hook)[0],
-}
+curves = {"one process, lr": ddp.train_single(lr)}
+for name, scale in (("lr", 1), ("4 lr", 4), ("lr / 4", 1 / 4)):
+    curves[f"DDP default, {name}"] = run(ddp.train, 4, lr * scale)[0]
+    curves[f"DDP + SUM hook, {name}"] = run(ddp.train, 4, lr * scale, ddp.sum_hook)[0]
 for name, losses in curves.items():
     print(f"{name:24} loss at steps 0, 10, 20, 29: " + "  ".join(f"{losses[i]:.3g}" for i in (0, 10, 20, 29)))
-ddp.loss_figure(curves, title="SUM hook against DDP's default (4 ranks): three curves coincide")
+ddp.loss_figure(curves, title="SUM hook against DDP's default, 4 ranks, three learning rates")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question ddp_3: uneven local batches
@@ -200,12 +211,10 @@ ddp.loss_figure(curves, title="SUM hook against DDP's default (4 ranks): three c
 # DDP's synced `.grad` with the gradient of the mean loss over all 4 samples pooled together.
 # Which is true?
 #
-# * a) They are equal: DDP weights each rank's gradient by its local batch size.
-# * b) `.grad` is the sum of the two local mean gradients, so it is about twice the pooled
-#   mean.
-# * c) `.grad` is rank 1's local mean gradient: the larger batch's gradient wins.
-# * d) `.grad` weighs the two local means equally, so rank 1's 3 samples count for less than
-#   in the pooled mean.
+# * a) They are equal: DDP weights each rank's gradient by its batch size.
+# * b) `.grad` is the sum of the two local means: twice the pooled mean.
+# * c) `.grad` is rank 1's local mean: the larger local batch wins.
+# * d) `.grad` weighs the two local means equally: rank 1's samples count less.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ddp_3 = ""  # your answer: one letter, "a" to "d"
@@ -225,31 +234,37 @@ check_answer(
     The pooled mean over 1 + 3 = 4 samples gives every sample the weight 1/4, so rank 1's
     three samples carry 3/4 of it. DDP averages the two local means with 1/2 each: rank 0's
     single sample gets 1/2 and each of rank 1's samples gets 1/6. Rank 1's samples are
-    under-represented and rank 0's over-represented. DDP does not look at batch sizes, and
-    it averages, it does not sum: the measured gradient lies between the two local means,
-    halfway. To get the pooled
-    mean, weight each rank's summed loss by world_size / (total number of samples), which
-    needs an all-reduce of the sample count: the second exercise below.
+    under-represented and rank 0's over-represented. The measurement, with 2 and 5 samples,
+    finds .grad exactly halfway between the two local means, and away from the pooled mean.
+    a) DDP never looks at batch sizes: it scales every rank's gradient by the same
+    1/world_size. b) It averages, it does not sum (question ddp_1). c) Both ranks' gradients
+    enter the all-reduce; the larger batch has no say. To get the pooled mean, weight each
+    rank's summed loss by world_size / (total number of samples), which needs an all-reduce
+    of the sample count: the second exercise below.
     """,
+    giveaways=(
+        r"flat average",
+        r"weighs? (the two|both) local means equally",
+        r"halfway between",
+        r"under-?(represented|weighted)",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** One DDP step of a 3-input linear model with an MSE loss, rank 0 on sample 0
-# and rank 1 on samples 1 to 3 (`course.experiments.ddp.uneven_step`). Beside DDP's `.grad`, two
-# single-process oracles on the same 4 samples: the pooled per-sample mean gradient, and the
-# flat average of the two local means.
+# **Measure it.** One DDP step of a 3-input linear model with an MSE loss, with 2 samples on
+# rank 0 and 5 on rank 1 (`course.experiments.ddp.uneven_step`). Beside DDP's `.grad`, what
+# one process computes on the same samples: each rank's local mean gradient, and the pooled
+# per-sample mean over all 7. Which combination of the local means is `.grad`?
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-uneven = run(ddp.uneven_step, 2, (1, 3))
+uneven = run(ddp.uneven_step, 2, (2, 5))
 fmt = lambda v: "[" + ", ".join(f"{x:8.3f}" for x in v) + "]"  # noqa: E731
 for r in uneven:
     print(f"rank {r['rank']} (local batch {r['local_batch_sizes'][r['rank']]}): DDP .grad {fmt(r['grad'])}")
-print(f"local mean, rank 0 (1 sample):   {fmt(uneven[0]['local_means'][0])}")
-print(f"local mean, rank 1 (3 samples):  {fmt(uneven[0]['local_means'][1])}")
-print(f"flat average of the local means: {fmt(uneven[0]['flat_average'])}")
-print(f"sum of the two local means:      {fmt([a + b for a, b in zip(*uneven[0]['local_means'])])}")
-print(f"pooled mean over all 4 samples:  {fmt(uneven[0]['pooled_mean'])}")
+print(f"local mean, rank 0 (2 samples):  {fmt(uneven[0]['local_means'][0])}")
+print(f"local mean, rank 1 (5 samples):  {fmt(uneven[0]['local_means'][1])}")
+print(f"pooled mean over all 7 samples:  {fmt(uneven[0]['pooled_mean'])}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question ddp_4: whose weights?
@@ -260,10 +275,10 @@ print(f"pooled mean over all 4 samples:  {fmt(uneven[0]['pooled_mean'])}")
 # weights differ, and then wrap it: `DDP(m)`. What do the three ranks' weights hold right
 # after `DDP(m)` returns, before any forward or backward?
 #
-# * a) Each rank keeps its own initial weights until the first optimizer step.
-# * b) The average of the three ranks' initial weights, on every rank.
-# * c) Rank 0's initial weights, on every rank.
-# * d) The last rank's initial weights, on every rank.
+# * a) Each rank keeps its own weights until the first optimizer step syncs them.
+# * b) Every rank holds the average of the 3 ranks' initial weights.
+# * c) Every rank holds rank 0's initial weights, which DDP sends out.
+# * d) Every rank holds rank 2's initial weights, the last to arrive.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_4_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ddp_4 = ""  # your answer: one letter, "a" to "d"
@@ -282,22 +297,26 @@ check_answer(
     explanation="""
     The DDP constructor broadcasts the module's parameters and buffers from rank 0 to every
     other rank, so all replicas start identical. Averaged gradients only keep replicas in
-    step if they start in step. The measurement prints each rank's weights before and after
-    the constructor: after it, all three hold what rank 0 built. Nothing is averaged, and the
-    other ranks' initial weights are simply overwritten.
+    step if they start in step. The measurement prints each of 4 ranks' weights before and
+    after the constructor: after it, all of them hold what rank 0 built. a) Waiting for the
+    first step would let the replicas start apart, and nothing after construction ever
+    copies weights again. b) Nothing is averaged: the other ranks' initial weights are simply
+    overwritten. d) The last rank is not special; rank 0 is the source of the broadcast.
     """,
+    giveaways=(r"broadcasts? (the module's )?(parameters|weights)", r"what rank 0 built", r"simply overwritten"),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** Three ranks, seeds 1000, 1001 and 1002 (`course.experiments.ddp.broadcast_step`).
+# **Measure it.** Four ranks, seeds 1000 to 1003 (`course.experiments.ddp.broadcast_step`): what
+# does each hold before and after `DDP(m)`, and what does that say for the question's three?
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for rank, r in enumerate(run(ddp.broadcast_step, 3)):
+for rank, r in enumerate(run(ddp.broadcast_step, 4)):
     print(f"rank {rank}: before DDP(m) {[round(v, 4) for v in r['before']]}   after {[round(v, 4) for v in r['after']]}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "hook_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Exercise 1: an averaging comm hook
+# ## Exercise 1: DDP's reduction, as a comm hook
 #
 # DDP groups gradients into **buckets** and, for each bucket that is ready, calls its comm hook
 # (see the PyTorch docs, *DDP Communication Hooks*):
@@ -311,9 +330,10 @@ for rank, r in enumerate(run(ddp.broadcast_step, 3)):
 # it. The hook must **return a `torch.futures.Future` whose value is one tensor** shaped like
 # `bucket.buffer()`: DDP waits on it and copies its value into the parameters' `.grad`.
 #
-# Write `average_hook(state, bucket)` so that `.grad` ends up exactly as with DDP's default:
-# the average over ranks. It is graded on fresh ranks (2 to 4, fresh random data, several
-# buckets per step) against DDP's own result.
+# Write `reduce_hook(state, bucket)` so that `.grad` ends up exactly as with DDP's default (what
+# question ddp_1 measured), with `dist.all_reduce` and your own arithmetic. It is graded on fresh
+# ranks (2 to 4, fresh random data, several buckets per step) against DDP's own result; torch's
+# ready-made hooks (`torch.distributed.algorithms.ddp_comm_hooks`) are refused.
 #
 # Hints: `dist.all_reduce(tensor, async_op=True)` returns a `Work`; `work.get_future()` is a
 # future whose value is a **list** holding the reduced tensor; `fut.then(fn)` returns a new
@@ -321,9 +341,9 @@ for rank, r in enumerate(run(ddp.broadcast_step, 3)):
 # `bucket` up by name) and, if you annotate, use `dist.GradBucket` and
 # `torch.futures.Future[torch.Tensor]`.
 
-# %% nbgrader={"grade": false, "grade_id": "average_hook", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def average_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """All-reduce the bucket and divide by world_size: DDP's default averaging, as a comm hook."""
+# %% nbgrader={"grade": false, "grade_id": "reduce_hook", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def reduce_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Reduce one bucket across ranks as DDP's default does, as a comm hook."""
     ### BEGIN SOLUTION
     buffer = bucket.buffer().div_(dist.get_world_size())
     work = dist.all_reduce(buffer, async_op=True)
@@ -334,7 +354,8 @@ def average_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.T
 # %% [markdown] nbgrader={"grade": false, "grade_id": "hook_try_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ### Test as you go
 #
-# The step of question ddp_1 with your hook: both ranks should print `[[1.5, 1.5]]`.
+# One step of question ddp_1's model on 2 ranks, rank r holding input `r + 2`: your hook's
+# `.grad` beside the `.grad` of the same step with DDP's default. They should be equal.
 
 # %% nbgrader={"grade": false, "grade_id": "hook_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 2 --timeout 60
@@ -344,27 +365,31 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course.checks.hooks import guard_hook
 from course.checks.teaching import say_if_unimplemented
 
-torch.manual_seed(0)
-m = nn.Linear(2, 1, bias=False)
-ddp = DDP(m)
-problems = []  # what DDP would crash on (a hook that returns no Future...), in words
-ddp.register_comm_hook(None, guard_hook(average_hook, problems))
-say_if_unimplemented(average_hook)  # a note if the cell above is still the empty stub
-ddp(torch.full((1, 2), float(rank + 1))).sum().backward()
-print(problems[0] if problems else m.weight.grad.tolist())
+grads = {}
+for name in ("yours", "DDP's default"):
+    torch.manual_seed(0)
+    m = nn.Linear(2, 1, bias=False)
+    ddp = DDP(m)
+    problems = []  # what DDP would crash on (a hook that returns no Future...), in words
+    if name == "yours":
+        say_if_unimplemented(reduce_hook)  # a note if the cell above is still the empty stub
+        ddp.register_comm_hook(None, guard_hook(reduce_hook, problems))
+    ddp(torch.full((1, 2), float(rank + 2))).sum().backward()
+    grads[name] = problems[0] if problems else m.weight.grad.tolist()
+print(grads)
 
-# %% nbgrader={"grade": true, "grade_id": "average_hook_matches_ddp", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "reduce_hook_matches_ddp", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # .grad with your hook equals DDP's default, on fresh ranks with fresh random data.
-print(check_average_hook(average_hook, world_sizes=(2,)))
+print(check_reduce_hook(reduce_hook, world_sizes=(2,)))
 ### BEGIN HIDDEN TESTS
-print(check_average_hook(average_hook, world_sizes=(3, 4)))
+print(check_reduce_hook(reduce_hook, world_sizes=(3, 4)))
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "weighted_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 2: the pooled mean under uneven batches
 #
-# Question ddp_3 measured that with a per-rank mean loss, uneven local batches give the flat
-# average of the local means. Write `weighted_loss(loss_per_sample)`: it gets this rank's
+# Question ddp_3 measured what `.grad` holds when ranks hold batches of different sizes and each
+# takes the mean loss over its own samples. Write `weighted_loss(loss_per_sample)`: it gets this rank's
 # per-sample losses (a 1-d tensor, one entry per local sample; ranks may hold different
 # numbers of samples) and returns the scalar loss to call `backward()` on, such that after
 # DDP's backward **`.grad` equals the gradient of the mean loss over all samples of all ranks**
@@ -394,8 +419,8 @@ def weighted_loss(loss_per_sample: torch.Tensor) -> torch.Tensor:
 # %% [markdown] nbgrader={"grade": false, "grade_id": "weighted_try_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ### Test as you go
 #
-# Rank 0 with 1 sample, rank 1 with 3: `.grad` should match the pooled mean printed by
-# question ddp_3's measurement, not the flat average.
+# Rank 0 with 1 sample, rank 1 with 3: `.grad` on both ranks should equal the pooled mean,
+# which the cell computes in one process on all 4 samples and prints below yours.
 
 # %% nbgrader={"grade": false, "grade_id": "weighted_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 2 --timeout 60
@@ -416,7 +441,12 @@ say_if_unimplemented(weighted_loss)  # a note if the cell above is still the emp
 loss = weighted_loss(loss_per_sample)
 if isinstance(loss, torch.Tensor):
     loss.backward()
-    print([round(v, 3) for v in model.weight.grad.flatten().tolist()])
+    print(f"yours:       {[round(v, 3) for v in model.weight.grad.flatten().tolist()]}")
+    oracle = nn.Linear(3, 1, bias=False)
+    torch.manual_seed(0)
+    nn.init.normal_(oracle.weight)
+    ((oracle(x) - y) ** 2).mean().backward()
+    print(f"pooled mean: {[round(v, 3) for v in oracle.weight.grad.flatten().tolist()]}")
 else:
     print(f"weighted_loss returned {type(loss).__name__}, not a tensor: implement it above")
 
@@ -428,15 +458,13 @@ print(check_weighted_loss(weighted_loss, world_sizes=(3, 4)))
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "summary", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## What the measurements showed
+# ## What you measured
 #
-# * **`.grad` after backward** held the same value on every rank, the local gradients'
-#   average (a plain `all_reduce` would have left their sum).
-# * **A SUM hook** made every `.grad` 4 times DDP's on 4 ranks; at the same learning rate the
-#   loss blew up, and at a quarter of it the run matched DDP's default step for step.
-# * **Uneven batches** (1 and 3 samples): `.grad` was the flat average of the two local
-#   means, not the mean over the 4 samples; only a loss that all-reduces the sample count
-#   gives the pooled mean.
-# * **Construction**: right after `DDP(m)` every rank held rank 0's initial weights.
-# * **Your hook and your loss** were checked against DDP's own averaging and against a
-#   single process that sees every sample.
+# * **`.grad` after backward**, on 4 ranks, beside a plain SUM all-reduce of the same local
+#   gradients.
+# * **A SUM comm hook** against DDP's default, one step and 30 steps of training at three
+#   learning rates: look at which curves coincide.
+# * **Uneven batches** of 2 and 5 samples: `.grad` beside the local means and the pooled mean.
+# * **Construction**: each rank's weights before and after `DDP(m)`.
+# * **Your hook and your loss**, checked against DDP's own reduction and against a single
+#   process that sees every sample. The explanations of the questions come with your feedback.

@@ -24,9 +24,9 @@
 #
 # In this notebook you will
 #
-# 1. watch the ring at work, chunk by chunk;
-# 2. answer two questions about its cost, and **measure** each answer on real
-#    `torch.distributed` ranks;
+# 1. answer three questions about the ring (how many steps, how many bytes, in what order
+#    to send and receive), and **measure** each answer on real `torch.distributed` ranks;
+# 2. watch the ring at work, chunk by chunk;
 # 3. write your own `ring_allreduce(tensor)` with point-to-point calls only, test it as you go,
 #    watch *your* run animated, and time it against `dist.all_reduce`.
 #
@@ -43,10 +43,8 @@ import torch.distributed as dist
 
 from course.checks import check_answer, check_ring_pattern, check_ring_sums
 from course.pictures import widgets
+from course.ranks import run
 from course.ring import cost
-from course.ring.recorder import record
-from course.ring.trace import bytes_sent, steps
-from course.ring.verdict import ring_violations
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "meet_ranks", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Meet your ranks
@@ -62,23 +60,16 @@ dist.all_reduce(t)
 print(f"rank {rank} of {world_size} holds {t.item()}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "watch_ring", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## The ring, step by step
+# ## The ring, in two phases
 #
-# Each rank's tensor is cut into N chunks. The widget colours each chunk by how many ranks'
-# contributions it already holds.
+# Each rank's tensor is cut into N chunks, and the ranks stand in a ring: each one sends only to
+# its right-hand neighbour and receives only from its left-hand one, one chunk at a time.
 #
 # * **Reduce-scatter**: at each step rank r sends the chunk it has been summing to rank r+1,
 #   which adds its own copy and passes it on, until every rank holds *one* chunk that is fully
 #   reduced, a different one on each rank.
 # * **All-gather**: the fully reduced chunks then travel round the ring, this time copied, not
 #   added, until every rank holds all of them.
-#
-# Press play, or step through; change the world size and watch what stays the same. The
-# arrows are the messages of the step the counter names; the grid shows the chunks once they
-# have landed.
-
-# %% nbgrader={"grade": false, "grade_id": "watch_ring_widget", "locked": true, "schema_version": 3, "solution": false, "task": false}
-widgets.ring_widget(world_size=4, formulas=False)  # the formulas come after the questions
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question ring_1: how many steps?
@@ -87,12 +78,12 @@ widgets.ring_widget(world_size=4, formulas=False)  # the formulas come after the
 #
 # In ring all-reduce with N ranks, how many communication steps (reduce-scatter plus
 # all-gather) does the algorithm run, whatever the size of the tensor? In one step every rank
-# sends one message and receives one.
+# sends one chunk (1/N of the tensor) to its neighbour and receives one.
 #
-# * a) N steps: one per rank, as each rank's chunk goes once round the ring.
-# * b) 2(N-1) steps: one pass round the ring to sum the chunks, a second to share the sums.
-# * c) log2(N) steps: as in a tree, the number of ranks a partial sum covers doubles each step.
-# * d) N-1 steps: each chunk visits the other N-1 ranks once, and then every rank has the sum.
+# * a) N steps: one per rank, each rank's own chunk going once round the ring.
+# * b) 2(N-1) steps: N-1 steps to sum the chunks, N-1 more to share the sums.
+# * c) log2(N) steps: the ranks that a partial sum covers double at every step.
+# * d) N-1 steps: each chunk visits the other N-1 ranks once, and then it is done.
 #
 # Set `answer_ring_1` to your letter and run the cell below it.
 
@@ -115,28 +106,43 @@ check_answer(
     step each rank passes one partial chunk to its neighbour, which adds its own copy; after
     N-1 steps each rank owns one fully reduced chunk. All-gather: N-1 more steps pass those
     finished chunks round until every rank has all N. That is 2(N-1) steps, whatever the
-    tensor size (the measuring cell counts 2, 4, 6, ... for N = 2, 3, 4, ...). N-1 steps is
-    only the reduce-scatter: after it each rank holds one finished chunk, not all N. log2(N)
-    steps belongs to tree and recursive-doubling all-reduces, which send the whole tensor at
-    every step instead of a 1/N chunk.
+    tensor size: gloo's own all-reduce sent 2.0, 4.0, 6.0, 8.0, 10.0 and 14.0 chunks per
+    rank on 2, 3, 4, 5, 6 and 8 ranks, one chunk per step, 2(N-1) in all. d) N-1 steps is
+    only the reduce-scatter: after it each rank holds one finished chunk, not all N. a) N
+    steps would move each chunk once round the whole ring, one step more than summing it
+    needs and N-2 fewer than sharing the sums too. c) log2(N) steps belongs to tree and
+    recursive-doubling all-reduces, which send the whole tensor at every step instead of a
+    1/N chunk.
     """,
+    giveaways=(r"2\s*\(\s*N\s*-\s*1\s*\)", r"\b2(\.0)?, 4(\.0)?, 6\b", r"N\s*-\s*1 more steps"),
 )
 ### END HIDDEN TESTS
 
+# %% [markdown] nbgrader={"grade": false, "grade_id": "ring_1_measure_watch_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Watch it.** The ring's schedule, simulated: press play, or step through. The arrows are
+# the messages of the step the counter names; the grid colours each chunk by how many ranks'
+# contributions it holds, once it has landed. Change the world size and count the steps.
+
+# %% nbgrader={"grade": false, "grade_id": "ring_1_measure_widget", "locked": true, "schema_version": 3, "solution": false, "task": false}
+widgets.ring_widget(world_size=4, formulas=False)  # the closed forms are left out
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The cell below plays the ring's traffic on real ranks, for several world
-# sizes: `ring_traffic` sends, step by step, every message a ring all-reduce sends, chunk by
-# chunk and of its real size, but adds nothing (the sums are yours to write, below). It
-# records every message each rank sends and counts the steps (the most sends any rank made).
-# Compare the counts with the options above.
+# **Measure it on real ranks.** gloo's own `dist.all_reduce` is a ring too (its ring runs the
+# other way round: each rank sends to rank - 1). The cell runs it for several world sizes on
+# a 1 MiB tensor and reads, from the kernel's own TCP counters, how many bytes each rank put
+# on the wire (`course.ring.wire.WireMeter`: nothing in gloo is wrapped). It prints them in
+# units of one chunk, 1/N of the tensor; gloo's headers add a few hundred bytes per message.
+# Since every step sends one chunk, what do the figures count, and which law fits them all?
 
 # %% nbgrader={"grade": false, "grade_id": "ring_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.ring.traffic import ring_traffic
+from course.experiments.ring import allreduce_traffic
 
-print(" N | steps measured |  N  | N-1 | 2(N-1) | ceil(log2 N)")
+numel = 2**18  # 1 MiB of float32 on every rank
+print(" N | one chunk | sent by each rank, in chunks")
 for n in (2, 3, 4, 5, 6, 8):
-    trace = record(ring_traffic, n, numel=1000)
-    print(f"{n:2} | {steps(trace):14} | {n:3} | {n - 1:3} | {2 * (n - 1):6} | {(n - 1).bit_length():12}")
+    chunk = numel * 4 / n
+    sent = run(allreduce_traffic, n, numel)
+    print(f"{n:2} | {chunk / 1024:5.0f} KiB | " + "  ".join(f"{b / chunk:.2f}" for b in sent))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question ring_2: how many bytes does each rank send?
@@ -147,10 +153,10 @@ for n in (2, 3, 4, 5, 6, 8):
 # is 800 MB. Roughly how much data does **each** rank send over the network in total during the
 # ring all-reduce, ignoring protocol overhead?
 #
-# * a) 800 MB: each rank passes its tensor once, to its neighbour.
-# * b) 5600 MB: each rank sends a full copy to each of the 7 other ranks.
-# * c) About 1400 MB: 14 messages of 100 MB each.
-# * d) About 700 MB: 7 messages of 100 MB each, one per step of the ring.
+# * a) 800 MB: its tensor once, passed on to its one neighbour.
+# * b) 5600 MB: a full copy of its tensor to each of the 7 others.
+# * c) 1400 MB: 14 chunks of 100 MB, two passes round the ring.
+# * d) 700 MB: 7 chunks of 100 MB, a single pass round the ring.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ring_2 = ""  # your answer: one letter, "a" to "d"
@@ -169,38 +175,34 @@ check_answer(
     explanation="""
     Each rank sends one chunk of size S/N per step, for 2(N-1) steps: 2(N-1)/N times S in
     all. With N = 8 that is 14/8 = 1.75 times the tensor, 1.75 x 800 MB = 1400 MB per rank
-    (the measuring cell: 14 sends of 1 MB for an 8 MB tensor). Half of it is the
-    reduce-scatter, half the all-gather: counting only the reduce-scatter gives 700 MB.
-    Sending a full copy to each of 7 peers would be 5600 MB, four times more, and the ring's
-    cost per rank barely grows with N: it tends to 2 S, which is why it is called
+    (the measuring cell: 14.0 MB of an 8 MB tensor, all of it to one neighbour, times 100).
+    d) 700 MB is half of it, the reduce-scatter alone: the all-gather sends as much again.
+    b) Sending a full copy to each of 7 peers would be 5600 MB, four times more, and a) 800
+    MB would need each rank's single message to carry every other rank's data too. The
+    ring's cost per rank barely grows with N: it tends to 2 S, which is why it is called
     bandwidth-optimal.
     """,
+    giveaways=(r"1,?400\s*MB", r"1\.75", r"\b14 (chunks|messages|sends)", r"2\s*\(\s*N\s*-\s*1\s*\)\s*/\s*N"),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** 800 MB on each of 8 ranks would not fit this machine, so the cell below
-# scales the tensor down 100 times, to 8 MB of float32 per rank, plays the ring's traffic on 8
-# real ranks, and records what each rank sends. Scale the measured bytes back up by 100 and
-# compare them with the options, and with 2(N-1)/N times the size. (Once your ring works,
-# put `ring_allreduce` in place of `ring_traffic`: it should send the same bytes.)
+# scales the tensor down 100 times, to 8 MB of float32 per rank, runs gloo's own all-reduce on
+# 8 real ranks, and reads from the kernel's TCP counters what each rank sent, and to whom.
+# Scale it back up to the question's tensor. (Once your ring works, put
+# `ring_allreduce(tensor)` in place of `dist.all_reduce(tensor)`: it should send the same.)
 
 # %% nbgrader={"grade": false, "grade_id": "ring_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 8
-from course.ring.recorder import Recorder
-from course.ring.traffic import ring_traffic
+from course.ring.wire import WireMeter
 
 tensor = torch.ones(2_000_000)  # 8 MB of float32 on every rank: 800 MB scaled down 100 times
-with Recorder() as recorder:
-    ring_traffic(tensor)
-
-sends = [m for m in recorder.messages if m.op == "send"]
-megabytes = sum(m.nbytes for m in sends) / 1e6
-formula = 2 * (world_size - 1) / world_size * tensor.numel() * tensor.element_size() / 1e6
-print(
-    f"{len(sends)} sends, {megabytes:.2f} MB sent (x100 = {100 * megabytes:.0f} MB); "
-    f"2(N-1)/N x size = {formula:.2f} MB"
-)
+dist.all_reduce(tensor)  # once first: gloo sets itself up on the first call
+with WireMeter() as wire:
+    dist.all_reduce(tensor)
+peers = ", ".join(f"{n / 1e6:.2f} MB to rank {p}" for p, n in wire.sent.items() if n > 1000)
+print(f"sent {wire.total_sent / 1e6:.2f} MB of an {tensor.numel() * 4 / 1e6:.0f} MB tensor: {peers}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "cost_model", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Why the ring? The alpha-beta cost model
@@ -208,7 +210,8 @@ print(
 # A message of n bytes costs about alpha + n * beta: a fixed latency alpha, plus n over the
 # link's bandwidth. The figure compares four ways to all-reduce:
 #
-# * the **ring** pays alpha 2(N-1) times but sends only 2(N-1)/N times the tensor;
+# * the **ring** pays alpha once per step (question ring_1) and sends only the bytes you
+#   measured in question ring_2;
 # * **recursive doubling** (a tree) pays alpha only log2 N times but sends the *whole* tensor
 #   at every step;
 # * the **naive** exchange sends the whole tensor to every peer;
@@ -236,12 +239,10 @@ cost.cost_figure(world_size=8)
 #
 # On 3 gloo ranks, with a tensor of a **single element**, what happens?
 #
-# * a) It works: a message that small is buffered, so `send` returns at once and every rank
-#   moves on to its `recv`.
-# * b) Every rank waits in `dist.send` forever: a gloo send completes only once the peer has
-#   posted the matching receive, and every peer is itself sending.
-# * c) gloo raises an error at once, because a rank may not send to a peer that is sending.
-# * d) It works on 3 ranks, since an odd ring cannot pair up; it would only hang on 2.
+# * a) It runs: so small a message is buffered, so every `send` returns at once.
+# * b) Every rank blocks in `send`: each waits for a receive no peer has posted.
+# * c) gloo raises at once: a rank may not send to a peer that is itself sending.
+# * d) It runs on 3 ranks: an odd ring cannot pair up, and only 2 ranks would hang.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ring_3 = ""  # your answer: one letter, "a" to "d"
@@ -260,31 +261,37 @@ check_answer(
     explanation="""
     gloo's send is a rendezvous: it completes when the neighbour's matching receive has been
     posted and the data has moved, even for one element (many MPI libraries would buffer a
-    small message "eagerly"; gloo does not). If every rank sends first, every rank waits for
-    a receive that its neighbour will only post after its own send completes: a cycle of
-    waits, a deadlock, on 2 ranks and on 3 alike. The measuring cell shows every rank stuck
-    in dist.send until the deadline, and two orders that work: even ranks send first while
-    odd ranks receive first, or post the send with dist.isend, receive, then wait for the
-    send. Your ring needs one of them at every step.
+    small message "eagerly": a) is true of them, not of gloo). If every rank sends first,
+    every rank waits for a receive that its neighbour will only post after its own send
+    completes: a cycle of waits, a deadlock, whatever the number of ranks (d: parity does not
+    break the cycle, since every rank sends first) and whatever the size. Nothing in gloo
+    looks for it (c): the send simply waits, until the process group's timeout (30 minutes
+    by default) ends it with an error; the measuring cell's 8-second deadline stops it
+    first. The cell shows every rank stuck in dist.send on 2 ranks with one element and on 4
+    ranks with a million, and two orders that work: even ranks send first while odd ranks
+    receive first, or post the send with dist.isend, receive, then wait for the send. Your
+    ring needs one of them at every step.
     """,
+    giveaways=(r"deadlock", r"rendezvous", r"(blocks|waits|stuck) in (dist\.)?send", r"(every|each) rank (calls a blocking )?send(s)? first"),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.ring.p2p` holds the three orders as small functions (read them with
-# `course.ring.p2p.send_first??`). The cell runs each on 2 and 3 real ranks with a one-element
-# tensor and an 8-second deadline, and prints how each rank ended. The hanging runs take
-# their full deadline.
+# **Measure it.** `course.ring.p2p` holds three orders for one ring step as small functions
+# (read them with `course.ring.p2p.send_first??`). The cell runs each on 2 ranks with a
+# one-element tensor and on 4 ranks with a million elements, under an 8-second deadline, and
+# prints how each rank ended (a run that hangs takes its whole deadline). What do the
+# results say about 3 ranks and one element?
 
 # %% nbgrader={"grade": false, "grade_id": "ring_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.ring import p2p
 from course.ranks import launch
 
 for order in (p2p.send_first, p2p.parity_ordered, p2p.isend_then_recv):
-    for n in (2, 3):
-        result = launch(order, n, 1, timeout=8)
+    for n, numel in ((2, 1), (4, 1_000_000)):
+        result = launch(order, n, numel, timeout=8)
         ends = [str(result.failures[r]) if r in result.failures else f"rank {r} {result.results[r]}" for r in range(n)]
-        print(f"{order.__name__} on {n} ranks, {result.elapsed:.1f} s:\n  " + "\n  ".join(ends))
+        print(f"{order.__name__}, {n} ranks, {numel} element(s), {result.elapsed:.1f} s:\n  " + "\n  ".join(ends))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise: your own ring all-reduce
@@ -301,7 +308,8 @@ for order in (p2p.send_first, p2p.parity_ordered, p2p.isend_then_recv):
 # * **right sums** (6 points): the result equals `dist.all_reduce` on world sizes 2 to 6, odd
 #   ones included, many sizes, shapes and dtypes;
 # * **a real ring** (4 points): each rank sends only to one neighbour and receives only from
-#   the other, 2(N-1) messages per rank, about 2(N-1)/N times the tensor in bytes.
+#   the other, one chunk per step, in as many steps and bytes as questions ring_1 and ring_2
+#   measured.
 #
 # A plan, one step at a time:
 #
@@ -314,9 +322,8 @@ for order in (p2p.send_first, p2p.parity_ordered, p2p.isend_then_recv):
 #    then add it into that chunk.
 # 4. All-gather: for s = 0 .. N-2, send chunk (rank + 1 - s) mod N and receive chunk
 #    (rank - s) mod N, copying it in.
-# 5. Every rank both sends and receives at each step: if they all call a blocking `send` first
-#    they can deadlock. Post the send with `dist.isend`, then `dist.recv`, then wait for the
-#    send; or order blocking calls by rank parity.
+# 5. Every rank both sends and receives at each step, so the order of the two calls matters:
+#    use one of the orders that finished in question ring_3's measurement.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_allreduce", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ring_allreduce(tensor: torch.Tensor) -> None:
@@ -382,7 +389,7 @@ print(check_ring_sums(ring_allreduce))
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "ring_allreduce_pattern", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-# A real ring: neighbours only, 2(N-1) messages, 2(N-1)/N of the tensor per rank, no collective.
+# A real ring: neighbours only, one chunk per step, the ring's steps and bytes, no collective.
 print(check_ring_pattern(ring_allreduce, world_sizes=(3,)))
 ### BEGIN HIDDEN TESTS
 print(check_ring_pattern(ring_allreduce))
@@ -391,8 +398,8 @@ print(check_ring_pattern(ring_allreduce))
 # %% [markdown] nbgrader={"grade": false, "grade_id": "benchmark_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ### How fast is yours?
 #
-# Bus bandwidth, as nccl-tests reports it: size x 2(N-1)/N / time, the rate at which each
-# rank's link moves data. Yours against gloo's own `dist.all_reduce` on the same ranks. On one
+# Bus bandwidth, as nccl-tests reports it: the bytes each rank's link carries in one
+# all-reduce (the ring's factor from question ring_2 times the size) over the time it took. Yours against gloo's own `dist.all_reduce` on the same ranks. On one
 # machine gloo's ranks still talk over TCP, through the loopback interface, and the CPU cores
 # do the copying and the adding, so expect roughly 0.25 to 1.5 GB/s, not a datacenter's
 # tens of GB/s.
@@ -403,14 +410,12 @@ from course.ring.bandwidth import compare_busbw
 rows = compare_busbw(ring_allreduce, world_size=2, megabytes=(1, 16))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "summary", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## What the measurements showed
+# ## What you measured
 #
-# * **Steps.** The recorded ring took 2, 4, 6, 8, 10 and 14 steps on 2, 3, 4, 5, 6 and 8
-#   ranks: two passes of N-1 steps, whatever the tensor size.
-# * **Bytes.** Each of 8 ranks sent 14 chunks of 1/8 of the tensor, 1.75 times its size;
-#   more ranks would push that towards twice the size, never more.
-# * **Blocking order.** With blocking calls and every rank sending first, every rank waited
-#   in `dist.send` until the deadline, on 2 ranks and on 3; ordering by rank parity, or
-#   `isend` before `recv`, finished at once.
-# * **Your ring** has been checked for its sums and for its pattern (neighbours only, 2(N-1)
-#   messages, 2(N-1)/N of the tensor), and timed against gloo's own all-reduce.
+# * **Steps and bytes**: gloo's own all-reduce on 2 to 8 ranks, read from the kernel's TCP
+#   counters; look at how the chunks each rank sends grow with N, and at who receives them.
+# * **Blocking order**: three ways to do one ring step, on 2 and 4 ranks; look at which ones
+#   finished and where the others were stuck.
+# * **Your ring**: its sums, its pattern (neighbours, steps, bytes), your run animated, and its
+#   bus bandwidth against gloo's all-reduce. The explanations of the questions come with your
+#   feedback.

@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course.checks import check_average_hook, check_weighted_loss
+from course.checks import check_reduce_hook, check_weighted_loss
 
 pytestmark = pytest.mark.ranks
 
 
-def average_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def reduce_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Reference: divide, all-reduce asynchronously, unwrap the list."""
     buffer = bucket.buffer().div_(dist.get_world_size())
     return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0])
@@ -41,13 +41,13 @@ def local_hook(state, bucket):
 
 
 def renamed_hook(state, b):
-    return average_hook(state, b)
+    return reduce_hook(state, b)
 
 
 def crashing_hook(state, bucket):
     if dist.get_rank() == 1:
         raise ValueError("student bug on rank 1")
-    return average_hook(state, bucket)
+    return reduce_hook(state, bucket)
 
 
 def weighted_loss(loss_per_sample: torch.Tensor) -> torch.Tensor:
@@ -77,7 +77,7 @@ def vector_loss(loss_per_sample):
 
 def test_reference_hook_passes(by_value, no_leftovers) -> None:
     """Does the reference hook match DDP's default on 2 and 3 ranks?"""
-    assert "matches" in check_average_hook(average_hook, world_sizes=(2, 3))
+    assert "matches" in check_reduce_hook(reduce_hook, world_sizes=(2, 3))
 
 
 @pytest.mark.parametrize(
@@ -94,14 +94,14 @@ def test_reference_hook_passes(by_value, no_leftovers) -> None:
 def test_wrong_hooks_fail_with_a_teaching_message(by_value, no_leftovers, hook, says) -> None:
     """Does each known-wrong hook fail, with a message naming its mistake?"""
     with pytest.raises(AssertionError, match=None) as failure:
-        check_average_hook(hook, world_sizes=(2,), seed=1)
+        check_reduce_hook(hook, world_sizes=(2,), seed=1)
     assert says in str(failure.value)
 
 
 def test_hook_signature_is_checked_before_any_rank_starts() -> None:
     """Is a hook whose second parameter is not named `bucket` rejected, saying DDP needs it?"""
     with pytest.raises(AssertionError, match="looks the second one up by its name"):
-        check_average_hook(renamed_hook)
+        check_reduce_hook(renamed_hook)
 
 
 def test_reference_loss_passes(by_value, no_leftovers) -> None:

@@ -28,13 +28,13 @@ from test_accumulation_check import (
     train_uneven,
 )
 from test_buckets_check import Blocking, OverlappingDDP
-from test_ddp_check import average_hook, mean_loss, sum_hook, weighted_loss
+from test_ddp_check import reduce_hook, mean_loss, sum_hook, weighted_loss
 
 from course.checks import accumulation as accumulation_check
 from course.checks import (
     check_accumulation_syncs,
     check_accumulation_values,
-    check_average_hook,
+    check_reduce_hook,
     check_error_feedback_hook,
     check_overlapping_ddp,
     check_train_uneven,
@@ -58,7 +58,7 @@ SEED = 424_242  # any seed but MODEL_SEED: the data's, which no rank may hold
 def _sent_by_value() -> Iterator[None]:
     """Send this module and the model solution to the ranks by value, as a cell would be."""
     modules = [sys.modules[__name__], halves_impls] + [
-        sys.modules[f.__module__] for f in (train_uneven, OverlappingDDP, average_hook)
+        sys.modules[f.__module__] for f in (train_uneven, OverlappingDDP, reduce_hook)
     ]
     for module in modules:
         cloudpickle.register_pickle_by_value(module)
@@ -121,7 +121,7 @@ def _recording_hook(where: str) -> Callable[..., Any]:
 
     def recording_hook(state, bucket):
         _record(where, {(1 + r, 6) for r in range(3)})
-        return average_hook(state, bucket)
+        return reduce_hook(state, bucket)
 
     return recording_hook
 
@@ -210,7 +210,7 @@ SENT_OWN = {
         lambda: zero_check._rank_batches(3, zero_check.STEPS, SEED),  # noqa: SLF001 - the checker's
     ),
     "hook": (
-        check_average_hook,
+        check_reduce_hook,
         _recording_hook,
         "matches DDP",
         lambda: ddp_check._hook_batches(3, SEED, 2),  # noqa: SLF001 - the checker's
@@ -268,7 +268,7 @@ def test_each_weighted_loss_rank_is_sent_its_own_samples_only(no_leftovers, tmp_
     [
         (check_train_uneven, train_no_step_when_done),
         (check_zero_matches_ddp, halves_impls.SummingZero),
-        (check_average_hook, sum_hook),
+        (check_reduce_hook, sum_hook),
         (check_weighted_loss, mean_loss),
         (check_overlapping_ddp, Blocking),
         (check_accumulation_values, no_division),
