@@ -90,7 +90,8 @@ def test_accumulation_4_set_epoch() -> None:
 
 
 def test_accumulation_5_uneven_without_join(no_leftovers) -> None:
-    """Rank 0 with 3 batches, rank 1 with 2: does rank 0 time out in backward, rank 1 finish?"""
+    """Rank 0 with 3 batches, rank 1 with 2 and then idle: does rank 0 time out in backward,
+    rank 1 finish?"""
     result = launch(accumulation.uneven_loop, 2, (3, 2), False, timeout=30, pg_timeout=5)
     rank1 = result.results[1]
     failure = result.failures.get(0)
@@ -107,6 +108,18 @@ def test_accumulation_5_uneven_without_join(no_leftovers) -> None:
         "d": rank1 is not None and len(rank1) == 3,
     }
     assert supported(options) == KEYS["accumulation_5"]
+
+
+def test_accumulation_5_the_ending_depends_on_what_the_short_rank_does(no_leftovers) -> None:
+    """Do the other endings the explanation gives hold: an exiting rank fails its peer at once
+    with a closed connection, a rank in dist.barrier() waits out the timeout too?"""
+    exits = launch(accumulation.uneven_loop, 2, (3, 2), False, "exit", timeout=30, pg_timeout=5)
+    assert exits.elapsed < 5 and "Connection" in exits.failures[0].message
+    barrier = launch(
+        accumulation.uneven_loop, 2, (3, 2), False, "barrier", timeout=30, pg_timeout=5
+    )
+    assert barrier.elapsed >= 5 and "Timed out" in barrier.failures[0].message
+    assert "dist.barrier" in barrier.failures[1].message
 
 
 def test_accumulation_6_join_divides_by_initial_world_size(run_ranks) -> None:
@@ -170,16 +183,29 @@ def test_accumulation_8_other_mismatches_crash_or_hang(by_value, no_leftovers) -
     assert not result.ok and any(f.kind == "killed" for f in result.failures.values())
 
 
+def _masks_on_other_data(n: int = 12) -> list[float]:
+    """A dropout mask drawn from seed 0 after DDP, applied to this rank's own data."""
+    torch.manual_seed(0)
+    from torch import nn
+
+    layer = nn.Dropout(0.5)
+    layer(torch.randn(n) + dist.get_rank())  # each rank's data differs
+    torch.manual_seed(0)
+    return (layer(torch.full((n,), 10.0 * (dist.get_rank() + 1))) != 0).float().tolist()
+
+
 def test_accumulation_9_dropout_masks(run_ranks) -> None:
-    """Seeded alike, do the ranks draw the same dropout mask (and different ones per rank)?"""
+    """Seeded alike and under DDP, do the ranks draw the same dropout mask, whatever their data
+    (and different ones per rank)?"""
     same = run_ranks(accumulation.dropout_masks, 2, False)
     per_rank = run_ranks(accumulation.dropout_masks, 2, True)
+    on_data = run_ranks(_masks_on_other_data, 2)
     assert per_rank[0] != per_rank[1]
     options = {
         "a": same[0] != same[1],
         "b": same[0] == same[1] and 0.0 in same[0] and 2.0 in same[0],
-        "c": same[0] != same[1],
-        "d": False,  # no DDP in the measurement, and the masks are equal anyway
+        "c": same[0] != same[1] or same == per_rank,  # as if DDP had seeded with the rank
+        "d": on_data[0] != on_data[1],
     }
     assert supported(options) == KEYS["accumulation_9"]
 
@@ -195,7 +221,7 @@ def test_accumulation_10_clipping_needs_no_all_reduce(run_ranks) -> None:
         and r0["collectives"] == r1["collectives"] == []
         and r0["clipped"] == r1["clipped"],
         "c": bool(r0["collectives"]),
-        "d": False,  # clip_grad_norm_ returned on both ranks
+        "d": r0["norm"] == pytest.approx(2 * large, rel=1e-3),  # the norm of the sum over 2 ranks
     }
     assert supported(options) == KEYS["accumulation_10"]
 
@@ -204,7 +230,9 @@ def test_accumulation_11_batchnorm_buffers(run_ranks) -> None:
     """broadcast_buffers: is rank 1's running mean rank 0's, updated with its own batch?"""
     r0, r1 = run_ranks(accumulation.batchnorm_buffers, 2, True)
     own = run_ranks(accumulation.batchnorm_buffers, 2, False)
-    assert "on GPU" in run_ranks(accumulation.sync_batchnorm_on_cpu, 2)[0]  # as the note says
+    sync_bn = run_ranks(accumulation.sync_batchnorm_on_cpu, 2)[0]  # as the explanation says
+    assert "expected input tensor to be on GPU or XPU or privateuseone" in sync_bn["forward"]
+    assert "SyncBatchNorm layers only work with GPU modules" in sync_bn["DDP"]
     assert r0[1] == pytest.approx(0.285)
     options = {
         "a": r1[1] == pytest.approx(r0[1]),

@@ -89,7 +89,10 @@ def test_ddp_1_scales_before_the_sum(run_ranks) -> None:
     three = run_ranks(ddp.scaling_order, 3)
     assert all(r["scale_then_sum"] == 0 and r["sum_then_divide"] == 12_080 for r in three)
     for n in (2, 4):
-        assert all(r["scale_then_sum"] == r["sum_then_divide"] == 0 for r in run_ranks(ddp.scaling_order, n))
+        assert all(
+            r["scale_then_sum"] == r["sum_then_divide"] == 0
+            for r in run_ranks(ddp.scaling_order, n)
+        )
 
 
 def test_ddp_4_construction_broadcast(run_ranks) -> None:

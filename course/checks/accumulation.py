@@ -21,6 +21,7 @@ from torch.utils.data import DistributedSampler
 
 from course.checks.compare import MODEL_SEED, close, fresh_seed, near, rank_generators
 from course.checks.ddp import on_ranks
+from course.checks.refusals import SAMPLER, refuse
 from course.checks.teaching import teaches, user_traceback
 from course.experiments.accumulation import counting_hook
 from course.ranks import PerRank
@@ -53,6 +54,20 @@ SAMPLER_CASES: dict[str, list[tuple[int, int, bool, int, int, bool]]] = {
         (13, 4, True, 1, 5, True),
         (100, 7, True, 3, 0, True),
     ],
+    "in order, hidden": [
+        (2, 5, False, 0, 0, False),  # padded more than once: the list is shorter than the ranks
+        (17, 5, False, 0, 0, False),
+        (17, 5, False, 0, 0, True),
+        (4, 4, False, 0, 0, True),  # divides: drop_last drops nothing
+        (9, 2, False, 0, 0, True),
+    ],
+    "shuffled, hidden": [
+        (2, 5, True, 11, 4, False),
+        (23, 6, True, 5, 9, False),
+        (23, 6, True, 5, 9, True),
+        (12, 3, True, 0, 1, True),
+        (50, 8, True, 123, 7, False),
+    ],
 }
 
 
@@ -61,6 +76,7 @@ SAMPLER_CASES: dict[str, list[tuple[int, int, bool, int, int, bool]]] = {
 
 def _call_sampler(fn: Callable[..., Any], cases: list[tuple]) -> list[Any]:
     """On a fresh rank: the student's indices for every (case, rank), or the error."""
+    refuse(SAMPLER)
     out = []
     for n, replicas, shuffle, seed, epoch, drop_last in cases:
         for rank in range(replicas):

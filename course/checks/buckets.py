@@ -25,6 +25,7 @@ from course.checks.compare import (
     ratio,
 )
 from course.checks.ddp import on_ranks
+from course.checks.refusals import DDP_RULE, refuse
 from course.checks.teaching import teaches, user_traceback
 from course.experiments.buckets import MB
 from course.ranks import PerRank
@@ -94,6 +95,7 @@ def _bucket_grads(
 
 
 def _bucketed_trial(fn: Any, grads: list[torch.Tensor], cap: float) -> dict[str, Any]:
+    refuse(DDP_RULE)
     """On each rank: the student's call on this rank's own gradients, recorded."""
     rank = dist.get_rank()
     given = list(grads)

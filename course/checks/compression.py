@@ -25,6 +25,7 @@ from torch import nn
 
 from course.checks.compare import fresh_seed, rank_generators
 from course.checks.ddp import on_ranks
+from course.checks.refusals import DDP_HOOKS, refuse
 from course.checks.teaching import teaches
 from course.ranks import PerRank
 
@@ -85,6 +86,7 @@ def baselines(
 
 
 def _yours(hook: Any, scale: float, steps: int, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    refuse(DDP_HOOKS)
     return {"yours": _train(hook, scale, steps, x)}
 
 

@@ -32,6 +32,7 @@ from course.checks.compare import (
     ratio,
 )
 from course.checks.hooks import guard_hook, hook_signature_problem
+from course.checks.refusals import DDP_HOOKS, refuse
 from course.checks.teaching import teaches, user_traceback
 from course.ranks import PerRank
 
@@ -71,6 +72,7 @@ def _hook_trial(hook: Any, batches: list[torch.Tensor]) -> dict[str, Any]:
     signature = hook_signature_problem(hook)
     if signature:
         return {"rank": rank, "signature": signature, "problems": [], "steps": []}
+    refuse(DDP_HOOKS)
     student = DDP(_hook_model(), bucket_cap_mb=0.0005)  # ~500 bytes: several buckets
     problems: list[str] = []
     student.register_comm_hook(None, guard_hook(hook, problems))

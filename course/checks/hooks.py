@@ -66,9 +66,7 @@ def guard_hook(hook: Any, problems: list[str]) -> Any:
             except Exception as exc:  # noqa: BLE001 - the student's code may raise anything
                 text = user_traceback(exc)
                 hint = teaching.hint_for(text)
-                problems.append(
-                    f"reduce_hook's future failed{': ' + hint if hint else ''}\n{text}"
-                )
+                problems.append(f"reduce_hook's future failed{': ' + hint if hint else ''}\n{text}")
                 return local
             if isinstance(v, list | tuple):
                 problems.append(

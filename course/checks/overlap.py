@@ -31,6 +31,7 @@ from course.checks.compare import (
     ratio,
 )
 from course.checks.ddp import on_ranks
+from course.checks.refusals import DDP_ITSELF, DDP_RULE, refuse
 from course.checks.teaching import teaches, user_traceback
 from course.ranks import PerRank
 from course.ring.recorder import Recorder
@@ -63,6 +64,7 @@ def _overlap_trial(cls: Any, cap: float, inputs: list[torch.Tensor]) -> dict[str
     """On each rank: a training step per batch it was sent, through the student's wrapper."""
     rank = dist.get_rank()
     model = _overlap_model()
+    refuse(DDP_RULE, DDP_ITSELF)
     out: dict[str, Any] = {"rank": rank, "problem": None, "steps": []}
     ready: list[float] = []
     with Recorder() as recorder:

@@ -263,8 +263,8 @@ def _judge_pattern(world_size: int, case: Case, directory: str, i: int) -> None:
     if len(found) > SHOWN:
         lines.append(f"  ... and {len(found) - SHOWN} more")
     lines.append(
-        f"A ring on N ranks sends to one neighbour and receives from the other, 2(N-1) times "
-        f"(N-1 reduce-scatter steps, then N-1 all-gather steps), one chunk of about "
-        f"1/N of the tensor each time; see course.ring.schedule.plan(rank, {world_size})."
+        "A ring on N ranks sends to one neighbour and receives from the other, 2(N-1) times "
+        "(N-1 reduce-scatter steps, then N-1 all-gather steps), one chunk of about "
+        "1/N of the tensor each time: the plan in the exercise's introduction."
     )
     raise AssertionError("\n".join(lines))

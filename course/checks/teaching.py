@@ -187,5 +187,9 @@ def on_ranks(
 
 
 def user_traceback(exc: BaseException) -> str:
-    """The traceback of an exception raised by student code, without the checker's frame."""
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
+    """The traceback of an exception raised by student code, without the course's frames."""
+    from course.ranks.report import format_traceback
+
+    frames = [tuple(f) for f in traceback.extract_tb(exc.__traceback__)]
+    last = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return format_traceback(frames, last)

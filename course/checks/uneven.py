@@ -19,36 +19,20 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course.checks.compare import MODEL_SEED, close, fresh_seed, rank_generators
+from course.checks.refusals import JOIN, refuse
 from course.checks.teaching import failure_message, teaches
 from course.ranks import PerRank
 
-__all__ = ["JOIN_REFUSED", "check_train_uneven", "join_oracle", "refuse_join"]
+__all__ = ["check_train_uneven", "join_oracle"]
 
 UNEVEN_TIMEOUT, UNEVEN_PG_TIMEOUT = 40.0, 6.0  # a hang costs the gloo timeout, not the deadline
 LR = 0.1
-JOIN_REFUSED = (
-    "this exercise asks for the loop without Join: agree each step, with one small collective "
-    "(an all-reduce of a 'have I a batch?' flag), whether any rank still has data; a rank that "
-    "has run out still runs a forward and backward with its loss multiplied by 0 and steps its "
-    "optimizer, until no rank has data (question accumulation_6 shows what Join does)"
-)
 AGREE_HINT = (
     "Agree each step whether anyone still has data: all-reduce a 'have I a batch?' flag, stop "
     "when the sum is 0, and let a rank that has run out still run a backward of its last batch "
     "with the loss multiplied by 0 and step its optimizer, so that DDP's all-reduce sees every "
     "rank (what Join's shadowing does, question accumulation_6)."
 )
-
-
-def refuse_join() -> None:
-    """On a grading rank, make ``Join([...])`` fail however it was imported: no Join here."""
-    from torch.distributed.algorithms.join import Join
-
-    def refuse(*_args: Any, **_kwargs: Any) -> None:
-        raise AssertionError(JOIN_REFUSED)
-
-    Join.__init__ = refuse  # type: ignore[method-assign]
-    Join.__enter__ = refuse  # type: ignore[method-assign]
 
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -94,7 +78,7 @@ def _uneven_trial(train: Any, batches: Batches) -> dict[str, Any]:
     """On each rank: the student's loop on the batches this rank was sent; its final weights."""
     model = _model()
     ddp = DDP(model)
-    refuse_join()
+    refuse(JOIN)
     train(ddp, torch.optim.SGD(ddp.parameters(), lr=LR), batches)
     return {"rank": dist.get_rank(), "student": _params(model)}
 
@@ -169,8 +153,8 @@ def _show(t: torch.Tensor) -> str:
 def _uneven_failure(result: Any, counts: list[int]) -> str:
     """What went wrong, in the student's terms: a crash shows its traceback, a hang says why."""
     failures = result.failures
-    if any(JOIN_REFUSED in f.message for f in failures.values()):
-        return f"train_uneven used Join on {len(counts)} ranks: {JOIN_REFUSED}."
+    if any(JOIN.message in f.message for f in failures.values()):
+        return f"train_uneven used Join on {len(counts)} ranks: {JOIN.message}."
     hung = any("Timed out" in f.message or f.kind == "deadlock" for f in failures.values())
     causes = [f for f in failures.values() if f.is_cause and "Timed out" not in f.message]
     if causes and not hung:

@@ -21,6 +21,7 @@ import torch
 
 from course.checks.compare import MODEL_SEED, fresh_seed, rank_generators
 from course.checks.ddp import on_ranks
+from course.checks.refusals import TORCH_ZERO, refuse
 from course.checks.teaching import teaches
 from course.experiments.zero import (
     FORMULAS,
@@ -48,7 +49,14 @@ def _rank_batches(world_size: int, steps: int, seed: int) -> list[Batches]:
 
 def _trained(zero_class: Any, batches: Batches) -> torch.Tensor:
     """On each rank: the parameters after the student's optimizer stepped on ``batches``."""
+    refuse(TORCH_ZERO)
     return final_params("zero", zero_class, len(batches), MODEL_SEED, batches)
+
+
+def _held(zero_class: Any, batches: Batches) -> dict[str, int]:
+    """On each rank: the bytes held after the student's optimizer stepped on ``batches``."""
+    refuse(TORCH_ZERO)
+    return memory_on_ranks("zero", zero_class, len(batches), batches)
 
 
 @teaches
@@ -102,9 +110,7 @@ def check_zero_memory(zero_class: Any, world_size: int = 4) -> str:
     """Each rank holds 1/N of Adam's state and of the gradients (ZeRO-2), measured."""
     _callable(zero_class)
     batches = PerRank(_rank_batches(world_size, MEMORY_STEPS, fresh_seed(None)))
-    results = on_ranks(
-        "ZeroOptimizer", memory_on_ranks, world_size, "zero", zero_class, MEMORY_STEPS, batches
-    )
+    results = on_ranks("ZeroOptimizer", _held, world_size, zero_class, batches)
     psi = sum(p.numel() for p in toy_model().parameters())
     _, grads, state = (b * psi for b in FORMULAS["ZeRO-2"](world_size))
     for rank, held in enumerate(results):

@@ -17,12 +17,14 @@ works without a process group. PyTorch docs: ``DistributedDataParallel.no_sync``
 
 import contextlib
 import copy
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
@@ -44,10 +46,10 @@ __all__ = [
 
 
 def counting_hook(state: list, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP's averaging, as a comm hook that also appends the bucket's index to ``state``."""
+    """DDP's default reduction (torch's ``allreduce_hook``), appending each bucket's index to
+    ``state``: one entry per all-reduce DDP launches."""
     state.append(bucket.index())
-    buffer = bucket.buffer().div_(dist.get_world_size())
-    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda f: f.value()[0])
+    return allreduce_hook(None, bucket)
 
 
 def _mlp(seed: int) -> nn.Module:
@@ -75,11 +77,14 @@ def accumulation_counts(use_no_sync: bool = True, k: int = 4, seed: int = 0) -> 
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(world_size, k, 2, 4, generator=gen)
     y = torch.randn(world_size, k, 2, 1, generator=gen)
+    synced = [not use_no_sync or i == k - 1 for i in range(k)]  # no_sync on all but the last
     per_backward = []
-    for i in range(k):
+    for i, sync in enumerate(synced):
         before = len(calls)
-        with ddp.no_sync() if use_no_sync and i < k - 1 else contextlib.nullcontext():
-            nn.functional.mse_loss(ddp(x[rank, i]), y[rank, i]).backward()
+        context = contextlib.nullcontext() if sync else ddp.no_sync()
+        with context:
+            loss = nn.functional.mse_loss(ddp(x[rank, i]), y[rank, i])
+            loss.backward()
         per_backward.append(len(calls) - before)
     nn.functional.mse_loss(large(x.reshape(-1, 4)), y.reshape(-1, 1)).backward()
     return {
@@ -113,11 +118,15 @@ def epoch_orders(
     return orders
 
 
-def uneven_loop(batches_per_rank: Sequence[int] = (3, 2), join: bool = False) -> list[dict]:
+def uneven_loop(
+    batches_per_rank: Sequence[int] = (3, 2), join: bool = False, then: str = "return"
+) -> list[dict]:
     """Train ``nn.Linear(2, 1)`` under DDP, rank r on ``batches_per_rank[r]`` batches.
 
     Batch i of rank r is one sample with both inputs ``10 r + i + 1``, so the local gradient
     of ``sum(w . x)`` is that input. Returns, per step, the input and ``.grad`` after backward.
+    What a rank does once its batches are done: ``then="return"`` returns (its process stays,
+    idle), ``"barrier"`` calls ``dist.barrier()`` first, ``"exit"`` ends its process at once.
     """
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -132,6 +141,10 @@ def uneven_loop(batches_per_rank: Sequence[int] = (3, 2), join: bool = False) ->
             steps.append(
                 {"local": x.flatten().tolist(), "grad": model.weight.grad.flatten().tolist()}
             )
+    if then == "barrier":
+        dist.barrier()
+    elif then == "exit":
+        os._exit(0)
     return steps
 
 
@@ -168,11 +181,14 @@ def unused_parameter_steps(find_unused_parameters: bool = False, steps: int = 2)
     return out
 
 
-def swapped_all_reduce() -> dict[str, Any]:
-    """Two same-shaped all-reduces, called in opposite orders on rank 0 and the others."""
+def swapped_all_reduce(loss: float = 1.0, samples: float = 100.0) -> dict[str, Any]:
+    """Two same-shaped all-reduces, called in opposite orders on rank 0 and the others.
+
+    Rank r's loss sum is ``loss + r`` and its sample count ``samples * (r + 1)``.
+    """
     rank = dist.get_rank()
-    loss_sum = torch.tensor([1.0 + rank])  # the ranks' losses: 1, 2, ...
-    count = torch.tensor([100.0 * (rank + 1)])  # the ranks' sample counts: 100, 200, ...
+    loss_sum = torch.tensor([loss + rank])
+    count = torch.tensor([samples * (rank + 1)])
     order = [loss_sum, count] if rank == 0 else [count, loss_sum]
     for t in order:
         dist.all_reduce(t)
@@ -213,12 +229,15 @@ def clipped_norms(max_norm: float = 0.1, seed: int = 0) -> dict[str, Any]:
     }
 
 
-def batchnorm_buffers(broadcast_buffers: bool = True, steps: int = 2) -> list[float]:
-    """A ``BatchNorm1d``'s running mean on this rank after each DDP step (batch mean 10 r + 1.5)."""
+def batchnorm_buffers(
+    broadcast_buffers: bool = True, steps: int = 2, spacing: float = 10.0
+) -> list[float]:
+    """A ``BatchNorm1d``'s running mean on this rank after each DDP step (batch mean
+    ``spacing * r + 1.5``)."""
     rank = dist.get_rank()
     model = nn.BatchNorm1d(1)  # momentum 0.1: running = 0.9 running + 0.1 batch mean
     ddp = DDP(model, broadcast_buffers=broadcast_buffers)
-    x = 10.0 * rank + torch.arange(4.0).view(4, 1)
+    x = spacing * rank + torch.arange(4.0).view(4, 1)
     means = []
     for _ in range(steps):
         ddp(x).sum().backward()
@@ -226,18 +245,25 @@ def batchnorm_buffers(broadcast_buffers: bool = True, steps: int = 2) -> list[fl
     return means
 
 
-def sync_batchnorm_on_cpu() -> str:
-    """What ``nn.SyncBatchNorm`` does with a CPU tensor on a gloo rank: its error, if any."""
-    try:
-        nn.SyncBatchNorm(1)(torch.randn(4, 1))
-    except ValueError as err:
-        return f"ValueError: {err}"
-    return "no error"
+def sync_batchnorm_on_cpu() -> dict[str, str]:
+    """What ``nn.SyncBatchNorm`` does on a CPU gloo rank: in a forward, and under DDP."""
+    out = {}
+    for what in ("forward", "DDP"):
+        try:
+            layer = nn.SyncBatchNorm(1)
+            (DDP(layer) if what == "DDP" else layer)(torch.randn(4, 1))
+            out[what] = "no error"
+        except (ValueError, RuntimeError) as err:
+            out[what] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+    return out
 
 
-def dropout_masks(seed_per_rank: bool = False, n: int = 12) -> list[float]:
-    """The dropout mask (0 or 2) this rank draws after ``torch.manual_seed``."""
+def dropout_masks(seed_per_rank: bool = False, n: int = 12, wrap: bool = True) -> list[float]:
+    """The dropout mask (0 or 2) this rank draws after ``torch.manual_seed`` and, with
+    ``wrap``, after building a DDP model (which could have touched the generator)."""
     torch.manual_seed(dist.get_rank() if seed_per_rank else 0)
+    if wrap:
+        DDP(nn.Sequential(nn.Linear(n, n), nn.Dropout(0.5)))
     return nn.functional.dropout(torch.ones(n), 0.5).tolist()
 
 

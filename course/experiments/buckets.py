@@ -118,7 +118,7 @@ def _recording_hook(log: list[dict[str, Any]], index: dict[int, int], t0: list[f
     """DDP's default reduction (torch's ``allreduce_hook``), logging each bucket's start and
     finish."""
 
-    def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:  # noqa: ARG001 - DDP's comm hook signature
+    def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         entry = {
             "bucket": bucket.index(),
             "nbytes": _nbytes(bucket.buffer()),

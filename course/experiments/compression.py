@@ -74,17 +74,22 @@ def powersgd_steps(
     return rows
 
 
-def torch_zero_state(in_features: int = 1000, out_features: int = 10) -> int:
-    """Bytes of Adam state this rank holds under torch's ``ZeroRedundancyOptimizer`` for one
-    ``nn.Linear`` (a weight and a bias), after one step."""
+def torch_zero_state(shapes: Sequence[tuple[int, int]] = ((1000, 10),)) -> dict:
+    """Whose Adam state this rank holds under torch's ``ZeroRedundancyOptimizer`` for a stack
+    of ``nn.Linear(in, out)`` layers, after one step: each parameter's name and elements, and
+    the bytes of state."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     torch.manual_seed(0)
-    model = nn.Linear(in_features, out_features)
+    model = nn.Sequential(*(nn.Linear(a, b) for a, b in shapes))
     ddp = nn.parallel.DistributedDataParallel(model)
     optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
-    ddp(torch.randn(4, in_features)).sum().backward()
+    ddp(torch.randn(4, shapes[0][0])).sum().backward()
     optimizer.step()
-    return sum(
-        v.nbytes for s in optimizer.optim.state.values() for v in s.values() if torch.is_tensor(v)
-    )
+    names = {id(p): name for name, p in model.named_parameters()}
+    owned = [p for group in optimizer.optim.param_groups for p in group["params"]]
+    state = optimizer.optim.state.values()
+    return {
+        "params": {names[id(p)]: p.numel() for p in owned},
+        "nbytes": sum(v.nbytes for s in state for v in s.values() if torch.is_tensor(v)),
+    }

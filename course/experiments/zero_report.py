@@ -24,6 +24,7 @@ __all__ = [
     "report_ef_training",
     "report_equivalence",
     "report_fp16",
+    "report_matches",
     "report_memory",
     "report_powersgd",
     "report_torch_zero",
@@ -52,12 +53,22 @@ def unwritten(*yours: Any) -> bool:
     return False
 
 
-def report_traffic(reduce_scatter: Callable, all_gather: Callable, world_size: int = 4) -> None:
-    """Bytes each scheme's step sends per rank, in model sizes (your halves, recorded)."""
+def report_traffic(
+    reduce_scatter: Callable, all_gather: Callable, world_sizes: Sequence[int] = (2, 3, 4)
+) -> None:
+    """Bytes a rank sends per step, in model sizes: DDP and torch's ``fully_shard`` on the
+    wire, your halves recorded, on each world size."""
     if grading() or unwritten(reduce_scatter, all_gather):
         return
-    for scheme, sent in zero.traffic_on_ranks(reduce_scatter, all_gather, world_size).items():
-        print(f"{scheme:9} sends {sent:.2f} x the model's size per rank per step")
+    for n in world_sizes:
+        t = zero.traffic_on_ranks(reduce_scatter, all_gather, n)
+        calls = ", ".join(f"{count} {name}" for name, count in t["FSDP calls"].items())
+        print(
+            f"N = {n}: DDP {t['DDP']:.2f}; your reduce_scatter {t['reduce_scatter']:.2f}, "
+            f"all_gather {t['all_gather']:.2f}, ZeRO-1/2 step {t['ZeRO-1/2']:.2f}; torch's "
+            f"fully_shard forward {t['FSDP forward']:.2f}, backward {t['FSDP backward']:.2f} "
+            f"({calls} for {t['layers']} layers)"
+        )
 
 
 def report_memory(zero_class: Any, world_size: int = 4) -> None:
@@ -69,8 +80,14 @@ def report_memory(zero_class: Any, world_size: int = 4) -> None:
         held = run(zero.memory_on_ranks, world_size, kind, zero_class, timeout=TIMEOUT)[0]
         parts = ", ".join(f"{k} {v / psi:.2f}P" for k, v in held.items())
         print(f"{kind:5}: {parts}; total {sum(held.values()) / psi:.2f}P")
-    for name, formula in zero.FORMULAS.items():
-        print(f"formula {name}: {sum(formula(world_size)):.2f}P")
+
+
+def report_matches(zero_class: Any, world_size: int = 2) -> None:
+    """Whether ``zero_class`` trains to DDP + Adam's weights within 1e-4, after 20 steps."""
+    if grading() or unwritten(zero_class):
+        return
+    same = run(zero.equivalence, world_size, zero_class, timeout=TIMEOUT)[0]
+    print(f"N = {world_size}: within 1e-4 of DDP + Adam's weights: {same['max_rel'] < 1e-4}")
 
 
 def report_equivalence(zero_class: Any, world_sizes: Sequence[int] = (2, 3, 4)) -> None:
@@ -85,12 +102,18 @@ def report_equivalence(zero_class: Any, world_sizes: Sequence[int] = (2, 3, 4)) 
         )
 
 
-def report_torch_zero() -> None:
-    """Adam state per rank under torch's ZeroRedundancyOptimizer, one nn.Linear(1000, 10)."""
+def report_torch_zero(models: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -> None:
+    """Which parameters' Adam state each rank holds under torch's ZeroRedundancyOptimizer, for
+    each (world size, layer shapes) given: a stack of ``nn.Linear(in, out)``."""
     if grading():
         return
-    for r, nbytes in enumerate(run(compression.torch_zero_state, 2, timeout=TIMEOUT)):
-        print(f"rank {r} holds {nbytes:,} bytes of Adam state")
+    for world_size, shapes in models:
+        print(f"{world_size} ranks, Linear layers {list(shapes)}:")
+        for r, held in enumerate(
+            run(compression.torch_zero_state, world_size, shapes, timeout=TIMEOUT)
+        ):
+            owned = ", ".join(f"{name} ({n:,})" for name, n in held["params"].items())
+            print(f"  rank {r}: state of {owned}: {held['nbytes']:,} bytes")
 
 
 def report_fp16(values: Sequence[float]) -> None:
@@ -143,7 +166,7 @@ def memory_figure(zero_class: Any, world_sizes: tuple[int, ...] = (2, 3, 4)) -> 
     if grading() or unwritten(zero_class):
         return None
     points = memory_points(zero_class, world_sizes)
-    xs = list(range(1, 9))
+    xs = list(range(min(world_sizes), max(world_sizes) + 1))  # the measured range only
     fig = go.Figure()
     colours = {"DDP": "#4c72b0", "ZeRO-1": "#dd8452", "ZeRO-2": "#55a868"}
     for name, colour in colours.items():

@@ -50,7 +50,9 @@ LIMITS = {
     "letter_high": 0.375,  # and at most this share
 }
 _OPTION = re.compile(r"^\* ([a-z])\) ", re.MULTILINE)
-_HEDGE = re.compile(r"\b(about|roughly|approximately|usually|typically|likely|may|might)\b", re.I)
+_HEDGE = re.compile(
+    r"\b(about|roughly|approximately|usually|typically|likely|may|might)\b", re.IGNORECASE
+)
 _DIGIT = re.compile(r"\d")
 
 
@@ -92,9 +94,7 @@ def items_of(path: Path) -> list[Item]:
             continue
         stem, options = _question(cell.source)
         q = keyed[item_id]
-        found.append(
-            Item(path.parent.name, item_id, stem, options, q.key, q.points, q.giveaways)
-        )
+        found.append(Item(path.parent.name, item_id, stem, options, q.key, q.points, q.giveaways))
     return found
 
 
@@ -167,12 +167,12 @@ def form_problems(f: Form, letters: str = "abcd") -> list[str]:
             f"the key is the strictly longest option in {len(f.key_longest)} of {f.items} "
             f"items ({share:.0%}, limit {LIMITS['key_longest']:.0%}): {', '.join(f.key_longest)}"
         )
-    for pick in ("always_longest", "always_shortest"):
-        if getattr(f, pick) > LIMITS[pick]:
-            problems.append(
-                f"{pick.replace('_', ' ')} scores {getattr(f, pick):.0%} of the quiz points "
-                f"(limit {LIMITS[pick]:.0%})"
-            )
+    problems += [
+        f"{pick.replace('_', ' ')} scores {getattr(f, pick):.0%} of the quiz points "
+        f"(limit {LIMITS[pick]:.0%})"
+        for pick in ("always_longest", "always_shortest")
+        if getattr(f, pick) > LIMITS[pick]
+    ]
     wide = {k: round(v, 2) for k, v in f.spread.items() if v > LIMITS["spread"]}
     if wide:
         problems.append(
@@ -229,9 +229,7 @@ def giveaway_leaks(nb: NotebookNode, items: Sequence[Item], outputs: bool = Fals
             if gid.startswith(own):
                 continue
             text = _flat(_cell_text(cell, outputs))
-            found += [
-                f"{item.item_id}: {p.pattern!r} in {gid}" for p in patterns if p.search(text)
-            ]
+            found += [f"{item.item_id}: {p.pattern!r} in {gid}" for p in patterns if p.search(text)]
     return found
 
 

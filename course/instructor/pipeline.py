@@ -22,6 +22,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import nbformat
+
+from course.instructor.bank import giveaway_leaks, items_of
 from course.instructor.classrun import Outcome, autograde_class
 from course.instructor.commands import (
     assignments,
@@ -83,7 +86,9 @@ def _release_drift(root: Path, repo: Path) -> list[str]:
     return sorted(str(p) for p in (made ^ kept) | set(differ))
 
 
-def _report_run(path: Path, out: Path) -> None:
+def _report_run(path: Path, out: Path, source: Path) -> None:
+    """Run a release notebook as a student who answered nothing; say what a student would not
+    expect: an error that is not a check's, or an output that gives a quiz item away."""
     start = time.monotonic()
     errors = execute(path, out=out)
     odd = [e for e in errors if not e.expected]
@@ -93,6 +98,9 @@ def _report_run(path: Path, out: Path) -> None:
     )
     for e in odd:  # not a check's AssertionError: is it something a student can act on?
         say(f"    UNEXPECTED {e.ename} in cell {e.grade_id}: {e.message}")
+    executed = nbformat.read(out, as_version=4)
+    for leak in giveaway_leaks(executed, items_of(source), outputs=True):
+        say(f"    UNEXPECTED give-away in an output: {leak}")
 
 
 def demo(
@@ -130,7 +138,13 @@ def demo(
     step(f"autograded every sample, {jobs} at a time")
     out = root / "build" / "executed"
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for task in [pool.submit(_report_run, path, out / path.name) for path in made]:
+        runs = [
+            pool.submit(
+                _report_run, path, out / path.name, root / "source" / path.parent.name / path.name
+            )
+            for path in made
+        ]
+        for task in runs:
             task.result()
     step("release notebooks run top to bottom (build/executed/)")
     pages = feedback(root)

@@ -1,9 +1,10 @@
 """The ring all-reduce schedule, as plain data: chunk bounds, who sends what at each step.
 
-Pure Python (numpy for the large-N simulator), no torch: the ring's traffic on real ranks
-(``course.ring.traffic``), the instructor's reference ring (``course.instructor.reference``),
-the simulator, the cost model and the widget all read the same few functions, so the real
-runs and the simulation agree by construction.
+Pure Python (numpy for the large-N simulator), no torch: the instructor's reference ring
+(``course.instructor.reference``), the simulator, the cost model and the widget all read the
+same few functions, so the real runs and the simulation agree by construction. It states the
+chunk formulas the ring exercise's plan states, and no more: no list of a rank's steps, no
+communication.
 
 The ring (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of
 workstations"; the Baidu/Horovod ring) splits the tensor into ``N`` chunks and runs
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -31,11 +32,9 @@ if TYPE_CHECKING:
 __all__ = [
     "Phase",
     "RingState",
-    "RingStep",
     "chunk_bounds",
     "num_steps",
     "phase",
-    "plan",
     "recv_chunk",
     "recv_peer",
     "ring_bytes_formula",
@@ -96,34 +95,6 @@ def send_chunk(rank: int, step: int, world_size: int) -> int:
 def recv_chunk(rank: int, step: int, world_size: int) -> int:
     """The chunk ``rank`` receives from ``(rank - 1) % N`` at ``step`` (adds it, then copies)."""
     return send_chunk((rank - 1) % world_size, step, world_size)
-
-
-class RingStep(NamedTuple):
-    """What one rank does at one step: send a chunk on, receive one and add or copy it."""
-
-    step: int
-    phase: Phase
-    send_to: int
-    send_chunk: int
-    recv_from: int
-    recv_chunk: int
-    combine: Literal["add", "copy"]
-
-
-def plan(rank: int, world_size: int) -> list[RingStep]:
-    """Every step of ``rank``'s part of the ring, in order (empty for one rank)."""
-    return [
-        RingStep(
-            step=s,
-            phase=phase(s, world_size),
-            send_to=send_peer(rank, world_size),
-            send_chunk=send_chunk(rank, s, world_size),
-            recv_from=recv_peer(rank, world_size),
-            recv_chunk=recv_chunk(rank, s, world_size),
-            combine="add" if s < world_size - 1 else "copy",
-        )
-        for s in range(num_steps(world_size))
-    ]
 
 
 def ring_bytes_per_rank(numel: int, world_size: int, itemsize: int = 4) -> list[int]:

@@ -22,7 +22,7 @@
 #
 # In this notebook you will
 #
-# 1. answer eleven questions, each next to a cell that **measures** the answer on real gloo ranks
+# 1. answer eleven questions, each next to a cell that **measures** it on real gloo ranks
 #    (PyTorch's own DDP, `DistributedSampler` and `Join`, on this machine's CPU);
 # 2. write `sampler_indices`, the indices `DistributedSampler` gives each rank;
 # 3. write `accumulation_step`, one optimizer step from K micro-batches with a single all-reduce;
@@ -57,10 +57,9 @@ from course.ranks import RankError, launch, run
 # ## Gradient accumulation and `no_sync`
 #
 # To train with a batch larger than memory allows, a rank runs K micro-batches, lets `.grad`
-# add up over K backward passes, and steps the optimizer once. Under DDP every backward
-# all-reduces the gradients, unless it runs inside `ddp.no_sync()`, a context manager that
-# skips DDP's communication and lets gradients accumulate locally (PyTorch docs,
-# `DistributedDataParallel.no_sync`). A first attempt:
+# add up over K backward passes, and steps the optimizer once. Under DDP a backward normally
+# all-reduces the gradients; `ddp.no_sync()` is a context manager that changes what a backward
+# inside it does (PyTorch docs, `DistributedDataParallel.no_sync`). A first attempt:
 #
 # ```python
 # for i, (x, y) in enumerate(micro_batches):
@@ -79,10 +78,10 @@ from course.ranks import RankError, launch, run
 # puts all its gradients in one bucket. How many times does DDP all-reduce that bucket during
 # one optimizer step?
 #
-# * a) 4 times, once per backward; `no_sync` only delays writing the result into `.grad`.
-# * b) 3 times, once for each backward inside `no_sync`.
-# * c) Once, during the last backward, on the gradients accumulated over all 4 micro-batches.
-# * d) Never: with `no_sync` in the loop, the ranks' gradients are not averaged at all.
+# * a) 4 times, once per backward: `no_sync` only delays writing into `.grad`.
+# * b) 3 times: once for each of the backward passes run inside `no_sync`.
+# * c) Once, in the last backward, on the gradients summed over all 4 passes.
+# * d) Never: with `no_sync` in the loop, the gradients are not averaged at all.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_1 = ""  # your answer: one letter, "a" to "d"
@@ -102,26 +101,36 @@ check_answer(
     Inside no_sync() DDP's reducer does not launch its bucket all-reduces: the backward passes
     only add into .grad on each rank. The first backward outside it all-reduces the buckets,
     which by then hold the sum over all 4 micro-batches. The measurement counts the calls with a
-    comm hook that all-reduces and counts: [1, 1, 1, 1] without no_sync, [0, 0, 0, 1] with it,
-    and the accumulated .grad is the same either way (all-reducing a sum step by step or once
-    gives the same sum). With K micro-batches no_sync saves K - 1 of every K all-reduces.
+    comm hook: with K = 3 and K = 6, one all-reduce per backward without no_sync, and with it
+    none until the last backward, which makes one; the accumulated .grad is the same either way
+    (all-reducing a sum step by step or once gives the same sum). a) no_sync does skip the
+    communication, not only the write. b) It is the backward passes outside no_sync that
+    communicate. d) The last backward, outside no_sync, averages everything accumulated so far.
+    With K micro-batches no_sync saves K - 1 of every K all-reduces.
     """,
+    giveaways=(
+        r"none until the last backward",
+        r"saves K ?- ?1 of every K",
+        r"reducer does not launch",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.experiments.accumulation.accumulation_counts` runs the loop on 2 ranks with a
-# counting comm hook (`course.experiments.accumulation.counting_hook`: DDP's averaging, plus a count), once
-# without and once with `no_sync`, and prints the accumulated `.grad` of both runs.
+# **Measure it.** `course.experiments.accumulation.accumulation_counts` runs the loop on 2 ranks
+# with a comm hook that counts DDP's all-reduces (`course.experiments.accumulation.counting_hook`),
+# for K = 3 and K = 6 micro-batches, once without and once with `no_sync` on all but the last,
+# and compares the accumulated `.grad` of both runs. What would K = 4 give?
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-grads = {}
-for use_no_sync in (False, True):
-    r = run(accumulation.accumulation_counts, 2, use_no_sync)[0]
-    grads[use_no_sync] = torch.tensor(r["grad"])
-    print(f"no_sync on the first 3: {use_no_sync!s:5}  all-reduces per backward "
-          f"{r['allreduces_per_backward']}  .grad starts {[round(v, 4) for v in r['grad'][:3]]}")
-print(f"same .grad with and without no_sync: {torch.allclose(grads[False], grads[True], atol=1e-6)}")
+for k in (3, 6):
+    grads = {}
+    for use_no_sync in (False, True):
+        r = run(accumulation.accumulation_counts, 2, use_no_sync, k)[0]
+        grads[use_no_sync] = torch.tensor(r["grad"])
+        print(f"K = {k}, no_sync on all but the last: {use_no_sync!s:5}  all-reduces per backward "
+              f"{r['allreduces_per_backward']}")
+    print(f"K = {k}: same .grad with and without no_sync: {torch.allclose(grads[False], grads[True], atol=1e-6)}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question accumulation_2: the scale of accumulated gradients
@@ -134,9 +143,9 @@ print(f"same .grad with and without no_sync: {torch.allclose(grads[False], grads
 # of both ranks), what does `.grad` hold when the optimizer steps?
 #
 # * a) The same gradient: DDP divides by the number of backward passes it saw.
-# * b) 4 times the large-batch gradient.
-# * c) 8 times the large-batch gradient (4 micro-batches times 2 ranks).
-# * d) A quarter of the large-batch gradient: only the last micro-batch is all-reduced.
+# * b) 4 times the large-batch gradient: one mean per micro-batch, added up.
+# * c) 8 times the large-batch gradient: 4 micro-batches times 2 ranks.
+# * d) A quarter of it: only the last micro-batch's gradient is all-reduced.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_2 = ""  # your answer: one letter, "a" to "d"
@@ -155,25 +164,32 @@ check_answer(
     explanation="""
     .grad adds up the gradients of the 4 backward passes, so it holds the sum of 4 micro-batch
     mean gradients, 4 times their mean. DDP then divides the all-reduced sum by world_size
-    only, which turns the sum over ranks into a mean over ranks; it knows nothing about
-    micro-batches. The measured ratio of .grad to the large-batch gradient is 4.0 for every
-    parameter. Nothing is lost either: the last all-reduce carries what the 3 no_sync passes
+    only, which turns the sum over ranks into a mean over ranks (so not c: the ranks are
+    averaged, only the micro-batches add up); it knows nothing about micro-batches, so not a
+    either. The measured ratio of .grad to the large-batch gradient is K for every parameter:
+    3.0 with K = 3. Nothing is lost (d): the last all-reduce carries what the no_sync passes
     accumulated. Divide each micro-batch's loss by K (or the learning rate by K) to get the
     large-batch step.
     """,
+    giveaways=(
+        r"\b4(\.0)? ?(x|times) the large-batch",
+        r"ratio of \.grad to the large-batch gradient is",
+        r"divide each micro-batch's loss by K",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The accumulated `.grad` of the loop above, against the mean-loss gradient
-# of the whole global batch (2 ranks x 4 micro-batches x 2 samples) computed in one process.
+# **Measure it.** The accumulated `.grad` of the loop above with **K = 3** micro-batches, against
+# the mean-loss gradient of the whole global batch (2 ranks x 3 micro-batches x 2 samples)
+# computed in one process: their ratio, element by element. What law gives it, and what
+# would it be with 4 micro-batches?
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-r = run(accumulation.accumulation_counts, 2, True)[0]
+r = run(accumulation.accumulation_counts, 2, True, 3)[0]
 got, want = torch.tensor(r["grad"]), torch.tensor(r["large_batch_grad"])
-print(f"all-reduces per backward {r['allreduces_per_backward']}")
 ratio = (got / want)[want.abs() > 1e-3]  # elements of the large-batch gradient that are not ~0
-print(f".grad / large-batch gradient over {ratio.numel()} elements: "
+print(f"K = 3: .grad / large-batch gradient over {ratio.numel()} elements: "
       f"min {ratio.min().item():.4f}, median {ratio.median().item():.4f}, max {ratio.max().item():.4f}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "sampler_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -193,10 +209,10 @@ print(f".grad / large-batch gradient over {ratio.numel()} elements: "
 # `DistributedSampler(ds, num_replicas=4, rank=r, shuffle=False)` (and `drop_last=False`, the
 # default). What does one epoch give the ranks?
 #
-# * a) 3, 3, 2 and 2 samples: every sample exactly once.
+# * a) 3, 3, 2 and 2 samples: every sample read exactly once in the epoch.
 # * b) 3 samples each: samples 0 and 1 are read twice in the epoch.
 # * c) 2 samples each: samples 8 and 9 are left out of the epoch.
-# * d) An error: 10 is not a multiple of 4.
+# * d) An error: the sampler needs a length that divides by 4.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_3 = ""  # your answer: one letter, "a" to "d"
@@ -214,24 +230,34 @@ check_answer(
     key="b",
     explanation="""
     DistributedSampler gives every rank the same number of samples, ceil(10 / 4) = 3, so that
-    every rank runs the same number of steps (and so of all-reduces). It pads the index list
-    to 12 by repeating it from the start and deals it round robin: rank 0 gets [0, 4, 8], rank 1
-    [1, 5, 9], rank 2 [2, 6, 0], rank 3 [3, 7, 1]. Samples 0 and 1 count twice in the epoch's
-    gradient. With drop_last=True it drops the tail instead: 2 samples each, [0, 4] to [3, 7],
-    and samples 8 and 9 are not read. Even 3 samples over 4 ranks works: rank 3 reads sample 0.
+    every rank runs the same number of steps (and so of all-reduces): not a, whose uneven
+    shares would leave ranks waiting. It pads the index list to 12 by repeating it from the
+    start and deals it round robin: rank 0 gets [0, 4, 8], rank 1 [1, 5, 9], rank 2 [2, 6,
+    0], rank 3 [3, 7, 1]. Samples 0 and 1 count twice in the epoch's gradient; the measurement
+    shows the same padding with 11 samples (sample 0 twice) and 7 over 3 ranks. c) is what
+    drop_last=True does: it drops the tail instead, 2 samples each, [0, 4] to [3, 7]. d) No
+    length is refused: even 3 samples over 4 ranks works, and rank 3 reads sample 0.
     """,
+    giveaways=(
+        r"\[2, 6, 0\]",
+        r"samples 0 and 1 (are read|count) twice",
+        r"pads? the index list to 12",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The indices of each rank (`course.experiments.accumulation.sampler_split`), with and
-# without `drop_last`, and the picture (an x marks a sample read a second time).
+# **Measure it.** The indices `DistributedSampler` gives each rank
+# (`course.experiments.accumulation.sampler_split`) for 11 samples on 4 ranks, 7 on 3 and 3 on
+# 4, with and without `drop_last`, and the picture of the first (an x marks a sample read a
+# second time). What rule makes these, and what does it give for 10 samples on 4 ranks?
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for drop_last in (False, True):
-    print(f"drop_last={drop_last}: {accumulation.sampler_split(10, 4, drop_last=drop_last)}")
-print(f"3 samples over 4 ranks: {accumulation.sampler_split(3, 4)}")
-accumulation.sampler_figure(accumulation.sampler_split(10, 4), 10)
+for n, ranks in ((11, 4), (7, 3), (3, 4)):
+    for drop_last in (False, True):
+        print(f"{n} samples, {ranks} ranks, drop_last={drop_last!s:5}: "
+              f"{accumulation.sampler_split(n, ranks, drop_last=drop_last)}")
+accumulation.sampler_figure(accumulation.sampler_split(11, 4), 11)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question accumulation_4: shuffling without `set_epoch`
@@ -242,10 +268,10 @@ accumulation.sampler_figure(accumulation.sampler_split(10, 4), 10)
 # and loops over 3 epochs, but never calls `sampler.set_epoch(epoch)`. What order does rank 0
 # read its samples in?
 #
-# * a) A new random order every epoch: `shuffle=True` reshuffles on every pass.
-# * b) The same order in every epoch.
-# * c) The data set's own order in every epoch: shuffling needs `set_epoch` to start.
-# * d) A different order on every call, and on rank 1 an order that overlaps with rank 0's.
+# * a) A new random order every epoch: `shuffle=True` reshuffles every pass.
+# * b) One random order, the same in every epoch: its epoch never changes.
+# * c) The data set's own order: shuffling only starts with `set_epoch`.
+# * d) A new order every epoch, and on rank 1 one that overlaps rank 0's.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_4_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_4 = ""  # your answer: one letter, "a" to "d"
@@ -263,34 +289,40 @@ check_answer(
     key="b",
     explanation="""
     The sampler shuffles with a generator seeded with seed + epoch, and the epoch is whatever
-    set_epoch last set: 0 if it is never called. Every pass then draws the same permutation,
-    so the measured orders are identical in all 3 epochs (and not the data set's order). With
-    set_epoch(epoch) before each epoch they differ. Every rank draws the same permutation and
-    takes its own positions of it, which is what keeps the ranks' shares disjoint: the seed must
-    be the same on all ranks.
+    set_epoch last set: 0 if it is never called. Every pass then draws the same permutation
+    (not a), a random one, not the data set's order (not c): the measurement finds identical
+    orders in every epoch, for 12 samples on 3 ranks as for any size, and different ones once
+    set_epoch is called. d) Every rank draws the same permutation and takes its own positions
+    of it, which is what keeps the ranks' shares disjoint: the seed must be the same on all
+    ranks.
     """,
+    giveaways=(
+        r"seed ?\+ ?epoch",
+        r"same permutation",
+        r"identical orders? in every epoch",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** Rank 0's order in 3 epochs, without and with `set_epoch`
-# (`course.experiments.accumulation.epoch_orders`).
+# **Measure it.** Rank 0's order in 3 epochs, for 12 samples on 3 ranks, without and with
+# `set_epoch` (`course.experiments.accumulation.epoch_orders`).
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for set_epoch in (False, True):
     print(f"set_epoch called: {set_epoch!s:5}  rank 0's order per epoch: "
-          f"{accumulation.epoch_orders(10, 2, 3, set_epoch)}")
+          f"{accumulation.epoch_orders(12, 3, 3, set_epoch)}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "uneven_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Uneven data and `Join`
 #
-# When ranks hold different numbers of batches (a data set split by hand, a filter applied per
-# rank, `drop_last=False` with an iterable data set), one rank may finish its loop while another
-# still calls `backward()`, whose all-reduce needs every rank. PyTorch's answer is the `Join`
-# context manager (PyTorch docs, *Distributed training with uneven inputs using the Join context
-# manager*): `with Join([ddp]):` around the loop lets a rank that is done *shadow* the
-# collectives of the ranks still training. Questions accumulation_5 and 6 measure a loop without
-# and with `Join`; in Exercise 3 you build the same agreement yourself, without `Join`.
+# Ranks may hold different numbers of batches (a data set split by hand, a filter applied per
+# rank, `drop_last=False` with an iterable data set), so one rank may finish its loop while
+# another is still training. PyTorch's answer is the `Join` context manager (PyTorch docs,
+# *Distributed training with uneven inputs using the Join context manager*): `with Join([ddp]):`
+# around the loop lets a rank that is done *shadow* the collectives of the ranks still
+# training. Questions accumulation_5 and 6 measure a loop without and with `Join`; in Exercise
+# 3 you build the same agreement yourself, without `Join`.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_5_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question accumulation_5: one rank runs out of batches
@@ -298,13 +330,13 @@ for set_epoch in (False, True):
 # *Difficulty 2/3*
 #
 # Two ranks train with DDP in a plain loop (`zero_grad`, forward, `backward`, no `Join`). Rank 0
-# has 3 batches, rank 1 has 2. What happens at rank 0's third batch?
+# has 3 batches, rank 1 has 2. Rank 1, out of batches, returns from its training function; its
+# process stays alive, idle. What happens at rank 0's third batch?
 #
-# * a) Rank 0 steps with its own local gradient: DDP sees that rank 1 is gone.
-# * b) DDP detects the uneven inputs and raises an error on both ranks at once.
-# * c) Rank 0 waits in the all-reduce of its third backward, which rank 1 never joins: the run
-#   hangs until the process group's timeout (30 minutes by default for gloo), then fails.
-# * d) Rank 1 repeats its last batch so that rank 0 can finish.
+# * a) Rank 0 steps with its own gradient alone: DDP sees that rank 1 left.
+# * b) DDP sees the uneven inputs and raises an error on both ranks at once.
+# * c) Rank 0 waits in its third backward's all-reduce until gloo times out.
+# * d) Rank 1 replays its last batch, so that rank 0 can finish its third.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_5_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_5 = ""  # your answer: one letter, "a" to "d"
@@ -322,24 +354,33 @@ check_answer(
     key="c",
     explanation="""
     Nothing in DDP counts batches: rank 0's third backward launches the bucket all-reduce and
-    waits for a partner that is not coming. Rank 1 has left the loop, so no error is raised
-    anywhere until gloo's timeout on the wait (here shortened to 5 s; by default it is 30
-    minutes): the measured run fails on rank 0 with "Timed out waiting 5000ms for recv" inside
-    backward(), while rank 1 finished normally after 2 steps. A real job would look hung. If
-    rank 1's process exited instead, rank 0 would fail with a closed connection. Join, a loop
-    in which the ranks agree each step whether anyone still has data (Exercise 3), or equal
-    numbers of batches on every rank (DistributedSampler) prevents it.
+    waits for a partner that is not coming. Rank 1 has left the loop, so nothing is raised
+    anywhere (not b) until gloo's timeout on the wait (here shortened to 5 s; by default the
+    process group's timeout is 30 minutes): the measured run, with 4 batches against 2, fails
+    on rank 0 with gloo's "Timed out waiting 5000ms" inside backward(), while rank 1 finished
+    normally. A real job would look hung. No rank steps alone (a) and no batch is replayed
+    (d). What the short rank does next changes the ending: had its process exited, rank 0
+    would have failed at once with a closed connection; had it called dist.barrier(), both
+    ranks would have waited out the timeout. Join, a loop in which the ranks agree each step
+    whether anyone still has data (Exercise 3), or equal numbers of batches on every rank
+    (DistributedSampler) prevents it.
     """,
+    giveaways=(
+        r"waits? in its third backward",
+        r"until gloo'?s? timeout",
+        r"timed out waiting \d+ ?ms",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_5_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The loop of `course.experiments.accumulation.uneven_loop` on 2 ranks with batches
-# (3, 2), no `Join`, launched with a 5 s gloo timeout (`pg_timeout`) so that the hang ends
-# quickly. The launcher's report says what each rank was doing.
+# **Measure it.** The loop of `course.experiments.accumulation.uneven_loop` on 2 ranks with 4
+# batches on rank 0 and 2 on rank 1, no `Join`, launched with a 5 s gloo timeout
+# (`pg_timeout`) so that a hang ends quickly. The launcher's report says what each rank was
+# doing.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-result = launch(accumulation.uneven_loop, 2, (3, 2), False, timeout=60, pg_timeout=5)
+result = launch(accumulation.uneven_loop, 2, (4, 2), False, timeout=60, pg_timeout=5)
 print(f"finished: {result.ok} after {result.elapsed:.1f} s")
 print(f"rank 1 returned: {result.results[1]}")
 print(RankError(result) if not result.ok else "")
@@ -354,10 +395,10 @@ print(RankError(result) if not result.ok else "")
 # gradient is its input: in rank 0's third step it is `[3, 3]`. Rank 1 has already run out of
 # batches. What does rank 0's `m.weight.grad` hold after that third backward?
 #
-# * a) `[3.0, 3.0]`: its own local gradient, since no other rank contributes.
+# * a) `[3.0, 3.0]`: its own local gradient, since no other rank adds to it.
 # * b) `[1.5, 1.5]`: its local gradient divided by the world size of 2.
 # * c) `[0.0, 0.0]`: the joined rank's zeros replace the gradient.
-# * d) The average of `[3, 3]` and rank 1's last input `[12, 12]`: `[7.5, 7.5]`.
+# * d) `[7.5, 7.5]`: the average of `[3, 3]` and rank 1's last input `[12, 12]`.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_6_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_6 = ""  # your answer: one letter, "a" to "d"
@@ -376,22 +417,31 @@ check_answer(
     explanation="""
     A rank that has joined shadows each all-reduce of the others with zeros, and DDP still
     divides the sum by the world size it started with (Join's divide_by_initial_world_size=True
-    by default). So rank 0 gets (3 + 0) / 2 = 1.5: the measured .grad is [1.5, 1.5], as if
-    the missing rank had a zero gradient. That keeps the scale of an extra step consistent with
-    the others; pass divide_by_initial_world_size=False to divide by the ranks still training.
+    by default). So rank 0 gets (3 + 0) / 2 = 1.5, as if the missing rank had a zero gradient:
+    not its own gradient alone (a), not zeros only (c), and not rank 1's stale input (d). The
+    measurement on 3 ranks with 3, 2 and 1 batches shows the law: at step 2 (2 + 12 + 0) / 3,
+    at step 3 (3 + 0 + 0) / 3 = 1.0. That keeps the scale of an extra step consistent with the
+    others; pass divide_by_initial_world_size=False to divide by the ranks still training.
     When the last rank leaves the Join context, DDP broadcasts its final parameters to the
     joined ranks, so all ranks end with the same weights.
     """,
+    giveaways=(
+        r"\(3 ?\+ ?0\) ?/ ?2",
+        r"shadows? each all-reduce (of the others )?with zeros",
+        r"divides? the sum by the world size it started with",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_6_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `uneven_loop` with `Join`: each rank's input and `.grad`, step by step.
+# **Measure it.** `uneven_loop` with `Join` on **3** ranks holding 3, 2 and 1 batches: each rank's
+# input and `.grad`, step by step. What law gives `.grad` once some ranks have run out, and what
+# does it give on the question's 2 ranks?
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for rank, steps in enumerate(run(accumulation.uneven_loop, 2, (3, 2), True)):
+for rank, steps in enumerate(run(accumulation.uneven_loop, 3, (3, 2, 1), True)):
     for i, s in enumerate(steps):
-        print(f"rank {rank}, step {i + 1}: local gradient {s['local']}  .grad {s['grad']}")
+        print(f"rank {rank}, step {i + 1}: local gradient {s['local']}  .grad {[round(g, 4) for g in s['grad']]}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "more_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Unused parameters, mismatched collectives, random numbers, clipping and buffers
@@ -406,10 +456,9 @@ for rank, steps in enumerate(run(accumulation.uneven_loop, 2, (3, 2), True)):
 # run two training steps (inputs `rank + 1`, loss `sum(w . x)`). What happens?
 #
 # * a) DDP raises an error in the first backward: a parameter got no gradient.
-# * b) Both steps work; `self.unused` just keeps `.grad = None`.
-# * c) The first backward returns without an error, but `self.used.weight.grad` holds each
-#   rank's local, un-averaged gradient; the second step raises an error.
-# * d) Both steps work, and `.grad` is averaged as usual: DDP finds unused parameters itself.
+# * b) Both steps run as usual, and `self.unused` simply keeps its `.grad` at `None`.
+# * c) The first step leaves unsynced local gradients in `.grad`; the next raises.
+# * d) Both steps work and average `.grad`: DDP finds the unused head itself.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_7_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_7 = ""  # your answer: one letter, "a" to "d"
@@ -428,24 +477,30 @@ check_answer(
     explanation="""
     DDP all-reduces a bucket only when every parameter in it has reported a gradient. The unused
     head never does, so its bucket (here the only one) is never reduced: the first backward
-    returns normally and leaves each rank's local gradient in .grad, [1, 1] on rank 0 and
-    [2, 2] on rank 1, not the average [1.5, 1.5]. An optimizer step now would silently drive the
-    replicas apart. Only the next forward notices the unfinished reduction and raises "Expected
-    to have finished reduction in the prior iteration before starting a new one". With
-    find_unused_parameters=True DDP marks unused parameters ready after each forward, and both
-    steps give [1.5, 1.5].
+    returns normally (not a) and leaves each rank's local gradient in .grad, [1, 1] on rank 0
+    and [2, 2] on rank 1, not the average [1.5, 1.5] (not b, and not d: DDP does not look for
+    unused parameters unless told to). An optimizer step now would silently drive the
+    replicas apart. Only the next forward notices the unfinished reduction and raises
+    "Expected to have finished reduction in the prior iteration before starting a new one";
+    the measurement shows the same on 3 ranks. With find_unused_parameters=True DDP marks
+    unused parameters ready after each forward, and both steps average.
     """,
+    giveaways=(
+        r"Expected to have finished reduction",
+        r"(is )?never reduced",
+        r"leaves each rank's local gradient",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_7_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.experiments.accumulation.unused_parameter_steps`, with and without
-# `find_unused_parameters`.
+# **Measure it.** `course.experiments.accumulation.unused_parameter_steps` on 3 ranks, with and
+# without `find_unused_parameters`.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_7_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for find in (False, True):
     print(f"find_unused_parameters={find}")
-    for rank, steps in enumerate(run(accumulation.unused_parameter_steps, 2, find)):
+    for rank, steps in enumerate(run(accumulation.unused_parameter_steps, 3, find)):
         for i, s in enumerate(steps):
             print(f"  rank {rank}, step {i + 1}: {s['error'].split('. ')[0] if 'error' in s else '.grad ' + str(s['grad'])}")
 
@@ -459,11 +514,10 @@ for find in (False, True):
 # rank 0 reduces the loss first and then the count, while rank 1 reduces the count first and
 # then the loss. What happens on 2 ranks?
 #
-# * a) Both ranks end with the right sums (loss 3, count 300): gloo matches the tensors by name.
-# * b) The run hangs: each all-reduce waits for its own partner call.
-# * c) An error on both ranks: the collectives do not match.
-# * d) No error, no hang, and wrong numbers: rank 0's loss sum comes out as 201 and its count as
-#   102, and rank 1 has them the other way round.
+# * a) Both end with the right sums, loss 3 and count 300: gloo pairs them by name.
+# * b) The run hangs: each all-reduce keeps waiting for the call it matches.
+# * c) Both ranks raise an error at once: the two collectives do not match.
+# * d) No error, no hang: rank 0 ends with a loss sum of 201 and a count of 102.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_8_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_8 = ""  # your answer: one letter, "a" to "d"
@@ -480,25 +534,34 @@ check_answer(
     choices="abcd",
     key="d",
     explanation="""
-    Collectives are matched by their order on each rank, not by which tensor they carry. Rank
-    0's first all_reduce pairs with rank 1's first, whatever the tensors mean: rank 0's loss 1
-    is added to rank 1's count 200, giving 201, and rank 0's count 100 to rank 1's loss 2,
-    giving 102. Same shapes, same dtypes, so gloo has nothing to complain about: measured, both
-    ranks finish at once with swapped, wrong sums. Mismatches are only caught when something
-    else differs: a different number of elements crashed the process (SIGABRT inside gloo), and
-    all_reduce against broadcast hung until the timeout. Every rank must issue the same
-    collectives in the same order.
+    Collectives are matched by their order on each rank, not by which tensor they carry (not
+    a). Rank 0's first all_reduce pairs with rank 1's first, whatever the tensors mean: rank
+    0's loss 1 is added to rank 1's count 200, giving 201, and rank 0's count 100 to rank 1's
+    loss 2, giving 102. Same shapes, same dtypes, so gloo has nothing to complain about (not
+    c) and every call finds a partner (not b): measured with other values (loss 5 + r, count
+    1000 (r + 1)), both ranks finish at once with the sums paired by order. Mismatches are
+    only caught when something else differs: a different number of elements crashed the
+    process (SIGABRT inside gloo), and all_reduce against broadcast hung until the timeout.
+    Every rank must issue the same collectives in the same order.
     """,
+    giveaways=(
+        r"\b201\b",
+        r"\b102\b",
+        r"matched by (their )?order",
+        r"paired by order",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_8_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.experiments.accumulation.swapped_all_reduce` on 2 ranks, then two other
-# mismatches for comparison: different sizes, and `all_reduce` against `broadcast` (5 s timeout).
+# **Measure it.** `course.experiments.accumulation.swapped_all_reduce` on 2 ranks, with other
+# values than the question's (rank r's loss sum `5 + r`, its count `1000 (r + 1)`), then two
+# other mismatches for comparison: different sizes, and `all_reduce` against `broadcast` (5 s
+# timeout). What would the question's values give?
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_8_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for r in run(accumulation.swapped_all_reduce, 2):
-    print(f"rank {r['rank']}: loss sum {r['loss_sum']}  count {r['count']}  (right: 3.0 and 300.0)")
+for r in run(accumulation.swapped_all_reduce, 2, 5.0, 1000.0):
+    print(f"rank {r['rank']}: loss sum {r['loss_sum']}  count {r['count']}  (right: 11.0 and 3000.0)")
 
 
 def sizes_differ():
@@ -522,14 +585,14 @@ for fn in (sizes_differ, ops_differ):
 #
 # *Difficulty 1/3*
 #
-# Every rank runs `torch.manual_seed(0)` at start-up (so that the models start equal) and then
-# trains a model with dropout under DDP, each rank on different data. How do the dropout masks
-# of the ranks relate in the first step?
+# Every rank runs `torch.manual_seed(0)` at start-up (so that the models start equal), wraps its
+# model in DDP, and then trains a model with dropout, each rank on different data. How do the
+# dropout masks of the ranks relate in the first step?
 #
-# * a) They are independent: each process has its own random number generator.
-# * b) They are identical on every rank: the same seed draws the same masks.
-# * c) DDP reseeds each rank with its rank number, so they differ.
-# * d) DDP broadcasts rank 0's mask along with the weights.
+# * a) Independent: each process has a random number generator of its own.
+# * b) Identical on every rank: the same seed draws the same masks.
+# * c) Different: DDP reseeds each rank's generator with its rank number.
+# * d) Different: each rank's own data changes what dropout draws.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_9_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_9 = ""  # your answer: one letter, "a" to "d"
@@ -546,29 +609,37 @@ check_answer(
     choices="abcd",
     key="b",
     explanation="""
-    Each process has its own generator, but the same seed gives the same sequence, so every rank
-    draws the same dropout mask for the same layer shape: measured, the masks of 2 ranks seeded
-    with 0 are equal element for element. DDP does not touch random number generators (it
-    broadcasts parameters and buffers, not RNG state). Because the ranks see different data the
-    training still works, but the ranks drop the same units, which correlates them. To get
-    independent masks, seed with seed + rank after building the model (DDP's construction already
-    makes the weights equal, question ddp_4).
+    Each process has its own generator, but the same seed gives the same sequence (so a's
+    independence does not follow), and every rank draws the same dropout mask for the same
+    layer shape: measured on 3 ranks, after building DDP, the masks are equal element for
+    element. DDP does not touch random number generators (not c: it broadcasts parameters and
+    buffers, not RNG state), and a mask does not depend on the data it is applied to (not d).
+    Because the ranks see different data the training still works, but the ranks drop the
+    same units, which correlates them. To get independent masks, seed with seed + rank after
+    building the model (DDP's construction already makes the weights equal, question
+    ddp_4).
     """,
+    giveaways=(
+        r"same seed (gives|draws) the same",
+        r"equal element for element",
+        r"seed ?\+ ?rank",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_9_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The masks of `nn.functional.dropout(torch.ones(12), 0.5)` on 2 ranks, seeded
-# alike and with their rank (`course.experiments.accumulation.dropout_masks`).
+# **Measure it.** The masks of `nn.functional.dropout(torch.ones(12), 0.5)` on 3 ranks, drawn after
+# `torch.manual_seed` and after building a DDP model, seeded alike and with their rank
+# (`course.experiments.accumulation.dropout_masks`).
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_9_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for per_rank in (False, True):
-    masks = run(accumulation.dropout_masks, 2, per_rank)
+    masks = run(accumulation.dropout_masks, 3, per_rank)
     seed = "seed = rank" if per_rank else "seed = 0   "
-    print(f"{seed}: rank 0 {masks[0]}\n             rank 1 {masks[1]}  equal: {masks[0] == masks[1]}")
+    print(f"{seed}: " + "\n             ".join(f"rank {r} {m}" for r, m in enumerate(masks)))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_10_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question accumulation_10: clipping by the global norm
+# ## Question accumulation_10: clipping the gradient norm
 #
 # *Difficulty 2/3*
 #
@@ -576,12 +647,10 @@ for per_rank in (False, True):
 # max_norm)` right after `backward()`. In a single-process run on all the data, the clip would
 # use the norm of the large-batch gradient. What norm does each rank compute?
 #
-# * a) Each rank the norm of its own local gradient, so ranks clip by different factors and
-#   their weights drift apart: all-reduce the norm first.
-# * b) The norm of the averaged gradient, the same on every rank and equal to the large-batch
-#   gradient's norm: no extra communication is needed.
-# * c) The global norm, because `clip_grad_norm_` all-reduces the norm across ranks itself.
-# * d) Nothing useful: clipping must happen inside a comm hook under DDP.
+# * a) Its local gradient's norm: ranks clip apart unless the norm is all-reduced.
+# * b) The averaged gradient's norm, the same on every rank, with no communication.
+# * c) The global norm: `clip_grad_norm_` all-reduces the norm across ranks itself.
+# * d) The norm of the sum over ranks, since `.grad` holds the summed gradient.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_10_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_10 = ""  # your answer: one letter, "a" to "d"
@@ -599,24 +668,30 @@ check_answer(
     key="b",
     explanation="""
     After DDP's backward every rank's .grad already holds the averaged gradient, identical on all
-    ranks, so clip_grad_norm_ computes the same norm everywhere without communicating. Measured:
-    both ranks compute 1.0091, the norm of the large-batch gradient computed in one process,
-    while the ranks' local gradients have norms 1.97 and 2.47; the recorder saw no collective
-    call inside clip_grad_norm_. So every rank scales by the same factor and the replicas stay
-    in step. Under accumulation, clip once after the last (synced) backward, not after each
-    no_sync backward, whose .grad is still local. The norm does need an all-reduce when each rank
-    holds only a shard of the gradients (ZeRO, FSDP), not under DDP.
+    ranks (not the sum, d, nor the local gradient, a), so clip_grad_norm_ computes the same norm
+    everywhere without communicating. Measured on 3 ranks: every rank computes the norm of the
+    large-batch gradient computed in one process, while the ranks' local gradients have other
+    norms; the recorder saw no collective call inside clip_grad_norm_ (not c). So every rank
+    scales by the same factor and the replicas stay in step. Under accumulation, clip once
+    after the last (synced) backward, not after each no_sync backward, whose .grad is still
+    local. The norm does need an all-reduce when each rank holds only a shard of the gradients
+    (ZeRO, FSDP), not under DDP.
     """,
+    giveaways=(
+        r"without communicating",
+        r"no collective call inside",
+        r"same norm everywhere",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_10_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.experiments.accumulation.clipped_norms` on 2 ranks: the norm `clip_grad_norm_`
+# **Measure it.** `course.experiments.accumulation.clipped_norms` on 3 ranks: the norm `clip_grad_norm_`
 # returns, the rank's local gradient norm, the large-batch norm from one process, and the
 # collectives recorded during the clip (`course.ring.recorder.Recorder`).
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_10_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for r in run(accumulation.clipped_norms, 2):
+for r in run(accumulation.clipped_norms, 3):
     print(f"rank {r['rank']}: clip_grad_norm_ saw {r['norm']:.4f}   local gradient norm "
           f"{r['local_norm']:.4f}   large-batch norm {r['large_batch_norm']:.4f}   "
           f"collectives during the clip: {r['collectives']}")
@@ -631,10 +706,10 @@ for r in run(accumulation.clipped_norms, 2):
 # with the default `broadcast_buffers=True`. Rank 0's batch always has mean 1.5, rank 1's mean
 # 11.5. After two training steps rank 0's `running_mean` is 0.285. What is rank 1's?
 #
-# * a) 0.285: DDP keeps buffers identical on every rank, like the weights.
-# * b) 2.185: its own statistics only, as if it trained alone.
-# * c) 1.285: rank 0's running mean as of the start of step 2, updated with rank 1's own batch.
-# * d) 1.235: the average of the two ranks' own running means.
+# * a) 0.285: DDP keeps the buffers identical on every rank, like the weights.
+# * b) 2.185: its own batches' statistics only, as if it trained alone.
+# * c) 1.285: rank 0's mean after step 1, updated with rank 1's own batch.
+# * d) 1.235: the average of the two ranks' own running means after step 2.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_11_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_11 = ""  # your answer: one letter, "a" to "d"
@@ -654,23 +729,32 @@ check_answer(
     DDP averages gradients, not buffers. With broadcast_buffers=True it copies rank 0's buffers
     to every rank at the start of each forward, and each rank's BatchNorm then updates its copy
     with its own batch. Step 1: both start from 0, rank 1 ends at 0.1 x 11.5 = 1.15. Step 2: the
-    forward first overwrites that with rank 0's 0.15, then 0.9 x 0.15 + 0.1 x 11.5 = 1.285, the
-    measured value. So the ranks' buffers differ after every step, and rank 1's history is
-    thrown away at each forward; a checkpoint saved from rank 0 holds rank 0's statistics.
-    With broadcast_buffers=False each rank keeps its own (2.185). Statistics over all ranks
-    need nn.SyncBatchNorm, which runs only on a GPU: on this CPU it raises "SyncBatchNorm
-    expected input tensor to be on GPU", so this course cannot measure it.
+    forward first overwrites that with rank 0's 0.15, then 0.9 x 0.15 + 0.1 x 11.5 = 1.285. The
+    measurement, with batch means 1.5 and 21.5, gives rank 1 2.15 then 0.9 x 0.15 + 2.15 =
+    2.285. So the ranks' buffers differ after every step (not a), and rank 1's history is thrown
+    away at each forward; a checkpoint saved from rank 0 holds rank 0's statistics. b) is
+    broadcast_buffers=False: each rank keeps its own (2.185). d) Nothing averages buffers.
+    Statistics over all ranks need nn.SyncBatchNorm, which runs only on accelerators: on a CPU
+    tensor its forward raises "SyncBatchNorm expected input tensor to be on GPU or XPU or
+    privateuseone", and DDP refuses to wrap it ("SyncBatchNorm layers only work with GPU
+    modules"), so this course cannot measure it.
     """,
+    giveaways=(
+        r"\b1\.285\b",
+        r"copies rank 0's buffers",
+        r"overwrites that with rank 0's",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_11_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.experiments.accumulation.batchnorm_buffers` on 2 ranks: the running mean after
-# each step, with and without `broadcast_buffers`; then `nn.SyncBatchNorm` on this CPU.
+# **Measure it.** `course.experiments.accumulation.batchnorm_buffers` on 2 ranks, with batch means
+# 1.5 and **21.5** (not the question's): the running mean after each step, with and without
+# `broadcast_buffers`; then `nn.SyncBatchNorm` on this CPU. What law gives rank 1's value?
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_11_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for broadcast in (True, False):
-    means = run(accumulation.batchnorm_buffers, 2, broadcast)
+    means = run(accumulation.batchnorm_buffers, 2, broadcast, 2, 20.0)
     print(f"broadcast_buffers={broadcast!s:5}  running_mean after steps 1, 2: "
           + "   ".join(f"rank {r} {[round(m, 4) for m in ms]}" for r, ms in enumerate(means)))
 print(f"nn.SyncBatchNorm on a CPU rank: {run(accumulation.sync_batchnorm_on_cpu, 2)[0]}")
@@ -681,20 +765,17 @@ print(f"nn.SyncBatchNorm on a CPU rank: {run(accumulation.sync_batchnorm_on_cpu,
 # Write `sampler_indices(dataset_len, num_replicas, rank, shuffle=True, seed=0, epoch=0,
 # drop_last=False)`: the list of indices that
 # `DistributedSampler(range(dataset_len), num_replicas, rank, shuffle, seed, drop_last)` yields
-# after `set_epoch(epoch)`. Do not call `DistributedSampler` (the grader compares with it). The
-# rule, measured in questions accumulation_3 and accumulation_4:
+# after `set_epoch(epoch)`. Do not call `DistributedSampler` (the grader compares with it, and
+# refuses it on the grading ranks). What you need:
 #
-# 1. Start from `list(range(dataset_len))`, or, with `shuffle`, from
-#    `torch.randperm(dataset_len, generator=g).tolist()` where `g = torch.Generator()` and
-#    `g.manual_seed(seed + epoch)`.
-# 2. Every rank gets the same number of samples: `ceil(dataset_len / num_replicas)`; with
-#    `drop_last` (when the length does not divide), `ceil((dataset_len - num_replicas) /
-#    num_replicas)`. Without `drop_last`, pad the list by repeating it from the start (more than
-#    once if it is shorter than the padding); with it, cut the tail.
-# 3. Rank `rank` takes the positions `rank, rank + num_replicas, rank + 2 * num_replicas, ...`
+# * how many samples each rank gets, and which: questions accumulation_3's measurement, with and
+#   without `drop_last` (mind data sets smaller than the number of ranks);
+# * the shuffled order: `torch.randperm(dataset_len, generator=g).tolist()` with
+#   `g = torch.Generator()` seeded as `DistributedSampler.__iter__` seeds it (read it:
+#   `DistributedSampler.__iter__??`, and question accumulation_4).
 #
 # It is graded in two parts (in order; shuffled), on cases that include a data set smaller than
-# the number of ranks.
+# the number of ranks; each failing case says what differed.
 
 # %% nbgrader={"grade": false, "grade_id": "sampler_indices", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def sampler_indices(
@@ -738,10 +819,16 @@ for r in range(4):
 # %% nbgrader={"grade": true, "grade_id": "sampler_indices_in_order", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # Without shuffling: padding, drop_last, fewer samples than ranks.
 print(check_sampler_indices(sampler_indices, "in order"))
+### BEGIN HIDDEN TESTS
+print(check_sampler_indices(sampler_indices, "in order, hidden"))
+### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "sampler_indices_shuffled", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # Shuffled, with seeds and epochs.
 print(check_sampler_indices(sampler_indices, "shuffled"))
+### BEGIN HIDDEN TESTS
+print(check_sampler_indices(sampler_indices, "shuffled, hidden"))
+### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_exercise_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 2: an accumulation step
@@ -752,8 +839,8 @@ print(check_sampler_indices(sampler_indices, "shuffled"))
 #
 # * the weights move exactly as one SGD step on the mean loss over **all** micro-batches of
 #   **all** ranks (question accumulation_2: mind the scale);
-# * DDP all-reduces **once** per step, in the last backward (question accumulation_1), and the
-#   function makes no collective calls of its own.
+# * DDP communicates as little as `no_sync` allows (question accumulation_1), and the function
+#   makes no collective calls of its own.
 #
 # `.grad` is empty when it is called. It is graded on fresh ranks with K = 4, counting DDP's
 # all-reduces with a comm hook and recording every collective call (`course.ring.recorder`): one
@@ -774,8 +861,8 @@ def accumulation_step(ddp: DDP, optimizer: torch.optim.Optimizer, micro_batches:
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_try_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ### Test as you go
 #
-# Your step on 2 ranks, K = 4, with the counting hook: expect one all-reduce and an update equal
-# to the large-batch step.
+# Your step on 2 ranks, K = 4, with the counting hook: it prints how many all-reduces DDP made,
+# how many other collectives ran, and whether the update equals the large-batch step.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.checks.accumulation import try_accumulation_step
@@ -796,7 +883,7 @@ print(check_accumulation_values(accumulation_step, world_sizes=(3,), k=3))
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "accumulation_step_syncs_once", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# DDP all-reduces once per step, and the step makes no collective calls of its own.
+# DDP's communication: as little as no_sync allows, and no collective of the step's own.
 print(check_accumulation_syncs(accumulation_step, world_sizes=(2,)))
 ### BEGIN HIDDEN TESTS
 print(check_accumulation_syncs(accumulation_step, world_sizes=(3,), k=5))
@@ -815,16 +902,11 @@ print(check_accumulation_syncs(accumulation_step, world_sizes=(3,), k=5))
 #    so every rank learns how many ranks still have a batch; if none has, every rank stops;
 # 2. `zero_grad`, the loss `nn.functional.mse_loss(ddp(x), y)` on this rank's next batch, and
 #    `backward()`. A rank that has run out still takes part: it runs its **last** batch with the
-#    loss multiplied by 0, so that DDP's all-reduce in `backward()` sees every rank and the rank
-#    adds a zero gradient;
+#    loss multiplied by 0, so that DDP's all-reduce in `backward()` sees every rank;
 # 3. `optimizer.step()`, on every rank, also on a rank that has run out.
 #
-# Every rank has at least one batch. The result: the weights equal what `Join` gives (question
-# accumulation_6): each step's gradient is the sum of the gradients of the ranks that still have
-# data, divided by the world size the run started with, because DDP divides by the world size and
-# the ranks that ran out add zeros. That is what `Join` does too: a rank that has joined shadows
-# each all-reduce with zeros. Since every rank steps with the same averaged gradient, every rank
-# ends with the same weights (`Join` gets there by copying the last rank's weights at the end).
+# Every rank has at least one batch. The result must be the weights `Join` gives (what question
+# accumulation_6 measured), and the same weights on every rank.
 #
 # It is graded on fresh ranks with 5 and 3 batches (7, 5 and 3 on 3 ranks) under a 6 s gloo
 # timeout: a loop that hangs fails after those 6 s, with what each rank was doing. `Join` is

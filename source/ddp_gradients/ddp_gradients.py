@@ -94,9 +94,9 @@ check_answer(
     """,
     giveaways=(
         r"\[1\.5, 1\.5\]",
-        r"the average over (the )?ranks",
+        r"the average of the local gradients",
         r"\.grad\b[^.]{0,60}\baverag",
-        r"\bdivides? by (the )?world.?size",
+        r"multiplies it by 1/world_?size",
     ),
 )
 ### END HIDDEN TESTS
@@ -214,7 +214,7 @@ ddp.loss_figure(curves, title="SUM hook against DDP's default, 4 ranks, three le
 # * a) They are equal: DDP weights each rank's gradient by its batch size.
 # * b) `.grad` is the sum of the two local means: twice the pooled mean.
 # * c) `.grad` is rank 1's local mean: the larger local batch wins.
-# * d) `.grad` weighs the two local means equally: rank 1's samples count less.
+# * d) `.grad` weighs both local means equally: rank 1's samples count less.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ddp_3 = ""  # your answer: one letter, "a" to "d"
@@ -243,7 +243,7 @@ check_answer(
     of the sample count: the second exercise below.
     """,
     giveaways=(
-        r"flat average",
+        r"samples count less",
         r"weighs? (the two|both) local means equally",
         r"halfway between",
         r"under-?(represented|weighted)",

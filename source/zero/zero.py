@@ -93,19 +93,18 @@ widgets.half_widget("reduce-scatter", world_size=4)
 widgets.half_widget("all-gather", world_size=4)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question zero_1: what does a reduce-scatter send?
+# ## Question zero_1: what does gloo's reduce-scatter send?
 #
-# *Difficulty 1/3*
+# *Difficulty 2/3*
 #
-# Four ranks each hold a 400 MB gradient. A ring **reduce-scatter** leaves each rank with the
-# sum of its own 100 MB shard, and nothing else. How much does each rank send?
+# Eight gloo ranks (PyTorch 2.13, CPU) each hold an 800 MB gradient and call
+# `dist.reduce_scatter_tensor(shard, gradient)`, which leaves each rank with the sum of its own
+# 100 MB shard, and nothing else. How much does each rank send?
 #
-# * a) 100 MB: one shard.
-# * b) 300 MB: (N-1)/N of the tensor, half of what a ring all-reduce sends.
-# * c) 400 MB: the whole tensor, once.
-# * d) 1200 MB: its whole tensor to each of the 3 other ranks.
-#
-# Set `answer_zero_1` to your letter and run the cell below it.
+# * a) 100 MB: its own shard's worth, handed once to the rank that owns it.
+# * b) 700 MB: (N-1)/N of the tensor, one pass round a ring, half an all-reduce.
+# * c) 1400 MB: as much as gloo's all-reduce of the whole 800 MB tensor sends.
+# * d) 5600 MB: its whole 800 MB tensor, once to each of the 7 other ranks.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_1 = ""  # your answer: one letter, "a" to "d"
@@ -120,34 +119,41 @@ check_answer(
     "answer_zero_1",
     answer_zero_1,
     choices="abcd",
-    key="b",
+    key="c",
     explanation="""
-    A reduce-scatter is the ring's first N-1 steps: at each one every rank passes one chunk of
-    S/N to its neighbour, so each rank sends (N-1)/N of S, 3/4 of 400 MB = 300 MB. The
-    measurement counts exactly that on 4 real ranks: the first 3 of the ring's 6 sends carry
-    0.75 of the tensor. The all-gather sends the other (N-1)/N, which is why a ring all-reduce
-    costs 2(N-1)/N: ZeRO pays the same two halves, only at different moments of the step.
+    A ring reduce-scatter, like the one you write below, is the ring's first N-1 steps: (N-1)/N
+    of the tensor, 700 MB on 8 ranks (b). But gloo has no reduce-scatter algorithm of its own
+    in PyTorch 2.13: its reduce_scatter_tensor sends exactly what its all-reduce sends,
+    2(N-1)/N of the tensor, 1400 MB here. The measurement reads it from the kernel's TCP
+    counters: 1.00, 1.33 and 1.50 of the tensor on 2, 3 and 4 ranks, the all-reduce's own
+    figures, while gloo's all-gather sends (N-1)/N as a ring half should. a) A shard's worth
+    would need a rank to reduce its shard from nothing but its own data; d) the naive
+    exchange is not what gloo does either. So sharding built on gloo's own reduce-scatter pays
+    for a whole all-reduce where a ring half would do; NCCL's reduce-scatter is a ring half
+    (on GPUs; not measured here).
     """,
+    giveaways=(
+        r"as much as (gloo's |its |a whole |an )?all-reduce",
+        r"no reduce-scatter algorithm",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** A ring all-reduce's traffic (`ring_traffic`, the messages of the ring you
-# wrote in the first assignment), recorded on 4 real ranks: its first N-1 steps are a
-# reduce-scatter, its last N-1 an all-gather. The cell counts the bytes each rank sends in
-# each half, in units of the tensor's size.
+# **Measure it.** gloo's own collectives on 2, 3 and 4 real ranks, on a 4 MiB tensor, each rank's
+# bytes read from the kernel's TCP counters (`course.experiments.ring.collective_traffic`:
+# nothing in gloo is wrapped), in units of the tensor's size. What law does the reduce-scatter
+# follow, and what does it give on 8 ranks?
 
 # %% nbgrader={"grade": false, "grade_id": "zero_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.ring.recorder import record
-from course.ring.trace import bytes_sent
-from course.ring.traffic import ring_traffic
+from course.experiments.ring import collective_traffic
 
-trace = record(ring_traffic, 4, numel=4000)
-first_half = bytes_sent(trace, upto_step=3)
-whole = bytes_sent(trace)
-for r in range(4):
-    rs, ag = first_half[r] / trace.nbytes, (whole[r] - first_half[r]) / trace.nbytes
-    print(f"rank {r}: reduce-scatter sent {rs:.2f} of the tensor, all-gather {ag:.2f}")
+numel = 2**20  # 4 MiB of float32
+for name in ("reduce_scatter_tensor", "all_gather_into_tensor", "all_reduce"):
+    shares = []
+    for n in (2, 3, 4):
+        shares.append(max(r["sent"] for r in run(collective_traffic, n, name, numel)) / (numel * 4))
+    print(f"{name:23} sends " + ", ".join(f"{x:.2f}" for x in shares) + " of the tensor on 2, 3, 4 ranks")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_1_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 1: the two halves, as functions
@@ -270,16 +276,16 @@ print(check_halves_pattern(reduce_scatter, all_gather))
 #
 # *Difficulty 2/3*
 #
-# A model of size S (in bytes) trains on 4 ranks. Per step, DDP all-reduces the gradient.
+# A model of size S (in bytes) trains on **8** ranks. Per step, DDP all-reduces the gradient.
 # ZeRO-1 and ZeRO-2 reduce-scatter the gradient, update each rank's shard, and all-gather the
 # updated parameters. ZeRO-3 (FSDP) keeps only a shard of the parameters too: it all-gathers
-# them before forward, again before backward, and reduce-scatters the gradient. How much does
-# each rank send per step?
+# them before forward, again before backward, and reduce-scatters the gradient. Built from ring
+# halves like yours, how much does each rank send per step?
 #
-# * a) DDP 1.5 S; ZeRO-1/2 0.75 S (they send only shards); ZeRO-3 0.75 S.
-# * b) DDP 1.5 S; ZeRO-1/2 3 S (two collectives instead of one); ZeRO-3 4.5 S.
-# * c) DDP 1.5 S; ZeRO-1/2 1.5 S, the same; ZeRO-3 2.25 S, half as much again.
-# * d) DDP 3 S; ZeRO-1/2 1.5 S; ZeRO-3 1.5 S.
+# * a) DDP 1.75 S; ZeRO-1/2 0.875 S, only shards; ZeRO-3 0.875 S.
+# * b) DDP 1.75 S; ZeRO-1/2 3.5 S, two collectives; ZeRO-3 5.25 S.
+# * c) DDP 1.75 S; ZeRO-1/2 1.75 S, the same; ZeRO-3 2.625 S.
+# * d) DDP 3.5 S, to send and to receive; ZeRO-1/2 1.75 S; ZeRO-3 1.75 S.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_2 = ""  # your answer: one letter, "a" to "d"
@@ -297,23 +303,38 @@ check_answer(
     key="c",
     explanation="""
     A ring all-reduce is a reduce-scatter followed by an all-gather, each sending (N-1)/N of
-    the tensor: 2(N-1)/N = 1.5 S on 4 ranks. ZeRO-1/2 run the same two halves, with the
+    the tensor: 2(N-1)/N = 1.75 S on 8 ranks. ZeRO-1/2 run the same two halves, with the
     optimizer step in between (the all-gather carries updated parameters instead of summed
-    gradients): 1.5 S again, the memory saving costs no extra traffic. ZeRO-3 gathers the
-    parameters twice (forward, then backward, because it frees them in between) plus one
-    reduce-scatter: 3(N-1)/N = 2.25 S, 1.5 times DDP. The recorder counts 1.50, 1.50 and
-    2.25 model sizes on 4 real ranks.
+    gradients): 1.75 S again, so the memory saving costs no extra traffic (a counts one half
+    only, b doubles it). ZeRO-3 gathers the parameters twice (forward, then backward, because
+    it frees them in between) plus one reduce-scatter: 3(N-1)/N = 2.625 S, 1.5 times DDP. The
+    measurement finds each of your halves at (N-1)/N, a ZeRO-1/2 step at DDP's 2(N-1)/N, and
+    torch's fully_shard calling two all-gathers and one reduce-scatter per layer, 0.75 S in
+    forward and 2.26 S in backward on 4 ranks: one gather pass each way, plus gloo's
+    reduce-scatter at an all-reduce's price (question zero_1). With ring halves ZeRO-3 is 2.25
+    S on 4 ranks; on gloo it is 3.0 S. d) counts a rank's receives as sends. torch's
+    ZeroRedundancyOptimizer is not ZeRO as published either: it keeps DDP's all-reduce and
+    then broadcasts each rank's updated parameters, 2.25 S per step on 4 ranks, measured on
+    the wire, against DDP's 1.5 S.
     """,
+    giveaways=(
+        r"2\.625",
+        r"3 ?\(N ?- ?1\) ?/ ?N",
+        r"costs no extra traffic",
+        r"1\.5 times DDP",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, with your own halves: one step's communication of each scheme on 4 real
-# ranks, recorded message by message (DDP's all-reduce is a ring all-reduce's traffic,
-# `ring_traffic`), in units of the model's size.
+# **Measure it**, with your own halves: one training step of a 4-layer model on 2, 3 and 4 real
+# ranks, in units of the model's size. DDP's step and torch's `fully_shard` step (ZeRO-3, each
+# layer a unit) are measured on the wire; your `reduce_scatter`, your `all_gather` and a
+# ZeRO-1/2 step built from them are recorded message by message. What would a ZeRO-3 step
+# built from your halves send, and how does each scheme grow with N?
 
 # %% nbgrader={"grade": false, "grade_id": "zero_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_traffic(reduce_scatter, all_gather, world_size=4)
+zero_report.report_traffic(reduce_scatter, all_gather, world_sizes=(2, 3, 4))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 2: a ZeRO-2 optimizer
@@ -387,7 +408,7 @@ class ZeroOptimizer:
 # once with DDP + Adam and once with your optimizer, from the same weights on the same data.
 
 # %% nbgrader={"grade": false, "grade_id": "try_zero", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_equivalence(ZeroOptimizer, world_sizes=(2,))
+zero_report.report_matches(ZeroOptimizer, world_size=2)
 
 # %% nbgrader={"grade": true, "grade_id": "zero_optimizer_matches_ddp", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Trains like DDP + Adam: 5 steps, world sizes 2 and 3, parameters within 1e-4.
@@ -408,13 +429,13 @@ print(check_zero_memory(ZeroOptimizer, world_size=4))
 # *Difficulty 2/3*
 #
 # A model of P parameters trains in fp32 with Adam (4 bytes per parameter, 4 per gradient, 8
-# for Adam's two moments) on 4 ranks. Counting only parameters, gradients and optimizer
+# for Adam's two moments) on **8** ranks. Counting only parameters, gradients and optimizer
 # state, how many bytes does each rank hold under ZeRO-2?
 #
-# * a) 7P: full parameters (4P), a quarter of the gradients (1P) and of Adam's state (2P).
-# * b) 4P: everything is sharded, 16P / 4.
-# * c) 10P: full parameters and gradients (8P), a quarter of Adam's state (2P).
-# * d) 16P: sharding saves communication, not memory.
+# * a) 5.5P: all the parameters, an eighth of the gradients and of Adam's state.
+# * b) 2P: everything is sharded, the 16P of DDP divided by the 8 ranks.
+# * c) 9P: all the parameters and gradients, an eighth of Adam's state.
+# * d) 16P, as DDP: sharding saves communication, never memory.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_3 = ""  # your answer: one letter, "a" to "d"
@@ -432,28 +453,35 @@ check_answer(
     key="a",
     explanation="""
     ZeRO-2 shards the optimizer state and the gradients but keeps a full replica of the
-    parameters, since forward and backward need them all: 4P + (4P + 8P)/4 = 7P per rank,
-    against DDP's 16P. The measurement counts the bytes of the tensors each rank really
-    holds after a step of the toy model (P = 49,152): 196,608 bytes of parameters, 49,152
-    of gradient shard and 98,304 of Adam's moments (plus a 4-byte step counter). 10P is ZeRO-1
-    (full gradients), 4P is ZeRO-3, which shards the parameters too.
+    parameters, since forward and backward need them all: 4P + (4P + 8P)/8 = 5.5P per rank,
+    against DDP's 16P. The measurement counts the bytes of the tensors each rank really holds
+    after a step of the toy model on 4 ranks (P = 49,152): 4P of parameters, 1P of gradient
+    shard and 2P of Adam's moments (plus a 4-byte step counter), 7P = 4P + 12P/4; the figure
+    shows the same law on 2 and 3 ranks. c) 9P is ZeRO-1 (full gradients), b) 2P is ZeRO-3,
+    which shards the parameters too, and d) the measurement finds DDP at 16P and ZeRO-2 well
+    below.
     """,
+    giveaways=(
+        r"5\.5 ?P",
+        r"4 ?P ?\+ ?\(?4 ?P ?\+ ?8 ?P\)? ?/ ?8",
+        r"4 ?P ?\+ ?12 ?P ?/ ?[N4]",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**, with your `ZeroOptimizer` against DDP + Adam: the bytes of every tensor of
 # parameters, gradients and optimizer state each rank holds after two steps, on 4 ranks, in
-# units of P; and the formulas.
+# units of P.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 zero_report.report_memory(ZeroOptimizer, world_size=4)
 
-# %% [markdown] nbgrader={"grade": false, "grade_id": "memory_figure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# The same measurement for world sizes 2 to 4, as points on the formulas' lines: ZeRO's saving
-# grows with N, but never below the replicated parameters (4P) for stages 1 and 2.
+# %% [markdown] nbgrader={"grade": false, "grade_id": "zero_3_measure_figure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# The same measurement for world sizes 2 to 4, against DDP and torch's ZeRO-1
+# (`ZeroRedundancyOptimizer`), as points on the formulas' lines. What would 8 ranks give?
 
-# %% nbgrader={"grade": false, "grade_id": "memory_figure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "zero_3_measure_figure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 zero_report.memory_figure(ZeroOptimizer, world_sizes=(2, 3, 4))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -465,13 +493,10 @@ zero_report.memory_figure(ZeroOptimizer, world_sizes=(2, 3, 4))
 # + Adam and once with your ZeRO-2 optimizer built on your ring halves. How do the final
 # parameters compare?
 #
-# * a) Bit for bit identical on any number of ranks: the same arithmetic, only sharded.
-# * b) They differ by about 1e-2 on any number of ranks, because each rank's Adam sees only a
-#   shard of the gradient.
-# * c) They diverge: Adam's moments must see the whole gradient.
-# * d) Bit for bit identical on 2 ranks; on 3 or more they differ in the last bits (about 1e-6
-#   of the largest parameter), because the ring adds the ranks' gradients in another order than
-#   gloo's all-reduce.
+# * a) Bit for bit identical on any number of ranks: the same sums, only sharded.
+# * b) 1e-2 apart on any number of ranks: each rank's Adam sees only its shard.
+# * c) Far apart: Adam's moments need the whole gradient, so training diverges.
+# * d) Identical on 2 ranks; from 3 ranks on, apart in the last bits of each sum.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_4_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_4 = ""  # your answer: one letter, "a" to "d"
@@ -489,13 +514,22 @@ check_answer(
     key="d",
     explanation="""
     Adam works element by element, so updating a shard with its shard of the averaged
-    gradient is exactly what a full Adam does to those elements. What differs is the sum: float
-    addition is not associative, and the ring adds the ranks' contributions to each chunk in
-    an order that depends on the chunk, while gloo sums in its own order. With 2 ranks there
-    is one addition, a + b = b + a, and the measurement finds the parameters bit for bit
-    identical; on 3 and 4 ranks they differ by a few 1e-6 of the largest parameter: rounding
+    gradient is exactly what a full Adam does to those elements (not b or c). What differs is
+    the sum. Float addition is not associative: the ring adds the ranks' contributions to each
+    chunk in an order that depends on the chunk, while gloo sums in its own order (its ring
+    runs the other way round). And DDP scales each gradient by 1/N before its sum (question
+    ddp_1) where your optimizer divides after it. With 2 ranks there is one addition, a + b =
+    b + a, and halving is exact: the measurement finds the parameters bit for bit identical
+    (so a holds there only). On 3 ranks they differ by about 2.3e-6 of the largest parameter;
+    scaling by 1/3 before the reduce-scatter, as DDP does, cuts that to 6.6e-7, the rest
+    being the order of the sums; on 4 ranks, where 1/4 is exact, both give 2.5e-6. Rounding
     in the last bits, which 20 steps of training grow only a little.
     """,
+    giveaways=(
+        r"halving is exact",
+        r"last bits",
+        r"a ?\+ ?b ?= ?b ?\+ ?a",
+    ),
 )
 ### END HIDDEN TESTS
 
@@ -514,11 +548,10 @@ zero_report.report_equivalence(ZeroOptimizer, world_sizes=(2, 3, 4))
 # `nn.Linear(1000, 10)` (a weight of 10,000 elements and a bias of 10) with Adam on 2 ranks.
 # How is Adam's state split between the ranks?
 #
-# * a) Very unevenly: it assigns whole parameters to ranks, so one rank holds the weight's
-#   state and the other only the bias's.
-# * b) Evenly, 5,005 elements' worth each, like your shards.
-# * c) Not at all: every rank holds all of it until the first checkpoint.
-# * d) Rank 0 holds all of it and sends updates to the others.
+# * a) Unevenly: it gives out whole parameters, so one rank holds the weight's state.
+# * b) Evenly: 5,005 elements' worth on each rank, like your optimizer's flat shards.
+# * c) Evenly, tensor by tensor: each rank holds half of the weight's and the bias's.
+# * d) On rank 0 only: it updates everything there and broadcasts the result to rank 1.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_5_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_5 = ""  # your answer: one letter, "a" to "d"
@@ -535,21 +568,31 @@ check_answer(
     choices="abcd",
     key="a",
     explanation="""
-    ZeroRedundancyOptimizer partitions the parameter list, not the elements: it hands whole
-    parameters to ranks, largest first, each to the rank with the least so far. Here rank 0
-    gets the weight and holds 80,004 bytes of Adam state (two moments of 10,000 floats and a
-    step counter), rank 1 gets the bias and holds 84. A model of many similar layers evens
-    out; one large embedding does not. Your ZeroOptimizer shards the flattened parameters by
-    element, so its shards differ by at most one element.
+    ZeroRedundancyOptimizer partitions the parameter list, not the elements (not b or c): it
+    hands whole parameters to ranks, largest first, each to the rank with the least so far,
+    and every rank updates its own (not d). The measurement shows the rule on other models:
+    two layers of 10,000 + 10 and 10,000 + 1,000 elements on 2 ranks split 11,000 against
+    10,010, four layers of 100 x 100 on 3 ranks put two weights on one rank. For one
+    nn.Linear(1000, 10), rank 0 gets the weight and holds 80,004 bytes of Adam state (two
+    moments of 10,000 floats and a step counter), rank 1 gets the bias and holds 84. A model
+    of many similar layers evens out; one large embedding does not. Your ZeroOptimizer shards
+    the flattened parameters by element, so its shards differ by at most one element.
     """,
+    giveaways=(
+        r"whole parameters",
+        r"largest first",
+        r"80,?004 bytes",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_5_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The bytes of Adam state each rank holds after one step.
+# **Measure it.** Which parameters' Adam state each rank holds after one step, for two other
+# models: `Linear(1000, 10)` then `Linear(10, 1000)` on 2 ranks, and four `Linear(100, 100)` on 3.
+# What rule assigns them, and what does it do with the question's single layer?
 
 # %% nbgrader={"grade": false, "grade_id": "zero_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_torch_zero()
+zero_report.report_torch_zero([(2, [(1000, 10), (10, 1000)]), (3, [(100, 100)] * 4)])
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_6_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_6: fp16 compression
@@ -561,11 +604,10 @@ zero_report.report_torch_zero()
 # On 2 ranks, every rank's gradient holds the elements 70000, 1e-8, 1e-6 and 1.0. What does
 # `.grad` hold after backward with the hook?
 #
-# * a) 70000, 1e-8, 1e-6, 1.0: float16 only loses digits far after the decimal point.
-# * b) 65504, 6e-8, 1e-6, 1.0: float16 saturates at its largest and smallest values.
-# * c) inf, 0, about 9.5e-7, 1.0: 70000 overflows float16, 1e-8 underflows to 0 and 1e-6
-#   keeps only a few bits.
-# * d) nan in every element, since one element overflowed.
+# * a) 70000, 1e-8, 1e-6, 1.0: float16 only loses digits far after the point.
+# * b) 65504, 6e-8, 1e-6, 1.0: float16 clamps to its largest and smallest values.
+# * c) inf, 0, 9.5e-7, 1.0: 70000 overflows, 1e-8 underflows, 1e-6 loses bits.
+# * d) nan in every element: one element's overflow spoils the whole bucket.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_6_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_6 = ""  # your answer: one letter, "a" to "d"
@@ -582,22 +624,32 @@ check_answer(
     choices="abcd",
     key="c",
     explanation="""
-    float16's largest finite value is 65504, and a cast rounds anything larger to inf, it
-    does not saturate; inf survives the division by world_size and the sum, so .grad holds
-    inf and the next optimizer step poisons the weights. Its smallest subnormal is about
-    6e-8: 1e-8 rounds to 0, and 1e-6 is a subnormal with few bits left (9.54e-7). The hook
-    does not touch other elements of the bucket: 1.0 comes back exact. This is why mixed
-    precision training scales the loss, and why the hook suits gradients of moderate range.
+    float16's largest finite value is 65504, and a cast rounds to the nearest float16, it
+    does not clamp (not b): the measurement finds 65519 rounded to 65504, and 65520, 70000 or
+    100000 to inf. inf survives the division by world_size and the sum, so .grad holds inf and
+    the next optimizer step poisons the weights. Its smallest subnormal is about 6e-8: 1e-8
+    (like the measured 2e-8) rounds to 0, and 1e-6 is a subnormal with few bits left
+    (9.54e-7; the measured 2e-6 came back as 2.03e-6), so a) is wrong at both ends. The hook
+    does not touch other elements of the bucket: 1.0 comes back exact, not nan (d). This is
+    why mixed precision training scales the loss, and why the hook suits gradients of
+    moderate range.
     """,
+    giveaways=(
+        r"inf, 0",
+        r"9\.5\d*e-0?7",
+        r"65520[^.]{0,30}inf",
+        r"rounds? to (the )?nearest",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_6_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**: the gradient of `w . x` is `x`, so feeding these values as `x` on both ranks
-# makes them the gradient, without and with the hook.
+# **Measure it**: the gradient of `w . x` is `x`, so feeding values as `x` on both ranks makes
+# them the gradient, without and with the hook. Other values than the question's: large ones
+# near float16's largest, and small ones. What would the question's four become?
 
 # %% nbgrader={"grade": false, "grade_id": "zero_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_fp16([7e4, 1e-8, 1e-6, 1.0])
+zero_report.report_fp16([1e5, 2e-8, 2e-6, 3.0, 65504.0, 65519.0, 65520.0])
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_3_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 3 (optional): error feedback
@@ -657,10 +709,10 @@ print(check_error_feedback_hook(ef_fp16_hook))
 # with r = 4 and `start_powerSGD_iter=2` on a model with one 256 x 256 layer (a 256 KiB
 # gradient). How many bytes does each rank all-reduce in steps 1, 2 and 3?
 #
-# * a) 8 KiB in every step, from the first.
-# * b) 128 KiB in every step: PowerSGD is half precision.
-# * c) 64 KiB in every step: rank 4 keeps a quarter of the gradient.
-# * d) 256 KiB in steps 1 and 2 (a plain all-reduce), then 8 KiB.
+# * a) 8 KiB in every step, from the very first one on.
+# * b) 128 KiB in every step: PowerSGD sends half precision.
+# * c) 64 KiB in every step: rank 4 keeps a quarter of it.
+# * d) 256 KiB in steps 1 and 2, then 8 KiB from step 3.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_7_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_7 = ""  # your answer: one letter, "a" to "d"
@@ -679,28 +731,44 @@ check_answer(
     explanation="""
     For its first start_powerSGD_iter steps the hook runs a plain all-reduce of the whole
     gradient (262,144 bytes here), so that training gets through its noisy start
-    uncompressed. From then on it sends P and Q: (256 + 256) x 4 floats x 4 bytes = 8,192
-    bytes, 32 times less. The bytes grow linearly with r, and the error of the compressed
-    gradient falls with it: the measurement shows a large error at r = 1 and 4 for a gradient
-    of rank 16 (batches of 8 on 2 ranks), and none at r = 16. Error feedback, on by default,
-    carries what compression dropped into the next step.
+    uncompressed (not a). From then on it sends P and Q: (256 + 256) x 4 floats x 4 bytes =
+    8,192 bytes, 32 times less, in float32 (not b), and r is the rank of the factors, not a
+    fraction kept (not c). The measurement, with start_powerSGD_iter=3, shows three plain
+    steps, then 2,048, 4,096 and 32,768 bytes for r = 1, 2 and 16: linear in r. The error of
+    the compressed gradient falls with r: large at r = 1 and 2 for a gradient of rank 16
+    (batches of 8 on 2 ranks), none at r = 16. Error feedback, on by default, carries what
+    compression dropped into the next step.
     """,
+    giveaways=(
+        r"8,?192 bytes",
+        r"\b8 KiB",
+        r"\(256 ?\+ ?256\) ?x ?4",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_7_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**: bytes passed to `dist.all_reduce` per step, and the relative error of the
-# gradient against the exact average, for r = 1, 4 and 16 (batches of 8 on 2 ranks, so the
-# averaged gradient has rank at most 16; error feedback off, to see one step's error).
+# gradient against the exact average, for r = 1, 2 and 16 with `start_powerSGD_iter=3`
+# (batches of 8 on 2 ranks, so the averaged gradient has rank at most 16; error feedback off,
+# to see one step's error). What would r = 4 with `start_powerSGD_iter=2` send?
 
 # %% nbgrader={"grade": false, "grade_id": "zero_7_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_powersgd(ranks=(1, 4, 16), start_iter=2)
+zero_report.report_powersgd(ranks=(1, 2, 16), start_iter=3)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "closing", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Where this goes
+# ## What you measured
 #
-# You have built ZeRO-2 from the two halves of your ring, and measured the trade: the same
-# traffic as DDP for a fraction of the memory, ZeRO-3 saving the parameters too for half as
-# much traffic again, and the ranks' sums rounding differently. PyTorch's FSDP
-# (`torch.distributed.fsdp.fully_shard`) is ZeRO-3 with the gathers overlapped with compute,
-# bucket by bucket, the way the buckets assignment overlapped all-reduces with backward.
+# * **gloo's own collectives** on the wire, and **your halves**, recorded: what each sends.
+# * **One training step** of DDP, of ZeRO-1/2 built from your halves, and of torch's
+#   `fully_shard` (ZeRO-3), on 2 to 4 ranks.
+# * **Memory per rank** with your optimizer, DDP + Adam and torch's ZeRO-1, and whether your
+#   optimizer trains to DDP's weights.
+# * **torch's `ZeroRedundancyOptimizer`**, `fp16_compress_hook` and `powerSGD_hook`, each on
+#   other settings than the questions'.
+#
+# The explanations of the questions come with your feedback. PyTorch's FSDP
+# (`torch.distributed.fsdp.fully_shard`, measured above) is ZeRO-3 with the gathers of one
+# layer overlapped with the compute of another, the way the buckets assignment overlapped
+# all-reduces with backward.
+

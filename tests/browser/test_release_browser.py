@@ -52,10 +52,10 @@ def test_a_finished_notebook_runs_all_cells_in_the_browser(lab, page, artifact, 
     tracebacks = [t for t in page.locator(STDERR).all_text_contents() if "Error" in t]
     assert not tracebacks, tracebacks[0][:800]
     page.screenshot(path=artifact("release-finished.png"), full_page=False)
-    bytes_cell = page.locator(".jp-CodeCell", has_text="ring_traffic(tensor)")
+    bytes_cell = page.locator(".jp-CodeCell", has_text="with WireMeter() as wire:")
     measured = bytes_cell.locator(".jp-OutputArea-output").first
     measured.scroll_into_view_if_needed()
-    assert "x100 = 1400 MB" in measured.text_content()  # the ring's bytes, measured on 8 ranks
+    assert "sent 14.0" in measured.text_content()  # gloo's bytes on the wire, on 8 ranks
     page.wait_for_timeout(500)
     bytes_cell.screenshot(path=artifact("release-ring-bytes.png"))
 

@@ -192,3 +192,16 @@ def fp16_no_feedback(state, bucket):  # no annotations: DDP compares them as obj
         return buffer
 
     return future.then(average)
+
+
+class PrescaledZero(ZeroOptimizer):
+    """Scales each rank's gradient by 1 / world_size before the reduce-scatter, as DDP does."""
+
+    def step(self) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat_grad = torch.cat([g.reshape(-1) for g in grads]) * (1.0 / dist.get_world_size())
+        self.shard.grad = reduce_scatter(flat_grad)
+        for p in self.params:
+            p.grad = None
+        self.optimizer.step()
+        all_gather(self.shard, self.flat)

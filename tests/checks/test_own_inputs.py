@@ -28,15 +28,15 @@ from test_accumulation_check import (
     train_uneven,
 )
 from test_buckets_check import Blocking, OverlappingDDP
-from test_ddp_check import reduce_hook, mean_loss, sum_hook, weighted_loss
+from test_ddp_check import mean_loss, reduce_hook, sum_hook, weighted_loss
 
 from course.checks import accumulation as accumulation_check
 from course.checks import (
     check_accumulation_syncs,
     check_accumulation_values,
-    check_reduce_hook,
     check_error_feedback_hook,
     check_overlapping_ddp,
+    check_reduce_hook,
     check_train_uneven,
     check_weighted_loss,
     check_zero_matches_ddp,

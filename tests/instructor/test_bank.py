@@ -25,7 +25,9 @@ from course.instructor.bank import (
 
 REPO = Path(__file__).resolve().parents[2]
 BANK = bank()
-RELEASE = {p.parent.name: nbformat.read(p, as_version=4) for p in (REPO / "release").glob("*/*.ipynb")}
+RELEASE = {
+    p.parent.name: nbformat.read(p, as_version=4) for p in (REPO / "release").glob("*/*.ipynb")
+}
 
 
 def _item(key: str = "a", options: dict[str, str] | None = None, points: float = 1) -> Item:
@@ -59,7 +61,12 @@ def test_the_form_figures_catch_a_cued_bank() -> None:
     problems = " ".join(form_problems(form(cued)))
     for cue in ("strictly longest", "always longest", "different lengths", '"a" is the key'):
         assert cue in problems
-    hedged = {"a": "about ten of them", "b": "ten of them all", "c": "none of them at", "d": "x" * 15}
+    hedged = {
+        "a": "about ten of them",
+        "b": "ten of them all",
+        "c": "none of them at",
+        "d": "x" * 15,
+    }
     numbered = {"a": "3 of them", "b": "all of them", "c": "one of them", "d": "few of them"}
     assert form([_item("a", hedged)]).lone_hedge == ["toy_1"]
     assert form([_item("a", numbered)]).lone_number == ["toy_1"]
@@ -82,11 +89,11 @@ def test_every_item_names_its_giveaways(item: Item) -> None:
 
 @pytest.mark.parametrize("assignment", sorted(RELEASE))
 def test_no_release_cell_gives_an_item_away(assignment: str) -> None:
-    """Does no cell a student sees (markdown or code, in this notebook or one after it in
+    """Does no cell a student sees (markdown or code, in this notebook or one before it in
     course order) state an item's give-away, outside the item's own question?"""
-    later = [a for a in RELEASE if assignment in shown_before(a, list(RELEASE))]
+    seen = shown_before(assignment, list(RELEASE))
     items = [i for i in BANK if i.assignment == assignment]
-    leaks = [leak for a in later for leak in giveaway_leaks(RELEASE[a], items)]
+    leaks = [leak for a in seen for leak in giveaway_leaks(RELEASE[a], items)]
     assert leaks == []
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course.instructor.copies import course_solutions, near_copies
+from course.instructor.copies import course_solutions, near_copies, shared_rules
 from course.instructor.selfstudy import quiz_items
 from course.instructor.studentview import LEFT_OUT, export
 
@@ -64,8 +64,9 @@ def test_the_view_has_what_students_need_and_no_source_or_keys(view: Path) -> No
 
 
 def test_the_view_holds_no_working_solution(view: Path) -> None:
-    """Does no module a student gets define a copy of an exercise's solution: the source
-    notebooks' solution cells, or the instructor's reference ring?"""
+    """Does no module a student gets define a copy of an exercise's solution (the source
+    notebooks' solution cells, or the instructor's reference ring), and does no function of it
+    hold one of their rules, renamed or with lines added?"""
     solutions = [(REPO / "course" / "instructor" / "reference.py").read_text()]
     for path in sorted((REPO / "source").glob("*/*.ipynb")):
         solutions += course_solutions(path)
@@ -73,6 +74,8 @@ def test_the_view_holds_no_working_solution(view: Path) -> None:
     assert len(shipped) > 40 and len(solutions) > 10
     copies = {str(p.relative_to(view)): near_copies([t], solutions) for p, t in shipped.items()}
     assert {p: names for p, names in copies.items() if names} == {}
+    modules = {str(p.relative_to(view)): t for p, t in shipped.items()}
+    assert shared_rules(modules, solutions) == []
 
 
 def _fresh_venv(tmp_path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Tests for course.ring.schedule: chunk bounds, the ring's step-by-step plan, its trace and the
+"""Tests for course.ring.schedule: chunk bounds, the step functions, the trace and the
 large-N simulator, against closed forms and against course.ring.trace's own reading of a trace."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from course.ring.schedule import (
     chunk_bounds,
     num_steps,
     phase,
-    plan,
     recv_chunk,
     recv_peer,
     ring_bytes_formula,
@@ -66,22 +65,6 @@ def test_every_step_is_a_ring_permutation(world_size: int) -> None:
             assert recv_chunk(send_peer(r, n), s, n) == send_chunk(r, s, n)
         expected = "reduce-scatter" if s < n - 1 else "all-gather"
         assert phase(s, n) == expected
-
-
-@given(world_sizes)
-def test_plan_matches_the_step_functions(world_size: int) -> None:
-    """Does plan() list, per rank, the same chunks and peers as send_chunk/recv_chunk?"""
-    n = world_size
-    for r in range(n):
-        got = plan(r, n)
-        assert [p.step for p in got] == list(range(num_steps(n)))
-        for p in got:
-            assert (p.send_to, p.recv_from) == ((r + 1) % n, (r - 1) % n)
-            assert (p.send_chunk, p.recv_chunk) == (
-                send_chunk(r, p.step, n),
-                recv_chunk(r, p.step, n),
-            )
-            assert p.combine == ("add" if p.phase == "reduce-scatter" else "copy")
 
 
 @given(small_world_sizes, lengths)
@@ -159,7 +142,7 @@ def test_ring_trace_payloads_are_what_encoded_inputs_would_carry(
 
 def test_one_rank_has_no_steps() -> None:
     """Does a single rank run no steps, send nothing, and start (and end) fully reduced?"""
-    assert num_steps(1) == 0 and plan(0, 1) == []
+    assert num_steps(1) == 0
     states = list(simulate(1, 5))
     assert len(states) == 1 and states[0].all_full() and states[0].bytes_sent.tolist() == [0]
     assert ring_trace(1, 5).messages == () and ring_bytes_per_rank(5, 1) == [0]

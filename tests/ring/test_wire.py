@@ -44,4 +44,3 @@ def test_gloo_collectives_send_what_their_algorithms_do() -> None:
     assert share["broadcast"][0] > 1.0 > share["broadcast"][3]
     for r in run(collective_traffic, 4, "all_reduce", numel):
         assert [p for p, n in r["to"].items() if n > numel * 4 / 100] == [(r["rank"] - 1) % 4]
-
