@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from quiz import keys, supported
 
-from course.experiments import accumulation
+from course.experiments import accumulation, sampler
 from course.ranks import launch
 
 pytestmark = pytest.mark.ranks
@@ -59,7 +59,7 @@ def test_accumulation_2_undivided_loss_scale(run_ranks) -> None:
 
 def test_accumulation_3_sampler_padding() -> None:
     """10 samples over 4 ranks: 3 each, with samples 0 and 1 read twice?"""
-    split = accumulation.sampler_split(10, 4)
+    split = sampler.sampler_split(10, 4)
     assert split == [[0, 4, 8], [1, 5, 9], [2, 6, 0], [3, 7, 1]]
     flat = [i for s in split for i in s]
     options = {
@@ -70,14 +70,14 @@ def test_accumulation_3_sampler_padding() -> None:
         "d": False,  # sampler_split returned: no error
     }
     assert supported(options) == KEYS["accumulation_3"]
-    assert accumulation.sampler_split(10, 4, drop_last=True) == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert accumulation.sampler_split(3, 4) == [[0], [1], [2], [0]]
+    assert sampler.sampler_split(10, 4, drop_last=True) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert sampler.sampler_split(3, 4) == [[0], [1], [2], [0]]
 
 
 def test_accumulation_4_set_epoch() -> None:
     """Without set_epoch, does rank 0 read the same (shuffled) order in every epoch?"""
-    orders = accumulation.epoch_orders(10, 2, 3, set_epoch=False)
-    reshuffled = accumulation.epoch_orders(10, 2, 3, set_epoch=True)
+    orders = sampler.epoch_orders(10, 2, 3, set_epoch=False)
+    reshuffled = sampler.epoch_orders(10, 2, 3, set_epoch=True)
     assert len({tuple(o) for o in reshuffled}) == 3
     same = len({tuple(o) for o in orders}) == 1
     options = {

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from quiz import keys, supported
 
-from course.experiments import compression, zero
+from course.experiments import compression, zero, zero_traffic
 
 sys.path.insert(0, str(Path(__file__).parent / "checks"))
 import halves_impls  # the model solution, as the notebook's cells define it
@@ -48,7 +48,7 @@ def test_zero_2_traffic_per_step_on_8_ranks() -> None:
     """On 8 ranks: DDP's step 1.75 model sizes on the wire, a ZeRO-1/2 step of ring halves the
     same, and ZeRO-3 (torch's fully_shard: two all-gathers and one reduce-scatter per layer)
     built from ring halves 3 x 0.875 = 2.625?"""
-    t = zero.traffic_on_ranks(halves_impls.reduce_scatter, halves_impls.all_gather, 8)
+    t = zero_traffic.traffic_on_ranks(halves_impls.reduce_scatter, halves_impls.all_gather, 8)
     layers = t["layers"]
     assert t["FSDP calls"] == {
         "all_gather_into_tensor": 2 * layers,
@@ -73,7 +73,7 @@ def test_zero_2_traffic_per_step_on_8_ranks() -> None:
 def test_zero_2_torch_zero_redundancy_optimizer_adds_broadcasts(run_ranks) -> None:
     """Does torch's ZeroRedundancyOptimizer send DDP's 1.5 model sizes and 0.75 more on 4
     ranks (what zero_2's explanation says), where ZeRO as published sends DDP's alone?"""
-    sent = run_ranks(zero.torch_zero_traffic, 4, timeout=60)
+    sent = run_ranks(zero_traffic.torch_zero_traffic, 4, timeout=60)
     assert all(_near(s["DDP"], 1.5) and _near(s["torch ZeRO-1"], 2.25) for s in sent)
 
 

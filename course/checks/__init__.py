@@ -7,11 +7,7 @@ grading, the caller is the judge (``course.instructor.judge``), which never runs
 
 from __future__ import annotations
 
-from course.checks.accumulation import (
-    check_accumulation_syncs,
-    check_accumulation_values,
-    check_sampler_indices,
-)
+from course.checks.accumulation import check_accumulation_syncs, check_accumulation_values
 from course.checks.answers import check_answer
 from course.checks.buckets import check_bucketed_allreduce
 from course.checks.calls import check_returns
@@ -20,6 +16,7 @@ from course.checks.ddp import check_reduce_hook, check_weighted_loss
 from course.checks.halves import check_all_gather, check_halves_pattern, check_reduce_scatter
 from course.checks.overlap import check_overlapping_ddp
 from course.checks.ring import check_ring_allreduce, check_ring_pattern, check_ring_sums
+from course.checks.sampler import check_sampler_indices
 from course.checks.uneven import check_train_uneven
 from course.checks.zero import check_zero_matches_ddp, check_zero_memory
 

@@ -6,9 +6,8 @@ process group and returns plain data, so the same code runs from a notebook
 
     torchrun --nproc-per-node 2 -m course.experiments.accumulation
 
-The sampler functions need no ranks at all: ``DistributedSampler(ds, num_replicas, rank)``
-works without a process group. PyTorch docs: ``DistributedDataParallel.no_sync``,
-``torch.utils.data.distributed.DistributedSampler`` and ``torch.distributed.algorithms.Join``
+The sampler's experiments are ``course.experiments.sampler``. PyTorch docs:
+``DistributedDataParallel.no_sync`` and ``torch.distributed.algorithms.Join``
 (https://pytorch.org/docs/stable/distributed.algorithms.join.html).
 """
 
@@ -27,7 +26,6 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DistributedSampler
 
 __all__ = [
     "accumulation_counts",
@@ -35,9 +33,6 @@ __all__ = [
     "clipped_norms",
     "counting_hook",
     "dropout_masks",
-    "epoch_orders",
-    "sampler_figure",
-    "sampler_split",
     "swapped_all_reduce",
     "sync_batchnorm_on_cpu",
     "uneven_loop",
@@ -93,29 +88,6 @@ def accumulation_counts(use_no_sync: bool = True, k: int = 4, seed: int = 0) -> 
         "grad": _flat_grad(model),
         "large_batch_grad": _flat_grad(large),
     }
-
-
-def sampler_split(
-    dataset_len: int, world_size: int, shuffle: bool = False, drop_last: bool = False
-) -> list[list[int]]:
-    """The indices ``DistributedSampler`` gives each rank of ``world_size`` (no ranks needed)."""
-    return [
-        list(DistributedSampler(range(dataset_len), world_size, r, shuffle, drop_last=drop_last))
-        for r in range(world_size)
-    ]
-
-
-def epoch_orders(
-    dataset_len: int = 10, world_size: int = 2, epochs: int = 3, set_epoch: bool = False
-) -> list[list[int]]:
-    """Rank 0's shuffled indices for each epoch, with or without ``sampler.set_epoch(epoch)``."""
-    sampler = DistributedSampler(range(dataset_len), world_size, 0, shuffle=True)
-    orders = []
-    for epoch in range(epochs):
-        if set_epoch:
-            sampler.set_epoch(epoch)
-        orders.append(list(sampler))
-    return orders
 
 
 def uneven_loop(
@@ -265,36 +237,6 @@ def dropout_masks(seed_per_rank: bool = False, n: int = 12, wrap: bool = True) -
     if wrap:
         DDP(nn.Sequential(nn.Linear(n, n), nn.Dropout(0.5)))
     return nn.functional.dropout(torch.ones(n), 0.5).tolist()
-
-
-def sampler_figure(split: list[list[int]], dataset_len: int) -> Any:
-    """A plotly grid: which rank reads which sample, and at which position of its epoch."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    world_size = len(split)
-    for rank, indices in enumerate(split):
-        # rank r's i-th index sits at i * world_size + r of the padded list: past the end, a copy
-        padded = [i * world_size + rank >= dataset_len for i in range(len(indices))]
-        fig.add_scatter(
-            x=indices,
-            y=[f"rank {rank}"] * len(indices),
-            mode="markers+text",
-            text=[str(p) for p in range(len(indices))],
-            textposition="top center",
-            marker={"size": 16, "symbol": ["x" if c else "circle" for c in padded]},
-            name=f"rank {rank}",
-        )
-    fig.update_layout(
-        title=(
-            f"DistributedSampler, {dataset_len} samples on {world_size} ranks "
-            "(label: the rank's step; x: a sample read a second time)"
-        ),
-        xaxis={"title": "sample index", "range": [-0.5, dataset_len - 0.5], "dtick": 1},
-        yaxis={"range": [-0.5, world_size - 0.2]},
-        height=140 + 60 * world_size,
-    )
-    return fig
 
 
 if __name__ == "__main__":  # torchrun --nproc-per-node 2 -m course.experiments.accumulation

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from course.checks.teaching import not_implemented
-from course.experiments import compression, zero
+from course.experiments import compression, zero, zero_traffic
 from course.ranks import run
 
 __all__ = [
@@ -61,7 +61,7 @@ def report_traffic(
     if grading() or unwritten(reduce_scatter, all_gather):
         return
     for n in world_sizes:
-        t = zero.traffic_on_ranks(reduce_scatter, all_gather, n)
+        t = zero_traffic.traffic_on_ranks(reduce_scatter, all_gather, n)
         calls = ", ".join(f"{count} {name}" for name, count in t["FSDP calls"].items())
         print(
             f"N = {n}: DDP {t['DDP']:.2f}; your reduce_scatter {t['reduce_scatter']:.2f}, "

@@ -43,7 +43,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from course.experiments import accumulation
+from course.experiments import accumulation, sampler
 from course.checks import (
     check_accumulation_syncs,
     check_accumulation_values,
@@ -248,7 +248,7 @@ check_answer(
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** The indices `DistributedSampler` gives each rank
-# (`course.experiments.accumulation.sampler_split`) for 11 samples on 4 ranks, 7 on 3 and 3 on
+# (`course.experiments.sampler.sampler_split`) for 11 samples on 4 ranks, 7 on 3 and 3 on
 # 4, with and without `drop_last`, and the picture of the first (an x marks a sample read a
 # second time). What rule makes these, and what does it give for 10 samples on 4 ranks?
 
@@ -256,8 +256,8 @@ check_answer(
 for n, ranks in ((11, 4), (7, 3), (3, 4)):
     for drop_last in (False, True):
         print(f"{n} samples, {ranks} ranks, drop_last={drop_last!s:5}: "
-              f"{accumulation.sampler_split(n, ranks, drop_last=drop_last)}")
-accumulation.sampler_figure(accumulation.sampler_split(11, 4), 11)
+              f"{sampler.sampler_split(n, ranks, drop_last=drop_last)}")
+sampler.sampler_figure(sampler.sampler_split(11, 4), 11)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question accumulation_4: shuffling without `set_epoch`
@@ -306,12 +306,12 @@ check_answer(
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** Rank 0's order in 3 epochs, for 12 samples on 3 ranks, without and with
-# `set_epoch` (`course.experiments.accumulation.epoch_orders`).
+# `set_epoch` (`course.experiments.sampler.epoch_orders`).
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for set_epoch in (False, True):
     print(f"set_epoch called: {set_epoch!s:5}  rank 0's order per epoch: "
-          f"{accumulation.epoch_orders(12, 3, 3, set_epoch)}")
+          f"{sampler.epoch_orders(12, 3, 3, set_epoch)}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "uneven_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Uneven data and `Join`

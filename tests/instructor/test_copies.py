@@ -31,7 +31,7 @@ def reduce_hook(state, bucket):
 def test_a_solution_rule_inside_other_code_is_found() -> None:
     """Is a helper that holds a solution's body, renamed, one line added and its calls chained,
     found inside a module, and a helper that only calls torch's own hook not?"""
-    shipped = '''
+    shipped = """
 def counting_hook(calls: list, b):
     calls.append(b.index())
     buf = b.buffer().div_(dist.get_world_size())
@@ -41,7 +41,7 @@ def counting_hook(calls: list, b):
 def delegating_hook(calls: list, b):
     calls.append(b.index())
     return allreduce_hook(None, b)
-'''
+"""
     found = shared_rules({"helpers.py": shipped}, [HOOK_SOLUTION])
     assert len(found) == 1 and found[0].startswith("helpers.py: counting_hook holds")
 
