@@ -97,7 +97,7 @@ def test_ddp_1_scales_before_the_sum(run_ranks) -> None:
 
 def test_ddp_4_construction_broadcast(run_ranks) -> None:
     """After DDP(m) with different seeds on 3 ranks, does every rank hold rank 0's weights?"""
-    results = run_ranks(ddp.broadcast_step, 3)
+    results = run_ranks(ddp.construction_step, 3)
     before = [r["before"] for r in results]
     after = [r["after"] for r in results]
     mean = [sum(c) / 3 for c in zip(*before, strict=True)]

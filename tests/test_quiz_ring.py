@@ -85,3 +85,16 @@ def test_ring_1_and_2_hold_for_gloo_s_own_all_reduce() -> None:
         assert all(2 * (n - 1) <= c < 2 * (n - 1) * 1.01 for c in chunks), (n, chunks)
     sent = run(allreduce_traffic, 8, 2_000_000)
     assert all(14e6 <= b < 14e6 * 1.01 for b in sent), sent
+
+
+def test_ring_3_a_blocked_send_gives_up_at_the_process_group_timeout() -> None:
+    """Does a send-first ring wait until the process group's timeout (30 minutes unless set),
+    then fail, rather than forever (what ring_3's explanation says)?"""
+    from datetime import timedelta
+
+    from torch.distributed import constants
+
+    assert constants.default_pg_timeout == timedelta(minutes=30)
+    result = launch(p2p.send_first, 2, 1, timeout=30, pg_timeout=3)
+    assert not result.ok and 3 <= result.elapsed < 30
+    assert any("gloo gave up waiting" in f.message for f in result.failures.values())

@@ -51,10 +51,10 @@ def ddp_bucket_rule(
     """DDP's buckets for tensors of these sizes (in registration order), as index lists.
 
     The rule of DDP's reducer from the second step on, asked of torch itself
-    (``dist._compute_bucket_assignment_by_size``, which ``DistributedDataParallel`` calls):
-    tensors in the order backward produces them, last first; ``first_bucket_mb`` caps the
-    first bucket alone, as DDP does (``dist._DEFAULT_FIRST_BUCKET_BYTES``) when
-    ``bucket_cap_mb`` is left at its default.
+    (``dist._compute_bucket_assignment_by_size``, which ``DistributedDataParallel`` calls), the
+    tensors handed over in the order a plain stack's backward produces them; with
+    ``first_bucket_mb`` the limits are the two DDP's constructor passes when ``bucket_cap_mb``
+    is not given.
     """
     if bucket_cap_mb <= 0:
         raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")

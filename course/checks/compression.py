@@ -7,8 +7,8 @@ Error feedback (Seide et al. 2014, "1-bit SGD"; Karimireddy et al. 2019, "Error 
 fixes SignSGD") adds what the last compression dropped to the next gradient before
 compressing it. The check trains ``nn.Linear(8, 1)`` with SGD under DDP on 2 fresh ranks,
 once without a hook, once with ``fp16_compress_hook``, once with the student's hook (its
-``state`` is a dict it may keep residuals in), with gradients of about 1e-8: below float16's
-smallest subnormal (6e-8), so plain fp16 sends zeros. Each rank's input is made here from a
+``state`` is a dict it may keep residuals in), with gradients of about 1e-8, too small for
+plain fp16 compression to move the weights. Each rank's input is made here from a
 fresh seed, and each rank is sent its own only (the baselines train on the same inputs, on
 ranks of their own). The weights come back; the verdict is made here.
 """
@@ -37,7 +37,7 @@ TOLERANCE = 0.05  # of the fp32 run's displacement: one float16 quantum in 200 s
 
 def _inputs(seed: int, world_size: int = 2) -> list[torch.Tensor]:
     """Every rank's x, made by the checker: 8 values between 1 and 2, times 1 to 2, so the
-    averaged gradients stay below float16's smallest subnormal, as in the notebook's run."""
+    averaged gradients stay as small as in the notebook's run."""
     return [
         (1 + torch.rand(1, 8, generator=g)) * (1 + torch.rand(1, generator=g))
         for g in rank_generators(seed, world_size)

@@ -22,7 +22,7 @@ __all__ = ["SAMPLER_CASES", "check_sampler_indices"]
 SAMPLER_CASES: dict[str, list[tuple[int, int, bool, int, int, bool]]] = {
     "in order": [
         (8, 2, False, 0, 0, False),
-        (10, 4, False, 0, 0, False),  # padded: 0 and 1 read twice
+        (10, 4, False, 0, 0, False),  # does not divide
         (3, 4, False, 0, 0, False),  # fewer samples than ranks
         (1, 3, False, 0, 0, False),
         (10, 4, False, 0, 0, True),

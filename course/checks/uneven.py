@@ -59,9 +59,9 @@ def _params(model: nn.Module) -> torch.Tensor:
 def join_oracle(batches: Sequence[Batches], lr: float = LR) -> torch.Tensor:
     """The weights Join gives when rank r holds ``batches[r]``, simulated in one process.
 
-    At step t every rank that still has a batch contributes its gradient and a rank that has
-    run out contributes zeros; the sum is divided by the initial world size (Join's default).
-    When the last rank leaves Join, DDP copies its weights to the others.
+    It replays, step by step, what Join does with DDP's all-reduces by default (PyTorch
+    docs, ``torch.distributed.algorithms.Join``), then the copy of the last rank's weights
+    to the others when it leaves Join.
     """
     model, world_size = _model(), len(batches)
     for t in range(max(map(len, batches))):

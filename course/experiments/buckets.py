@@ -174,8 +174,8 @@ def overlap_timeline(
 ) -> dict[str, Any]:
     """When each gradient became ready and when each bucket's all-reduce ran, in one DDP step.
 
-    The step measured is the second one: DDP puts every parameter in one bucket for the first
-    backward and rebuilds its buckets, in the order gradients became ready, before the second.
+    The step measured is the second one: the first builds DDP's buckets (question buckets_3
+    measures how).
     """
     model = many_params_model(layers, width)
     ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)

@@ -6,8 +6,8 @@ process group and returns plain data (lists of floats), so the same code runs fr
 
     torchrun --nproc-per-node 2 -m course.experiments.ddp
 
-PyTorch docs: https://pytorch.org/docs/stable/notes/ddp.html (DDP averages gradients across
-ranks during backward) and https://pytorch.org/docs/stable/ddp_comm_hooks.html (comm hooks).
+PyTorch docs: https://pytorch.org/docs/stable/notes/ddp.html (what DDP does during backward)
+and https://pytorch.org/docs/stable/ddp_comm_hooks.html (comm hooks).
 """
 
 # No "from __future__ import annotations": DDP.register_comm_hook compares the hook's
@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 __all__ = [
     "CommHook",
-    "broadcast_step",
+    "construction_step",
     "loss_figure",
     "regression_data",
     "scaling_order",
@@ -74,7 +74,7 @@ def scaling_order(numel: int = 20_000, seed: int = 5) -> dict[str, int]:
 
     Rank r's gradient is random data of its own; ``.grad`` is compared, bit for bit, with
     ``all_reduce(g * (1 / N))`` (scale, then sum) and with ``all_reduce(g) / N`` (sum, then
-    divide). With N a power of two both are exact; on 3 ranks they are not.
+    divide).
     """
     torch.manual_seed(0)
     m = nn.Linear(numel, 1, bias=False)
@@ -93,7 +93,7 @@ def scaling_order(numel: int = 20_000, seed: int = 5) -> dict[str, int]:
     }
 
 
-def broadcast_step() -> dict[str, list[float]]:
+def construction_step() -> dict[str, list[float]]:
     """Build a differently seeded model on each rank; its weights before and after ``DDP(m)``."""
     torch.manual_seed(1000 + dist.get_rank())
     m = nn.Linear(2, 1, bias=False)

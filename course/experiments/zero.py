@@ -3,10 +3,9 @@
 ZeRO (Rajbhandari et al. 2020, "ZeRO: Memory optimizations toward training trillion
 parameter models") keeps one replica of the parameters per rank but shards what the
 optimizer needs: stage 1 the optimizer state, stage 2 the gradients too, stage 3 the
-parameters as well (FSDP). With fp32 Adam and Psi parameters (4 bytes each for parameters and
-gradients, 8 for Adam's two moments) a rank holds
-
-    DDP: 16 Psi    ZeRO-1: 8 Psi + 8 Psi / N    ZeRO-2: 4 Psi + 12 Psi / N    ZeRO-3: 16 Psi / N
+parameters as well (FSDP). With fp32 Adam (4 bytes per parameter, 4 per gradient, 8 for
+Adam's two moments) :data:`FORMULAS` gives what a rank holds per parameter, stage by stage,
+for the memory figure's lines.
 
 Every experiment takes the sharded code to measure as an argument (the reduce_scatter,
 all_gather and ZeRO optimizer you write in the notebook): the package holds none. The only

@@ -36,6 +36,7 @@ __all__ = [
     "form_problems",
     "giveaway_leaks",
     "items_of",
+    "prose",
     "shown_before",
 ]
 
@@ -192,6 +193,23 @@ def form_problems(f: Form, letters: str = "abcd") -> list[str]:
     if f.lone_number:
         problems.append(f"the key is the only option with a number in {', '.join(f.lone_number)}")
     return problems
+
+
+def prose(source: str) -> str:
+    """The words a module says rather than does: its docstrings and comments, flattened."""
+    import ast
+    import io
+    import tokenize
+
+    parts = [
+        t.string.lstrip("#")
+        for t in tokenize.generate_tokens(io.StringIO(source).readline)
+        if t.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            parts.append(ast.get_docstring(node) or "")
+    return _flat(" ".join(parts))
 
 
 def shown_before(assignment: str, assignments: Sequence[str]) -> list[str]:

@@ -29,10 +29,11 @@ __all__ = ["LEFT_OUT", "export", "student_files"]
 REPO = Path(__file__).resolve().parents[2]
 
 # What the student install of the package leaves out, in one place: the instructor's tools
-# (authoring, release, grading, its sandbox and this export) and the reference ring, a
-# working solution (the notebooks measure the ring's traffic with course.ring.traffic).
+# (authoring, the quiz bank's figures, release, grading, its sandbox and this export) and the
+# reference ring, a working solution (the notebooks measure gloo's own ring on the wire).
 LEFT_OUT = (
     "course/instructor/authoring.py",
+    "course/instructor/bank.py",
     "course/instructor/classrun.py",
     "course/instructor/commands.py",
     "course/instructor/copies.py",

@@ -4,7 +4,7 @@ Left, the ring: ranks on a circle and the messages of the current step as arrows
 with the chunk they carry (a dashed red arrow: a receive that never completed). Right, the
 chunks: one row per rank, one cell per chunk, coloured by how many ranks' contributions the
 cell holds (fully reduced in its own colour). Below, the bytes each rank has sent so far
-against the ring's ``2(N-1)/N x size``.
+against the ring's closed form (``course.ring.schedule.ring_bytes_formula``).
 """
 
 from __future__ import annotations

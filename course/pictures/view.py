@@ -55,8 +55,8 @@ class RingView:
     """Per-step drawing data for one trace; shared by the static figure and the widget."""
 
     def __init__(self, trace: Trace, label: str = "reference ring", formulas: bool = True) -> None:
-        """``formulas=False`` leaves out the ring's closed forms (2(N-1) steps, 2(N-1)/N x
-        size), for a picture shown before the questions that ask for them."""
+        """``formulas=False`` leaves out the ring's closed forms (its steps and bytes), for a
+        picture a question asks the student to read."""
         self.trace, self.label, self.formulas = trace, label, formulas
         self.n = trace.world_size
         self.size = style.sizes(self.n)

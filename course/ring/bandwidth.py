@@ -3,8 +3,8 @@
     from course.ring.bandwidth import compare_busbw
     compare_busbw(ring_allreduce, world_size=2, megabytes=(1, 16))
 
-busbw = size x 2(N-1)/N / time, as nccl-tests reports it (course.ring.cost.busbw): the bytes each
-rank's link must move, per second, so a perfect ring scores the link speed whatever N.
+busbw as nccl-tests reports it (course.ring.cost.busbw): the bytes each rank's link must move
+in one ring all-reduce, per second, so a perfect ring scores the link speed whatever N.
 The contenders run in one launch, alternating, on the same float32 tensors, each call
 started together on every rank; the figure is the median over calls of the slowest rank.
 """

@@ -58,7 +58,7 @@ class Prediction:
 def ring(
     size_bytes: float, world_size: int, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA
 ) -> Prediction:
-    """Ring all-reduce (Patarasuk & Yuan 2009): ``2(N-1)`` steps of ``size/N`` bytes each."""
+    """Ring all-reduce (Patarasuk & Yuan 2009): the schedule's steps, ``size/N`` bytes each."""
     _check(size_bytes, world_size)
     per_rank = ring_bytes_formula(size_bytes, world_size)
     steps = num_steps(world_size)
@@ -134,7 +134,7 @@ def algbw(size_bytes: float, seconds: float) -> float:
 
 
 def busbw(size_bytes: float, world_size: int, seconds: float) -> float:
-    """Bus bandwidth of an all-reduce as nccl-tests defines it: ``algbw * 2(N-1)/N``.
+    """Bus bandwidth of an all-reduce as nccl-tests defines it: ``algbw`` times the ring's factor.
 
     Comparable with a link's peak bandwidth whatever N is (nccl-tests, doc/PERFORMANCE.md).
     """

@@ -2,10 +2,8 @@
 
 Each function runs on every rank (``course.ranks.launch(send_first, 3, 1)``) and passes a
 tensor of ``numel`` ones to the right-hand neighbour while receiving from the left. They
-differ only in the order of the calls, which decides whether the ring moves at all.
-gloo's ``send`` completes only once the peer has posted the matching receive
-(https://pytorch.org/docs/stable/distributed.html#point-to-point-communication), however
-small the message: there is no eager buffering as in many MPI libraries.
+differ only in the order of the calls; the ring lesson measures which orders move at all
+(https://pytorch.org/docs/stable/distributed.html#point-to-point-communication).
 """
 
 from __future__ import annotations

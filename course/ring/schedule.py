@@ -7,9 +7,9 @@ chunk formulas the ring exercise's plan states, and no more: no list of a rank's
 communication.
 
 The ring (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of
-workstations"; the Baidu/Horovod ring) splits the tensor into ``N`` chunks and runs
-``2(N-1)`` steps. At every step each rank sends one chunk to ``(rank + 1) % N`` and receives
-one from ``(rank - 1) % N``:
+workstations"; the Baidu/Horovod ring) splits the tensor into ``N`` chunks and runs a
+reduce-scatter, then an all-gather (:func:`num_steps` steps in all). At every step each rank
+sends one chunk to ``(rank + 1) % N`` and receives one from ``(rank - 1) % N``:
 
 - reduce-scatter, steps ``s = 0 .. N-2``: rank ``r`` sends chunk ``(r - s) % N`` and receives
   chunk ``(r - s - 1) % N``, which it *adds* to its own; afterwards rank ``r`` holds the fully
@@ -61,7 +61,7 @@ def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
 
 
 def num_steps(world_size: int) -> int:
-    """Steps of the ring: ``2(N-1)``, reduce-scatter then all-gather (none for one rank)."""
+    """Steps of the ring, reduce-scatter then all-gather (none for one rank)."""
     _check_world_size(world_size)
     return 2 * (world_size - 1)
 
@@ -98,7 +98,7 @@ def recv_chunk(rank: int, step: int, world_size: int) -> int:
 
 
 def ring_bytes_per_rank(numel: int, world_size: int, itemsize: int = 4) -> list[int]:
-    """Exact bytes each rank sends in the ring: the sizes of the ``2(N-1)`` chunks it sends.
+    """Exact bytes each rank sends in the ring: the sizes of all the chunks it sends.
 
     Rank ``r`` sends every chunk but ``r + 1`` in reduce-scatter and every chunk but ``r + 2``
     in all-gather, so with uneven chunks the ranks differ by at most two elements.
@@ -112,7 +112,7 @@ def ring_bytes_per_rank(numel: int, world_size: int, itemsize: int = 4) -> list[
 
 
 def ring_bytes_formula(size_bytes: float, world_size: int) -> float:
-    """The textbook bytes each rank sends in the ring: ``2(N-1)/N`` times the tensor size."""
+    """The textbook bytes each rank sends in the ring, for a tensor of ``size_bytes``."""
     _check_world_size(world_size)
     return 2 * (world_size - 1) / world_size * size_bytes
 
@@ -162,7 +162,7 @@ class RingState:
     world_size: int
     numel: int
     itemsize: int
-    step: int  # steps done: 0 (the initial state) .. 2(N-1)
+    step: int  # steps done: 0 (the initial state) .. num_steps(world_size)
     counts: np.ndarray  # (N, N): contributions chunk c holds on rank r
     bytes_sent: np.ndarray  # (N,): bytes rank r has sent so far
 

@@ -1,8 +1,9 @@
 """The verdict on a trace: is it a ring all-reduce, and where does it depart from one?
 
 Rank by rank, from plain data only (a :class:`~course.ring.trace.Trace`): messages only to
-one neighbour, 2(N-1) of them, about 2(N-1)/N of the tensor, payloads that hold exactly the
-ranks a ring's would at each step, no collective that moves data, every rank finished.
+one neighbour, as many as the ring's schedule makes and about its bytes, payloads that hold
+exactly the ranks a ring's would at each step, no collective that moves data, every rank
+finished.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def ring_violations(trace: Trace) -> list[Violation]:
 
     A ring, in either direction but the same for every rank: each rank finishes, calls no
     collective that moves data, sends only to one neighbour and receives only from the other,
-    makes ``2(N-1)`` sends and receives (with fewer elements than ranks, 0-element ones may be
-    skipped), sends about ``2(N-1)/N`` of the tensor (one element per chunk of slack), and at
+    makes the schedule's sends and receives (with fewer elements than ranks, 0-element ones may
+    be skipped), sends about the schedule's bytes (one element per chunk of slack), and at
     step ``s`` sends a chunk holding ``s + 1`` ranks in reduce-scatter, all ``N`` in all-gather.
     """
     found = unfinished_violations(trace) + collective_violations(trace)
@@ -132,7 +133,7 @@ def count_violations(trace: Trace, rank: int, want: int, rule: str) -> list[Viol
 
 
 def _volume(trace: Trace, rank: int) -> list[Violation]:
-    """Bytes sent within one element per chunk of ``2(N-1)/N`` times the tensor's size."""
+    """Bytes sent within one element per chunk of the ring's bytes for the tensor's size."""
     n = trace.world_size
     sent = sum(m.nbytes for m in trace.of(rank, "send"))
     want = 2 * (n - 1) * trace.nbytes / n

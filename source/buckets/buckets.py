@@ -180,7 +180,13 @@ check_answer(
     first one complete. c) The cap is a size limit, and 25 MiB is only its default; d) a
     parameter below the cap shares its bucket with the next ones until the cap is reached.
     """,
-    giveaways=(r"\b4 buckets\b", r"last two layers", r"15, 14, 13,? and 12", r"closed as soon as it holds at least"),
+    giveaways=(
+        r"\b4 buckets\b",
+        r"last two layers",
+        r"15, 14, 13,? and 12",
+        r"closed as soon as it holds at least",
+        r"\blast (gradient |tensor )?first\b",
+    ),
 )
 ### END HIDDEN TESTS
 
@@ -245,7 +251,13 @@ check_answer(
     explicitly drops the small first bucket, and find_unused_parameters=True builds the
     buckets by size from step 1 and never rebuilds them (both measured on the 2 MiB model).
     """,
-    giveaways=(r"3 calls from step 2 on", r"28 MiB", r"7 layers"),
+    giveaways=(
+        r"3 calls from step 2 on",
+        r"28 MiB",
+        r"7 layers",
+        r"every parameter in one bucket for the first backward",
+        r"caps the first bucket alone",
+    ),
 )
 ### END HIDDEN TESTS
 
@@ -282,7 +294,7 @@ for cap in (None, 25.0):
 
 # %% nbgrader={"grade": false, "grade_id": "bucketed_allreduce", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def bucketed_allreduce(grads: list[torch.Tensor], bucket_cap_mb: float) -> None:
-    """Average ``grads`` across ranks in place: one all-reduce per bucket, last gradient first."""
+    """Reduce ``grads`` across ranks in place as DDP does: one all-reduce per bucket."""
     ### BEGIN SOLUTION
     cap = bucket_cap_mb * 1024 * 1024
     groups, current, size = [], [], 0

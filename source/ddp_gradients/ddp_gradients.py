@@ -97,6 +97,7 @@ check_answer(
         r"the average of the local gradients",
         r"\.grad\b[^.]{0,60}\baverag",
         r"multiplies it by 1/world_?size",
+        r"\bDDP averages",
     ),
 )
 ### END HIDDEN TESTS
@@ -308,11 +309,11 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** Four ranks, seeds 1000 to 1003 (`course.experiments.ddp.broadcast_step`): what
+# **Measure it.** Four ranks, seeds 1000 to 1003 (`course.experiments.ddp.construction_step`): what
 # does each hold before and after `DDP(m)`, and what does that say for the question's three?
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for rank, r in enumerate(run(ddp.broadcast_step, 4)):
+for rank, r in enumerate(run(ddp.construction_step, 4)):
     print(f"rank {rank}: before DDP(m) {[round(v, 4) for v in r['before']]}   after {[round(v, 4) for v in r['after']]}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "hook_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}

@@ -465,6 +465,7 @@ check_answer(
         r"5\.5 ?P",
         r"4 ?P ?\+ ?\(?4 ?P ?\+ ?8 ?P\)? ?/ ?8",
         r"4 ?P ?\+ ?12 ?P ?/ ?[N4]",
+        r"4 ?Psi ?\+ ?12 ?Psi",
     ),
 )
 ### END HIDDEN TESTS
@@ -529,6 +530,7 @@ check_answer(
         r"halving is exact",
         r"last bits",
         r"a ?\+ ?b ?= ?b ?\+ ?a",
+        r"power of two both are exact",
     ),
 )
 ### END HIDDEN TESTS
@@ -639,6 +641,7 @@ check_answer(
         r"9\.5\d*e-0?7",
         r"65520[^.]{0,30}inf",
         r"rounds? to (the )?nearest",
+        r"below float16's smallest subnormal",
     ),
 )
 ### END HIDDEN TESTS
@@ -654,8 +657,8 @@ zero_report.report_fp16([1e5, 2e-8, 2e-6, 3.0, 65504.0, 65519.0, 65520.0])
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_3_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 3 (optional): error feedback
 #
-# Plain fp16 compression loses every gradient element below float16's smallest subnormal,
-# about 6e-8, at every step: if the gradients stay that small, the weights never move.
+# Plain fp16 compression loses the gradient elements too small for float16 (question zero_6
+# measured which), at every step: if the gradients stay that small, the weights never move.
 # **Error feedback** (Seide et al. 2014; Karimireddy et al. 2019) keeps what compression
 # dropped and adds it to the next step's gradient before compressing: small gradients
 # accumulate until they are large enough to send.
@@ -743,6 +746,7 @@ check_answer(
         r"8,?192 bytes",
         r"\b8 KiB",
         r"\(256 ?\+ ?256\) ?x ?4",
+        r"steps of plain all-reduce",
     ),
 )
 ### END HIDDEN TESTS

@@ -57,7 +57,7 @@ def test_uneven_step_gives_the_flat_average_of_local_means(run_ranks) -> None:
 
 def test_ddp_construction_copies_rank_zero_parameters(run_ranks) -> None:
     """After DDP(m), does every rank hold rank 0's initial weights?"""
-    results = run_ranks(ddp.broadcast_step, 3)
+    results = run_ranks(ddp.construction_step, 3)
     assert len({tuple(r["before"]) for r in results}) == 3
     assert all(r["after"] == results[0]["before"] for r in results)
 

@@ -75,16 +75,16 @@ def test_the_form_figures_catch_a_cued_bank() -> None:
 
 @pytest.mark.parametrize("item", BANK, ids=lambda i: i.item_id)
 def test_every_item_names_its_giveaways(item: Item) -> None:
-    """Does each item list patterns that would give it away, each one stating part of what
+    """Does each item list patterns that would give it away, most of them stating part of what
     its key or its explanation says (so that the release check below is not vacuous)?"""
     from course.instructor.selfstudy import quiz_items
 
-    assert item.giveaways, f"{item.item_id}: add giveaways=(...) to its hidden check_answer"
+    assert len(item.giveaways) >= 2, f"{item.item_id}: add giveaways=(...) to its check_answer"
     nb = nbformat.read(REPO / "source" / item.assignment / f"{item.assignment}.ipynb", as_version=4)
     explanation = next(q.explanation for q in quiz_items(nb) if q.item_id == item.item_id)
     said = " ".join((explanation + " " + item.options[item.key]).split())
-    for pattern in item.giveaways:
-        assert re.search(pattern, said, re.IGNORECASE), (item.item_id, pattern)
+    found = [p for p in item.giveaways if re.search(p, said, re.IGNORECASE)]
+    assert len(found) * 2 >= len(item.giveaways), (item.item_id, set(item.giveaways) - set(found))
 
 
 @pytest.mark.parametrize("assignment", sorted(RELEASE))
@@ -116,3 +116,21 @@ def test_the_giveaway_check_would_catch_a_leak() -> None:
     assert giveaway_leaks(nb, [_item()], outputs=True) == []
     nb.cells[0].outputs = [nbformat.v4.new_output("stream", text="a secret")]
     assert giveaway_leaks(nb, [_item()], outputs=True) == ["toy_1: 'secret' in toy_1_question"]
+
+
+def test_no_docstring_or_comment_of_the_student_package_gives_an_item_away() -> None:
+    """Does no docstring or comment of a module students get state an item's give-away? (The
+    code itself computes what the checks and the widget need; that is said in the README.)"""
+    from course.instructor.bank import prose
+    from course.instructor.studentview import student_files
+
+    leaks = []
+    for path in student_files(REPO):
+        text = prose((REPO / path).read_text())
+        leaks += [
+            f"{i.item_id}: {g!r} in {path}"
+            for i in BANK
+            for g in i.giveaways
+            if re.search(g, text, re.IGNORECASE)
+        ]
+    assert leaks == []
