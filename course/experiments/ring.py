@@ -29,14 +29,18 @@ def _all_reduce(t: torch.Tensor) -> None:
     dist.all_reduce(t)
 
 
+def _shard(t: torch.Tensor) -> int:
+    return t.numel() // dist.get_world_size()
+
+
 def _reduce_scatter(t: torch.Tensor) -> None:
-    out = torch.empty(t.numel() // dist.get_world_size(), dtype=t.dtype)
-    dist.reduce_scatter_tensor(out, t)
+    n = _shard(t)  # the tensor, cut to a whole number of shards
+    dist.reduce_scatter_tensor(torch.empty(n, dtype=t.dtype), t[: n * dist.get_world_size()])
 
 
 def _all_gather(t: torch.Tensor) -> None:
-    shard = t[: t.numel() // dist.get_world_size()].clone()
-    dist.all_gather_into_tensor(torch.empty_like(t), shard)
+    n = _shard(t)
+    dist.all_gather_into_tensor(t[: n * dist.get_world_size()], t[:n].clone())
 
 
 def _broadcast(t: torch.Tensor) -> None:
@@ -55,7 +59,8 @@ def collective_traffic(name: str, numel: int) -> dict[str, Any]:
     """Bytes this rank sends to each peer in one gloo collective over a ``numel`` tensor.
 
     For the sharded collectives ``numel`` is the full tensor's size: ``reduce_scatter_tensor``
-    reduces it into one shard per rank, ``all_gather_into_tensor`` gathers the shards into it.
+    reduces it into one shard per rank, ``all_gather_into_tensor`` gathers the shards into it
+    (cut to a whole number of shards when the world size does not divide it).
     """
     if name not in COLLECTIVES:
         raise ValueError(f"no collective {name!r}; choose one of {', '.join(COLLECTIVES)}")

@@ -201,7 +201,7 @@ tensor = torch.ones(2_000_000)  # 8 MB of float32 on every rank: 800 MB scaled d
 dist.all_reduce(tensor)  # once first: gloo sets itself up on the first call
 with WireMeter() as wire:
     dist.all_reduce(tensor)
-peers = ", ".join(f"{n / 1e6:.2f} MB to rank {p}" for p, n in wire.sent.items() if n > 1000)
+peers = ", ".join(f"{n / 1e6:.2f} MB to rank {p}" for p, n in wire.sent.items() if n > tensor.nbytes / 100)
 print(f"sent {wire.total_sent / 1e6:.2f} MB of an {tensor.numel() * 4 / 1e6:.0f} MB tensor: {peers}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "cost_model", "locked": true, "schema_version": 3, "solution": false, "task": false}
