@@ -816,12 +816,12 @@ def sampler_indices(
 # %% [markdown] nbgrader={"grade": false, "grade_id": "sampler_try_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ### Test as you go
 #
-# Your indices beside `DistributedSampler`'s for 10 samples on 4 ranks (question accumulation_3).
+# Your indices beside `DistributedSampler`'s for 13 samples on 5 ranks.
 
 # %% nbgrader={"grade": false, "grade_id": "sampler_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for r in range(4):
-    mine = sampler_indices(10, 4, r, shuffle=False)
-    theirs = list(DistributedSampler(range(10), 4, r, shuffle=False))
+for r in range(5):
+    mine = sampler_indices(13, 5, r, shuffle=False)
+    theirs = list(DistributedSampler(range(13), 5, r, shuffle=False))
     print(f"rank {r}: yours {mine}  DistributedSampler {theirs}  {'ok' if mine == theirs else 'DIFFERENT'}")
 
 # %% nbgrader={"grade": true, "grade_id": "sampler_indices_in_order", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
