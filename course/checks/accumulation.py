@@ -170,7 +170,7 @@ def check_accumulation_syncs(
     k: int = 4,
     seed: int | None = None,
 ) -> str:
-    """DDP must all-reduce once per step (the last backward), and nothing else may communicate."""
+    """DDP must communicate as little as no_sync allows, and nothing else may communicate."""
     for world_size, _, results in _accumulation_results(accumulation_step, world_sizes, k, seed):
         for r in results:
             where = f"On rank {r['rank']} of {world_size} (K = {k})"

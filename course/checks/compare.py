@@ -37,7 +37,7 @@ def rank_generators(seed: int, world_size: int) -> list[torch.Generator]:
 
 
 def mean_over_ranks(per_rank: list[list[torch.Tensor]]) -> list[torch.Tensor]:
-    """Tensor by tensor, the mean over ranks of each rank's list: what DDP's all-reduce gives."""
+    """Tensor by tensor, the mean over ranks of each rank's list."""
     return [sum(ts) / len(per_rank) for ts in zip(*per_rank, strict=True)]
 
 

@@ -36,7 +36,7 @@ from course.ranks import PerRank
 
 __all__ = ["RTOL", "check_zero_matches_ddp", "check_zero_memory"]
 
-RTOL = 1e-4  # of the largest parameter: float sums in another order differ by about 1e-6
+RTOL = 1e-4  # of the largest parameter
 STEPS = 5
 MEMORY_STEPS = 2
 SLACK = 256  # bytes: Adam's step counters and the like

@@ -3,9 +3,8 @@
 The hooks are PyTorch's (``torch.distributed.algorithms.ddp_comm_hooks``): ``fp16_compress_hook``
 casts each bucket to float16 before the all-reduce; ``powerSGD_hook`` (Vogels et al. 2019,
 "PowerSGD: Practical low-rank gradient compression for distributed optimization") all-reduces
-two thin factors P (n x r) and Q (m x r) of each n x m gradient instead of the gradient, once
-``start_powerSGD_iter`` has passed (the notebook measures what each sends). The bytes are
-counted by the course's
+two thin factors P (n x r) and Q (m x r) of each n x m gradient (the notebook measures when,
+and what each sends). The bytes are counted by the course's
 recorder (``course.ring.recorder``), at the process group, on each rank. Every function here
 is a rank-side program: run it with ``course.ranks.run``.
 """

@@ -38,7 +38,7 @@ CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
 
 
 def sum_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:  # noqa: ARG001 - DDP's comm hook signature
-    """A comm hook that sums the bucket across ranks and does not divide by world_size."""
+    """A comm hook that all-reduces the bucket with SUM and returns the result."""
     buffer = bucket.buffer()
     dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
@@ -169,8 +169,9 @@ def _mean_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[float
 def uneven_step(local_batch_sizes: Sequence[int] = (1, 3), seed: int = 0) -> dict[str, Any]:
     """One DDP step where rank r holds ``local_batch_sizes[r]`` samples (mean loss per rank).
 
-    Returns the synced ``.grad`` beside two single-process oracles that every rank computes
-    on the whole data: the pooled per-sample mean, and the flat average of the local means.
+    Returns the synced ``.grad`` beside what every rank computes in one process on the whole
+    data: each rank's local mean gradient, the pooled per-sample mean, and the local means'
+    plain average.
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if len(local_batch_sizes) != world_size:

@@ -44,7 +44,7 @@ def sampler_figure(split: list[list[int]], dataset_len: int) -> Any:
     fig = go.Figure()
     world_size = len(split)
     for rank, indices in enumerate(split):
-        # rank r's i-th index sits at i * world_size + r of the padded list: past the end, a copy
+        # rank r's i-th index sits at position i * world_size + r: past the data set's end?
         padded = [i * world_size + rank >= dataset_len for i in range(len(indices))]
         fig.add_scatter(
             x=indices,

@@ -36,7 +36,7 @@ def phase_name(step: int, world_size: int) -> str:
         return "start: each rank holds only its own contribution"
     if step <= num_steps(world_size):
         return phase(step - 1, world_size)
-    return "extra steps (a ring needs only 2(N-1))"
+    return "extra steps (more than the ring's schedule makes)"
 
 
 def counter(step: int, world_size: int, total: bool = True) -> str:

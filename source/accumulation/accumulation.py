@@ -378,8 +378,8 @@ check_answer(
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_5_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** The loop of `course.experiments.accumulation.uneven_loop` on 2 ranks with 4
 # batches on rank 0 and 2 on rank 1, no `Join`, launched with a 5 s gloo timeout
-# (`pg_timeout`) so that a hang ends quickly. The launcher's report says what each rank was
-# doing.
+# (`pg_timeout`) instead of the default 30 minutes. The launcher's report says what each rank
+# was doing.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 result = launch(accumulation.uneven_loop, 2, (4, 2), False, timeout=60, pg_timeout=5)
@@ -890,7 +890,7 @@ print(check_accumulation_values(accumulation_step, world_sizes=(2,)))
 print(check_accumulation_values(accumulation_step, world_sizes=(3,), k=3))
 ### END HIDDEN TESTS
 
-# %% nbgrader={"grade": true, "grade_id": "accumulation_step_syncs_once", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "accumulation_step_communication", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 # DDP's communication: as little as no_sync allows, and no collective of the step's own.
 print(check_accumulation_syncs(accumulation_step, world_sizes=(2,)))
 ### BEGIN HIDDEN TESTS
@@ -909,8 +909,8 @@ print(check_accumulation_syncs(accumulation_step, world_sizes=(3,), k=5))
 # 1. one small collective: `dist.all_reduce` of a "have I a batch?" flag (1 or 0, as a tensor),
 #    so every rank learns how many ranks still have a batch; if none has, every rank stops;
 # 2. `zero_grad`, the loss `nn.functional.mse_loss(ddp(x), y)` on this rank's next batch, and
-#    `backward()`. A rank that has run out still takes part: it runs its **last** batch with the
-#    loss multiplied by 0, so that DDP's all-reduce in `backward()` sees every rank;
+#    `backward()`. A rank that has run out still takes part in the all-reduce of `backward()`:
+#    it runs its **last** batch with a loss that contributes nothing to the weights' update;
 # 3. `optimizer.step()`, on every rank, also on a rank that has run out.
 #
 # Every rank has at least one batch. The result must be the weights `Join` gives (what question

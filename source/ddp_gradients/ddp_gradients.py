@@ -409,7 +409,7 @@ print(check_reduce_hook(reduce_hook, world_sizes=(3, 4)))
 
 # %% nbgrader={"grade": false, "grade_id": "weighted_loss", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def weighted_loss(loss_per_sample: torch.Tensor) -> torch.Tensor:
-    """This rank's share of the pooled mean loss, scaled so DDP's averaged .grad is the pooled mean."""
+    """This rank's share of the pooled mean loss: after DDP's backward, .grad is the pooled mean."""
     ### BEGIN SOLUTION
     count = torch.tensor([float(loss_per_sample.numel())])
     dist.all_reduce(count)

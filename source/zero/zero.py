@@ -101,10 +101,10 @@ widgets.half_widget("all-gather", world_size=4)
 # `dist.reduce_scatter_tensor(shard, gradient)`, which leaves each rank with the sum of its own
 # 100 MB shard, and nothing else. How much does each rank send?
 #
-# * a) 100 MB: its own shard's worth, handed once to the rank that owns it.
-# * b) 700 MB: (N-1)/N of the tensor, one pass round a ring, half an all-reduce.
-# * c) 1400 MB: as much as gloo's all-reduce of the whole 800 MB tensor sends.
-# * d) 5600 MB: its whole 800 MB tensor, once to each of the 7 other ranks.
+# * a) 1/8 of the tensor: its own shard's worth, sent once to the shard's owner.
+# * b) 7/8 of the tensor: one pass round a ring, half of what an all-reduce sends.
+# * c) 7/4 of the tensor: as much as gloo's all-reduce of the same tensor sends.
+# * d) 7 times the tensor: all of it, once to each of the 7 other ranks.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_1 = ""  # your answer: one letter, "a" to "d"
@@ -122,9 +122,9 @@ check_answer(
     key="c",
     explanation="""
     A ring reduce-scatter, like the one you write below, is the ring's first N-1 steps: (N-1)/N
-    of the tensor, 700 MB on 8 ranks (b). But gloo has no reduce-scatter algorithm of its own
-    in PyTorch 2.13: its reduce_scatter_tensor sends exactly what its all-reduce sends,
-    2(N-1)/N of the tensor, 1400 MB here. The measurement reads it from the kernel's TCP
+    of the tensor, 7/8 on 8 ranks (b). But gloo has no reduce-scatter algorithm of its own in
+    PyTorch 2.13: its reduce_scatter_tensor sends exactly what its all-reduce sends, 2(N-1)/N
+    of the tensor, 7/4 here (1400 MB of the 800 MB). The measurement reads it from the kernel's TCP
     counters: 1.00, 1.33 and 1.50 of the tensor on 2, 3 and 4 ranks, the all-reduce's own
     figures, while gloo's all-gather sends (N-1)/N as a ring half should. a) A shard's worth
     would need a rank to reduce its shard from nothing but its own data; d) the naive
