@@ -14,8 +14,11 @@ bank to them.
 
 from __future__ import annotations
 
+import ast
+import io
 import re
 import sys
+import tokenize
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -197,18 +200,17 @@ def form_problems(f: Form, letters: str = "abcd") -> list[str]:
 
 def prose(source: str) -> str:
     """The words a module says rather than does: its docstrings and comments, flattened."""
-    import ast
-    import io
-    import tokenize
-
     parts = [
         t.string.lstrip("#")
         for t in tokenize.generate_tokens(io.StringIO(source).readline)
         if t.type == tokenize.COMMENT
     ]
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            parts.append(ast.get_docstring(node) or "")
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    parts += [
+        ast.get_docstring(node) or ""
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, documented)
+    ]
     return _flat(" ".join(parts))
 
 
