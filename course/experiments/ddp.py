@@ -117,14 +117,17 @@ def train_single(lr: float, steps: int = 30, seed: int = 0) -> list[float]:
     """The same run in one process on the whole data set: the single-GPU baseline."""
     x, y = regression_data(seed=seed)
     model = _model(x.shape[1], seed)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for _ in range(steps):
-        opt.zero_grad()
+        model.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         losses.append(loss.item())
-        opt.step()
+        # torch.optim.SGD's own update, written out: this runs in the notebook's kernel, and
+        # building an optimizer there imports torch._dynamo (80 MB) for as long as it lives.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(p.grad, alpha=-lr)
     return losses
 
 
