@@ -190,7 +190,7 @@ def loss_figure(curves: dict[str, Sequence[float]], title: str = "Loss per step"
             marker={"symbol": symbols[i % 4], "size": 9 - i, "line": {"width": 1.5}},
         )
     fig.update_layout(title=title, xaxis_title="step", yaxis_title="loss (pooled mean)")
-    fig.update_yaxes(type="log")
+    fig.update_yaxes(type="log", exponentformat="power")  # 10^12 and 10^16 alike, never "1T"
     return fig
 
 
