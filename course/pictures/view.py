@@ -225,22 +225,9 @@ class RingView:
         if step != self.last:
             return line.props()
         for m in [*self.waiting, *self.unsent]:
-            if not 0 <= m.peer < self.n or m.peer == m.rank:
-                continue
-            if m.op == "recv":
-                start, end, _ = self._arrow(m.peer, m.rank)
-                hover = (
-                    f"rank {m.rank} is blocked in a receive from rank {m.peer} "
-                    f"(its receive no. {m.order + 1}) that never completed"
-                )
-            else:
-                start, end, _ = self._arrow(m.rank, m.peer)
-                hover = (
-                    f"rank {m.rank} is blocked in a send to rank {m.peer} (its send no. "
-                    f"{m.order + 1}) that never completed: a gloo send waits for the peer to "
-                    "post the matching receive"
-                )
-            line.add(start, end, self.size.head, hover)
+            ends = (m.peer, m.rank) if m.op == "recv" else (m.rank, m.peer)
+            if 0 <= m.peer < self.n and m.peer != m.rank:
+                line.add(*self._arrow(*ends)[:2], self.size.head, _blocked_text(m))
         return line.props()
 
     def _arrow(self, src: int, dst: int) -> tuple[Point, Point, Point]:
@@ -268,6 +255,16 @@ class RingView:
                 xs += [lo_x, hi_x, hi_x, lo_x, lo_x, None]
                 ys += [lo_y, lo_y, hi_y, hi_y, lo_y, None]
         return {"x": xs, "y": ys}
+
+
+def _blocked_text(m: Message) -> str:
+    """The hover text of a send or receive that never completed."""
+    if m.op == "recv":
+        what = f"a receive from rank {m.peer} (its receive no. {m.order + 1})"
+        return f"rank {m.rank} is blocked in {what} that never completed"
+    what = f"a send to rank {m.peer} (its send no. {m.order + 1})"
+    why = "a gloo send waits for the peer to post the matching receive"
+    return f"rank {m.rank} is blocked in {what} that never completed: {why}"
 
 
 def _label(m: Message, chunks: list[int]) -> str:
