@@ -44,17 +44,16 @@ format: $(STAMP)
 test: setup lint
 	$(PY) -m pytest
 
-# Students work in copies (git-ignored), never in the committed release/: `make lab` opens
-# work/ (copies of release/); `make lab WORK=selfstudy-work FROM=selfstudy` the self-study
-# build. jupyter refuses to run as root without --allow-root (a fresh machine, a container).
+# Students work in copies (git-ignored), never in the committed release/: `make lab` makes
+# work/ (copies of release/) and opens its first notebook; `make lab WORK=selfstudy-work
+# FROM=selfstudy` the self-study build. The lab serves the course root, so that nbgrader's
+# formgrader (its links to source/ and release/) works too (course/instructor/lab.py).
 WORK ?= work
 FROM ?= release
-ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 lab: setup
 	$(if $(filter selfstudy,$(FROM)),$(MAKE) selfstudy,)
-	$(PY) -m course.instructor.workcopies $(WORK) --from $(FROM)
-	$(BIN)/jupyter lab --notebook-dir=$(WORK) $(ALLOW_ROOT)
+	$(PY) -m course.instructor.lab $(WORK) --from $(FROM)
 
 benchmarks: setup
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -22,7 +22,7 @@ autograde: setup
 selfstudy: setup
 	$(PIPELINE) selfstudy
 
-## student-view: what students get, for a student repo / Binder: make student-view DEST=../dp-course REPO=you/dp-course
+## student-view: what students get (graded: no keys), for a student repo / Binder: make student-view DEST=../dp-course REPO=you/dp-course [SELFSTUDY=1: sealed keys, self-study only]
 student-view: setup
-	@test -n "$(DEST)" || { echo "usage: make student-view DEST=<new folder> REPO=<owner/name> [SELFSTUDY=0]"; exit 2; }
-	$(PY) -m course.instructor.studentview $(DEST) --repo $(or $(REPO),OWNER/NAME) $(if $(filter 0,$(SELFSTUDY)),--no-selfstudy,)
+	@test -n "$(DEST)" || { echo "usage: make student-view DEST=<new folder> REPO=<owner/name> [SELFSTUDY=1]"; exit 2; }
+	$(PY) -m course.instructor.studentview $(DEST) --repo $(or $(REPO),OWNER/NAME) $(if $(filter 1,$(SELFSTUDY)),--selfstudy,)

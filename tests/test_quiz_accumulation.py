@@ -97,8 +97,8 @@ def test_accumulation_5_uneven_without_join(no_leftovers) -> None:
     failure = result.failures.get(0)
     waited = (
         failure is not None
-        and "Timed out" in failure.message
-        and "backward" in failure.traceback
+        and "gloo gave up" in failure.message
+        and "backward()" in failure.message  # where it waited: DDP's all-reduce in backward
         and result.elapsed >= 5
     )
     options = {

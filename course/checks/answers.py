@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from course.checks.teaching import teaches
 
-__all__ = ["answer_verdict", "check_answer", "normalise_answer"]
+__all__ = ["answer_status", "answer_verdict", "check_answer", "normalise_answer"]
 
 # Captured at import: a submission that rebinds builtins later cannot change the verdict.
 _str = builtins.str
@@ -71,12 +71,30 @@ def check_answer(
 ) -> None:
     """Check the answer's format and, given the ``key``, that it is right.
 
-    A right answer prints the explanation; a wrong one raises ``AssertionError`` whose
-    message carries it, so nbgrader's feedback shows why. Nothing is returned: a grade cell
-    whose last value is a number would count as partial credit in nbgrader. ``giveaways``,
-    beside the key in the hidden part, are the patterns that would hand the key over if a
-    student could read them anywhere else (``course.instructor.bank``); checking ignores them.
+    Without a key (the visible check) it says whether the item is answered and never stops
+    a Run All for an empty answer; a malformed one still raises. A right answer prints the
+    explanation; a wrong one raises ``AssertionError`` whose message carries it, so
+    nbgrader's feedback shows why. Nothing is returned: a grade cell whose last value is a
+    number would count as partial credit in nbgrader. ``giveaways``, beside the key in the
+    hidden part, are the patterns that would hand the key over if a student could read them
+    anywhere else (``course.instructor.bank``); checking ignores them.
     """
+    if key is None:
+        _print(answer_status(name, value, choices))
+        return
     text = answer_verdict(name, value, choices, key, explanation)
     if text:
         _print(text)
+
+
+def answer_status(name: str, value: object, choices: str = "abcd") -> str:
+    """What the visible check of an item says before grading: answered (the letter it read)
+    or not yet; only a malformed answer raises. An unanswered item so leaves Run All going."""
+    if _type(value) is _str and _str_eq(_str.strip(value), ""):
+        valid = ", ".join(f'"{c}"' for c in choices)
+        return (
+            f"{name} is not answered yet: set it to one of {valid} in the cell above (e.g. {name} "
+            '= "a"), then run this cell again; unanswered, it scores 0 when graded.'
+        )
+    letter = normalise_answer(name, value, choices)
+    return f'{name} = "{letter}" is a valid answer: it is marked against the key when graded.'

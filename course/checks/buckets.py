@@ -29,6 +29,7 @@ from course.checks.refusals import DDP_RULE, refuse
 from course.checks.teaching import teaches, user_traceback
 from course.experiments.buckets import MB
 from course.ranks import PerRank
+from course.ranks.wording import count
 from course.ring.recorder import Recorder
 
 __all__ = ["all_reduces", "check_bucketed_allreduce", "ddp_bucket_rule"]
@@ -192,12 +193,12 @@ def _check_calls(
         f"go through the gradients from the LAST to the first, adding each to the current "
         f"bucket, and close the bucket as soon as it holds at least bucket_cap_mb={cap} MiB "
         f"({cap * MB:.0f} bytes). Expected buckets (gradient indices): {buckets}, so "
-        f"{len(want)} all-reduce calls of {want} elements."
+        f"{count(len(want), 'all-reduce call')} of {want} elements."
     )
     if len(calls) == len(numels) and len(numels) > len(want):
         got = f"one all-reduce per gradient ({len(calls)} calls): pack gradients into buckets"
     elif sorted(calls) == sorted(want):
         got = f"the right buckets in the wrong order (calls of {calls} elements)"
     else:
-        got = f"{len(calls)} all-reduce calls of {calls} elements"
+        got = f"{count(len(calls), 'all-reduce call')} of {calls} elements"
     raise AssertionError(f"On {where}: bucketed_allreduce made {got}. The rule: {rule}")

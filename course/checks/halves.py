@@ -33,6 +33,7 @@ from course.checks.ring_cases import (
     sum_cases,
 )
 from course.checks.teaching import failure_message, teaches
+from course.ranks.wording import count, world_sizes_text
 from course.ring.halves import Half, half_violations
 from course.ring.halves_record import encoded_args
 from course.ring.logs import log_path, read_trace
@@ -55,14 +56,16 @@ HALF_DEADLOCK = (
 def check_reduce_scatter(fn: Callable, world_sizes: Sequence[int] = WORLD_SIZES) -> str:
     """Every rank ``r`` gets back the sum over ranks of chunk ``r`` (communication not judged)."""
     n = _run_all("reduce-scatter", fn, world_sizes, sums=True)
-    return f"reduce_scatter passed: right shards for {n} tensors on world sizes {_ws(world_sizes)}."
+    return (
+        f"reduce_scatter passed: right shards for {n} tensors on {world_sizes_text(world_sizes)}."
+    )
 
 
 @teaches
 def check_all_gather(fn: Callable, world_sizes: Sequence[int] = WORLD_SIZES) -> str:
     """Every rank's ``out`` holds every rank's shard in its chunk (communication not judged)."""
     n = _run_all("all-gather", fn, world_sizes, sums=True)
-    return f"all_gather passed: {n} tensors filled right on world sizes {_ws(world_sizes)}."
+    return f"all_gather passed: {n} tensors filled right on {world_sizes_text(world_sizes)}."
 
 
 @teaches
@@ -74,12 +77,8 @@ def check_halves_pattern(
     n += _run_all("all-gather", all_gather, world_sizes, sums=False)
     return (
         f"reduce_scatter and all_gather are each half a ring in {n} recorded runs on "
-        f"world sizes {_ws(world_sizes)}."
+        f"{world_sizes_text(world_sizes)}."
     )
-
-
-def _ws(world_sizes: Sequence[int]) -> str:
-    return ", ".join(map(str, world_sizes))
 
 
 # --- the rank side ---------------------------------------------------------------------
@@ -201,7 +200,7 @@ def _judge(half: Half, world_size: int, case: Case, inputs: Any, got: list) -> N
             problem = f"it returned {tensor}, not the shard (a tensor)"
         elif half == "reduce-scatter" and tensor.numel() != expected.numel():
             problem = (
-                f"it returned {tensor.numel()} elements; chunk {rank} of "
+                f"it returned {count(tensor.numel(), 'element')}; chunk {rank} of "
                 f"{case.shape} on {world_size} ranks has {expected.numel()}"
             )
         else:
@@ -239,7 +238,8 @@ def _judge_pattern(half: Half, world_size: int, case: Case, directory: str, i: i
     if not found:
         return
     name = NAMES[half]
-    lines = [f"{name} is not half a ring on {world_size} ranks ({case.shape[0]} elements):"]
+    size = count(case.shape[0], "element")
+    lines = [f"{name} is not half a ring on {world_size} ranks ({size}):"]
     lines += [f"  {v}" for v in found[:SHOWN]]
     if len(found) > SHOWN:
         lines.append(f"  ... and {len(found) - SHOWN} more")

@@ -36,7 +36,9 @@ from course.checks.ring_cases import (
     sum_cases,
 )
 from course.checks.ring_cases import inputs as make_inputs
+from course.checks.ring_hints import ring_hints
 from course.checks.teaching import failure_message, teaches
+from course.ranks.wording import count, world_sizes_text
 from course.ring.encoding import encoded_tensor
 from course.ring.logs import log_path, read_trace
 from course.ring.recorder import Recorder, scratch_dir
@@ -66,8 +68,7 @@ class RingReport:
     shapes: tuple[tuple[int, ...], ...]
 
     def __str__(self) -> str:
-        plural = "s" if len(self.world_sizes) > 1 else ""
-        sizes = f"world size{plural} {', '.join(map(str, self.world_sizes))}"
+        sizes = world_sizes_text(self.world_sizes)
         parts = []
         if self.sums_checked:
             parts.append(
@@ -209,42 +210,14 @@ def _judge_sums(world_size: int, case: Case, inputs: list[torch.Tensor], got: li
     refuse_collectives("ring_allreduce", [r[2] for r in got])
     expected64 = torch.stack([t.to(torch.float64) for t in inputs]).sum(0)
     expected = expected64.to(case.dtype)
+    tensors = [t for t, _, _ in got]
     for rank, (tensor, returned, _) in enumerate(got):
         problem = compare(tensor, expected, case)
         if problem is None:
             continue
         head = f"ring_allreduce gave a wrong result on {world_size} ranks for {case}, rank {rank}:"
-        hints = _hints(tensor, inputs[rank], expected64, world_size, returned)
+        hints = ring_hints(tensors, inputs, expected, case, rank, returned)
         raise AssertionError("\n".join([head, "  " + problem, *hints]))
-
-
-def _hints(
-    tensor: torch.Tensor,
-    own: torch.Tensor,
-    expected64: torch.Tensor,
-    world_size: int,
-    returned: str | None,
-) -> list[str]:
-    """Name the likely mistake where the numbers say it plainly."""
-    hints = []
-    if returned is not None:
-        hints.append(
-            f"  your function returned a {returned}: it should change `tensor` in place"
-            " and return None"
-        )
-    if isinstance(tensor, torch.Tensor) and tensor.shape == own.shape:
-        values = tensor.to(torch.float64)
-        if torch.equal(tensor, own):
-            hints.append(
-                "  the tensor is unchanged: write the sum into it in place (chunk views, "
-                "`torch.add(..., out=chunk)`, `chunk.copy_(...)`), do not rebind the name"
-            )
-        elif torch.allclose(values * world_size, expected64, rtol=1e-4, atol=1e-4):
-            hints.append(
-                "  that is the average: all_reduce's SUM does not divide by world_size"
-                f" ({world_size})"
-            )
-    return hints
 
 
 def _judge_pattern(world_size: int, case: Case, directory: str, i: int) -> None:
@@ -256,7 +229,7 @@ def _judge_pattern(world_size: int, case: Case, directory: str, i: int) -> None:
     lines = [
         (
             f"ring_allreduce is not a ring all-reduce on {world_size} ranks "
-            f"(tensor of {case.shape[0]} elements, recorded):"
+            f"(tensor of {count(case.shape[0], 'element')}, recorded):"
         )
     ]
     lines += [f"  {v}" for v in found[:SHOWN]]

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from course.ranks.confined import read_rank_file
+from course.ranks.wording import count
 from course.ring.logs import log_path
 
 __all__ = [
@@ -86,13 +87,13 @@ def compare(tensor: Any, expected: torch.Tensor, case: Case) -> str | None:
         wrong = ~torch.isclose(tensor, expected, rtol=rtol, atol=rtol * 10)
     else:
         wrong = tensor != expected
-    count = int(wrong.sum())
-    if not count:
+    wrongs = int(wrong.sum())
+    if not wrongs:
         return None
     flat = int(wrong.reshape(-1).nonzero()[0])
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(tensor.shape)))
     return (
-        f"{count} of {tensor.numel()} elements wrong; the first at index {list(index)}: "
+        f"{wrongs} of {count(tensor.numel(), 'element')} wrong; the first at index {list(index)}: "
         f"expected {expected.reshape(-1)[flat].item()}, got {tensor.reshape(-1)[flat].item()}"
     )
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dis
 import functools
-import re
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from course.ranks import RankError, RankFailure
+from course.ranks.mistakes import hint_for
 
 __all__ = [
     "DEADLOCK_HINT",
@@ -45,16 +45,6 @@ ABORT_HINT = (
     "gloo aborts a rank when a message does not fit the buffer posted to receive it: check "
     "that each send and the peer's receive use the same number of elements and dtype."
 )
-FUTURE_LIST_HINT = (
-    "A future from dist.all_reduce(..., async_op=True).get_future() holds a *list* of "
-    "tensors (one per tensor reduced), not a tensor: take fut.value()[0] before dividing, "
-    "e.g. fut.then(lambda f: f.value()[0] / world_size)."
-)
-# The mistakes students make most, recognised in an error's text: (pattern, hint).
-COMMON_MISTAKES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"unsupported operand type\(s\) for \S+: 'list' and"), FUTURE_LIST_HINT),
-    (re.compile(r"'list' object has no attribute '(div|mul|add|sub)_?'"), FUTURE_LIST_HINT),
-)
 RED, BOLD, RESET = "\x1b[0;31m", "\x1b[1m", "\x1b[0m"
 
 
@@ -65,14 +55,6 @@ class CheckFailed(AssertionError):  # noqa: N818 - the heading students read: "C
         """The lines IPython prints (and nbgrader stores) instead of a traceback."""
         head, *rest = str(self).splitlines() or [""]
         return [f"{RED}{BOLD}Check failed:{RESET} {head}", *rest]
-
-
-def hint_for(text: str) -> str | None:
-    """The hint for a common mistake recognised in an error's text, if any."""
-    for pattern, hint in COMMON_MISTAKES:
-        if pattern.search(text):
-            return hint
-    return None
 
 
 def _is_stub(fn: Any) -> bool:
@@ -96,7 +78,7 @@ def not_implemented(obj: Any) -> str | None:
     released stub, say so. A class with some methods written is left to the check: an empty
     method can be meant (a ``zero_grad`` that does nothing, say). The grader's stand-in for
     a student's function answers from the submitted text (``stub_message``)."""
-    if type(obj).__module__ == "course.instructor.student":  # the grader's: judged from text
+    if _graded(obj):  # the grader's: judged from the submitted text
         return obj.stub_message()
     if isinstance(obj, type):
         own = [v for v in vars(obj).values() if callable(v) and hasattr(v, "__code__")]
@@ -109,16 +91,20 @@ def not_implemented(obj: Any) -> str | None:
     return None
 
 
+def _graded(obj: Any) -> bool:
+    """Whether ``obj`` is the grader's stand-in for a student's code (``StudentCode``)."""
+    return type(obj).__module__ == "course.instructor.student"
+
+
 def stub_text(stubs: list[str]) -> str:
     """ "f is not implemented yet: ..." for the stubs named."""
-    names = ", ".join(stubs)
-    return f"{names} {'is' if len(stubs) == 1 else 'are'} not implemented yet: {_WHAT_TO_DO}"
-
-
-_WHAT_TO_DO = (
-    "its body is still only the docstring. Replace # YOUR CODE HERE with your code, run that "
-    "cell, then run this one again."
-)
+    one = len(stubs) == 1
+    body = "its body is" if one else "their bodies are"
+    return (
+        f"{', '.join(stubs)} {'is' if one else 'are'} not implemented yet: {body} still only "
+        "the docstring. Replace # YOUR CODE HERE with your code, run that cell, then run this "
+        "one again."
+    )
 
 
 def say_if_unimplemented(obj: Any) -> None:
@@ -131,13 +117,16 @@ def say_if_unimplemented(obj: Any) -> None:
 
 
 def teaches(check: F) -> F:
-    """Make a check refuse an unimplemented stub and fail with :class:`CheckFailed`."""
+    """Make a check fail with :class:`CheckFailed`, and skip an unimplemented stub: graded,
+    it fails (no points); in a notebook it returns a note, so Run All goes on past it."""
 
     @functools.wraps(check)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         message = not_implemented(args[0]) if args else None
-        if message:
+        if message and _graded(args[0]):
             raise CheckFailed(message)
+        if message:
+            return f"Not checked yet: {message}"
         try:
             return check(*args, **kwargs)
         except CheckFailed:

@@ -150,13 +150,18 @@ def _show(t: torch.Tensor) -> str:
     return "[" + ", ".join(f"{v:.4g}" for v in t.tolist()) + "]"
 
 
+def _waited(f: Any) -> bool:
+    """A rank that waited on its peers until gloo gave up (the launcher's wording of it)."""
+    return f.kind == "deadlock" or "gloo gave up" in f.message or "Timed out" in f.message
+
+
 def _uneven_failure(result: Any, counts: list[int]) -> str:
     """What went wrong, in the student's terms: a crash shows its traceback, a hang says why."""
     failures = result.failures
     if any(JOIN.message in f.message for f in failures.values()):
         return f"train_uneven used Join on {len(counts)} ranks: {JOIN.message}."
-    hung = any("Timed out" in f.message or f.kind == "deadlock" for f in failures.values())
-    causes = [f for f in failures.values() if f.is_cause and "Timed out" not in f.message]
+    hung = any(_waited(f) for f in failures.values())
+    causes = [f for f in failures.values() if f.is_cause and not _waited(f)]
     if causes and not hung:
         return failure_message("train_uneven", len(counts), failures)
     lines = []
@@ -164,7 +169,7 @@ def _uneven_failure(result: Any, counts: list[int]) -> str:
         f = failures.get(rank)
         if f is None:
             lines.append(f"  rank {rank} ({count} batches): finished its loop")
-        elif "Timed out" in f.message or f.kind == "deadlock":
+        elif _waited(f):
             at = f" at {f.where}" if f.where else ""
             lines.append(f"  rank {rank} ({count} batches): waited in a collective{at}, in vain")
         else:

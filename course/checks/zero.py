@@ -33,6 +33,7 @@ from course.experiments.zero import (
     toy_model,
 )
 from course.ranks import PerRank
+from course.ranks.wording import world_sizes_text
 
 __all__ = ["RTOL", "check_zero_matches_ddp", "check_zero_memory"]
 
@@ -74,8 +75,8 @@ def check_zero_matches_ddp(
         for rank, zero in enumerate(results):
             worst = max(worst, _compare(ddp, zero, n, rank, seed))
     return (
-        f"ZeroOptimizer matches DDP + Adam after {STEPS} steps on world sizes "
-        f"{', '.join(map(str, world_sizes))} (largest difference {worst:.1e} of the "
+        f"ZeroOptimizer matches DDP + Adam after {STEPS} steps on "
+        f"{world_sizes_text(world_sizes)} (largest difference {worst:.1e} of the "
         f"largest parameter, tolerance {RTOL:g})."
     )
 

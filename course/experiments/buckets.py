@@ -212,6 +212,8 @@ def timeline_figure(timeline: dict[str, Any], title: str = "Backward against com
     spent queued while an earlier bucket's all-reduce was still in flight, the solid part the
     rest, up to done. Two lines mark the last gradient ready and backward's return, which
     comes later because DDP's backward waits for every bucket before it writes ``.grad``.
+    The rows name the buckets, each in its own colour (both parts); the legend says only what
+    light and solid mean, so it stays short beside the plot however many buckets there are.
     """
     import plotly.graph_objects as go
 
@@ -227,10 +229,18 @@ def timeline_figure(timeline: dict[str, Any], title: str = "Backward against com
         name="gradient ready",
     )
     for segment in _bucket_segments(timeline["buckets"]):
-        fig.add_bar(orientation="h", **segment)
+        fig.add_bar(orientation="h", showlegend=False, hoverinfo="text", **segment)
+    for name, opacity in (("all-reduce in flight", 1.0), ("queued behind the previous one", 0.35)):
+        fig.add_bar(x=[None], y=[None], orientation="h", name=name, opacity=opacity,
+                    marker_color="#777")  # fmt: skip
     last = max((t for _, t in ready), default=0.0) * ms
     returned = timeline["backward_returned"] * ms
-    fig.add_vline(x=last, line_dash="dash", annotation_text="last gradient ready")
+    fig.add_vline(
+        x=last,
+        line_dash="dash",
+        annotation_text="last gradient ready",
+        annotation_position="top left",
+    )
     fig.add_vline(
         x=returned,
         line_dash="dot",
@@ -238,25 +248,39 @@ def timeline_figure(timeline: dict[str, Any], title: str = "Backward against com
         annotation_position="bottom right",
     )
     fig.update_layout(
-        title=title, xaxis_title="ms since backward started", barmode="overlay", showlegend=True
+        title=title,
+        xaxis_title="ms since backward started",
+        barmode="overlay",
+        legend={"orientation": "h", "y": -0.25},
     )
     return fig
 
 
 def _bucket_segments(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Bar segments per bucket: queued behind the previous bucket (light), then the rest."""
+    from plotly.colors import sample_colorscale
+
     ms, previous_done, out = 1000.0, 0.0, []
-    for b in sorted(log, key=lambda b: b["start"]):
+    ordered = sorted(log, key=lambda b: b["start"])
+    colours = sample_colorscale(
+        "Viridis", [i / max(len(log) - 1, 1) * 0.85 for i in range(len(log))]
+    )
+    by_bucket = dict(zip(sorted(b["bucket"] for b in log), colours, strict=True))
+    for b in ordered:
         start, done = b["start"], b.get("done", b["start"])
         own = max(start, min(previous_done, done))
-        row = [f"bucket {b['bucket']}"]
+        row, colour = [f"bucket {b['bucket']}"], by_bucket[b["bucket"]]
         label = f"bucket {b['bucket']}: params {b['params']}, {b['nbytes'] / MB:.2f} MiB"
         if own > start:
             out.append(
                 {"base": [start * ms], "x": [(own - start) * ms], "y": row, "opacity": 0.35,
-                 "name": f"{label}, queued while the previous bucket was in flight"}
+                 "marker_color": colour,
+                 "hovertext": f"{label}, queued while the previous bucket was in flight"}
             )  # fmt: skip
-        out.append({"base": [own * ms], "x": [(done - own) * ms], "y": row, "name": label})
+        out.append(
+            {"base": [own * ms], "x": [(done - own) * ms], "y": row, "marker_color": colour,
+             "hovertext": f"{label}, all-reduce in flight until done"}
+        )  # fmt: skip
         previous_done = max(previous_done, done)
     return out
 

@@ -180,6 +180,12 @@ def memory_figure(zero_class: Any, world_sizes: tuple[int, ...] = (2, 3, 4)) -> 
             name=f"{name} measured",
             marker={"color": colour, "size": 11, "symbol": "circle-open", "line_width": 3},
         )
+    fig.add_hline(
+        y=4,
+        line={"dash": "dot", "color": "#555"},
+        annotation_text="4P: the replicated fp32 parameters, the floor of ZeRO-1 and ZeRO-2",
+        annotation_position="bottom right",
+    )
     fig.update_layout(
         title="Bytes per rank for parameters, gradients and Adam state (fp32), in units of P",
         xaxis_title="world size N",

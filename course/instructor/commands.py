@@ -168,7 +168,8 @@ class CellError:
 
     @property
     def expected(self) -> bool:
-        """Checks of unanswered items fail with CheckFailed (an AssertionError); else a bug."""
+        """A check's own failure (CheckFailed, an AssertionError, its message teaches); any
+        other error is a bug. As released, a notebook raises neither."""
         return self.ename in ("AssertionError", "CheckFailed")
 
 

@@ -180,25 +180,35 @@ def unseal(sealed: str, choices: str = "abcd") -> tuple[str, str]:
     raise ValueError("this seal matches none of the choices; rebuild with `make selfstudy`")
 
 
-def feedback(name: str, value: object, sealed: str, choices: str = "abcd") -> bool | None:
-    """Print right/wrong for a committed answer, then the explanation; None if unanswered."""
+_WRONG: dict[str, set[str]] = {}  # item name -> the wrong letters tried in this kernel
+TRIES = 2  # wrong letters before the key and the explanation are shown
+
+
+def feedback(name: str, value: object, sealed: str, choices: str = "abcd") -> None:
+    """Print right or wrong for a committed answer: right, the explanation; wrong, a second
+    try first (with what to measure), then the key and the explanation. Returns nothing, so
+    the cell shows only what it printed."""
     from course.checks.answers import normalise_answer
 
     try:
         letter = normalise_answer(name, value, choices)
     except AssertionError as err:
         print(f"No feedback yet: {err}\nThen run this cell again.")
-        return None
+        return
     key, explanation = unseal(sealed, choices)
     if letter == key:
         print(f'Right: {name} = "{letter}".\n\n{explanation}')
-        return True
-    print(
-        f'Not quite: you chose "{letter}"; the measurement supports "{key}".\n\n{explanation}\n\n'
-        "Run the measuring cell below the question again and compare its figures "
-        "with each option."
-    )
-    return False
+        return
+    wrong = _WRONG.setdefault(name, set())
+    wrong.add(letter)
+    if len(wrong) < TRIES:
+        print(
+            f'Not yet: "{letter}" is not what the measurement supports. Run the measuring cell '
+            "after this one (if you have not yet), compare what it prints with each option, "
+            "then change your answer and run this cell again."
+        )
+        return
+    print(f'Not quite: you chose "{letter}"; the measurement supports "{key}".\n\n{explanation}')
 
 
 # --- building the self-study notebook ------------------------------------------------------

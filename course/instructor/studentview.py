@@ -1,14 +1,17 @@
 """What students get, as a folder of its own: for a student repository, Binder, or handing out.
 
     python -m course.instructor.studentview DEST --repo OWNER/NAME   # make student-view DEST=...
+    python -m course.instructor.studentview DEST --selfstudy         # make student-view SELFSTUDY=1
 
 ``DEST`` gets the release notebooks, the student install of the ``course`` package (without
-what :data:`LEFT_OUT` names), ``pyproject.toml`` and ``environment.yml``, a ``postBuild`` that
-Binder runs to build the learners' notebooks in ``work/``, and a student README whose Binder
-badge opens the first notebook in JupyterLab. It never gets ``source/``, a key in the clear,
-or an explanation: with ``--selfstudy`` (the default) the quiz items' check cells are carried
-*sealed* in ``selfstudy.json`` (``course.instructor.selfstudy``: honour-based, as the README
-says); ``--no-selfstudy`` leaves them out, for graded work.
+what :data:`LEFT_OUT` names), a ``pyproject.toml`` and an ``environment.yml`` of its own (the
+course's packages, none of its tests or tools), a ``postBuild`` that Binder runs to turn off
+nbgrader's instructor views and build the notebooks in ``work/``, and a README whose Binder
+badge opens the first notebook in JupyterLab. It never gets ``source/``, a key in the clear
+or an explanation. By default it is the graded view: no key at all. With ``--selfstudy`` the
+quiz items' check cells travel *sealed* in ``selfstudy.json`` (``course.instructor.selfstudy``:
+honour-based, and its README says it must not be used for graded work), with the exercises'
+hidden checks, so that self-study copies check as much as the grader does.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
 import nbformat
 
-from course.instructor.selfstudy import quiz_items, seal
+from course.instructor.selfstudy import grade_id, quiz_items, seal, strip_hidden_markers
 from course.instructor.workcopies import COURSE_ORDER
 
 __all__ = ["LEFT_OUT", "export", "student_files"]
@@ -40,6 +44,7 @@ LEFT_OUT = (
     "course/instructor/grades.py",
     "course/instructor/intake.py",
     "course/instructor/judge.py",
+    "course/instructor/lab.py",
     "course/instructor/pipeline.py",
     "course/instructor/quiz.py",
     "course/instructor/rankbox.py",
@@ -51,8 +56,8 @@ LEFT_OUT = (
     "course/instructor/studentview.py",
     "course/instructor/submissions.py",
 )
-TOP_LEVEL = ("pyproject.toml", "environment.yml")
 BADGE = "https://mybinder.org/badge_logo.svg"
+CPU_TORCH = "https://download.pytorch.org/whl/cpu"
 
 
 def student_files(repo: Path = REPO) -> list[Path]:
@@ -69,13 +74,19 @@ def binder_url(repo_slug: str, first: str) -> str:
 
 
 def seals(source: Path) -> dict[str, dict[str, str]]:
-    """Assignment -> grade_id -> the sealed self-study source of each quiz item's check cell."""
+    """Assignment -> grade_id -> the self-study source of each grade cell: a quiz item's check
+    sealed, an exercise's check with its hidden part (no key there: it runs the same checks)."""
     out: dict[str, dict[str, str]] = {}
     for path in sorted(source.glob("*/*.ipynb")):
         if path.stem != path.parent.name:
             continue
-        cells = {}
-        for q in quiz_items(nbformat.read(path, as_version=4)):
+        nb = nbformat.read(path, as_version=4)
+        cells = {
+            grade_id(c): strip_hidden_markers(c.source)
+            for c in nb.cells
+            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")
+        }
+        for q in quiz_items(nb):
             cells[f"{q.item_id}_check"] = (
                 "from course.instructor.selfstudy import feedback\n\n"
                 "# Commit to an answer above, then run this cell: it says right or wrong and why.\n"
@@ -86,8 +97,40 @@ def seals(source: Path) -> dict[str, dict[str, str]]:
     return out
 
 
-def export(dest: Path, repo_slug: str, selfstudy: bool = True, repo: Path = REPO) -> list[Path]:
-    """Write the student view into ``dest`` (which must not exist); return the files written."""
+def topics(release: Path) -> list[tuple[str, str]]:
+    """(assignment, its notebook's title) in the course's order: what the view ships."""
+    found = []
+    for path in sorted(release.glob("*/*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        title = next((c.source for c in nb.cells if c.cell_type == "markdown"), "").splitlines()
+        found.append((path.stem, (title or [path.stem])[0].lstrip("# ").strip()))
+    order = {a: i for i, a in enumerate(COURSE_ORDER)}
+    return sorted(found, key=lambda t: (order.get(t[0], len(order)), t[0]))
+
+
+def pyproject(repo: Path) -> str:
+    """The student install's pyproject.toml: the course's packages, no tests, no tools."""
+    project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
+    deps = "".join(f'    "{d}",\n' for d in project["dependencies"])
+    return _PYPROJECT.format(
+        version=project["version"],
+        python=project["requires-python"],
+        license=project["license"],
+        deps=deps,
+    )
+
+
+def environment(repo: Path) -> str:
+    """The course's environment.yml, its opening comment for the student view."""
+    lines = (repo / "environment.yml").read_text().splitlines()
+    while lines and lines[0].startswith("#"):
+        lines.pop(0)
+    return "\n".join([_ENV_HEAD, *lines]) + "\n"
+
+
+def export(dest: Path, repo_slug: str, selfstudy: bool = False, repo: Path = REPO) -> list[Path]:
+    """Write the student view into ``dest`` (which must not exist); return the files written.
+    ``selfstudy`` adds the sealed keys: never for graded work."""
     dest = Path(dest)
     if dest.exists():
         raise FileExistsError(f"{dest} exists: give a new folder, the export never overwrites")
@@ -96,10 +139,10 @@ def export(dest: Path, repo_slug: str, selfstudy: bool = True, repo: Path = REPO
         shutil.copy2(repo / rel, dest / rel)
     ignore = shutil.ignore_patterns(".ipynb_checkpoints")
     shutil.copytree(repo / "release", dest / "release", ignore=ignore)
-    for name in TOP_LEVEL:
-        shutil.copy2(repo / name, dest / name)
-    assignments = sorted(p.parent.name for p in (dest / "release").glob("*/*.ipynb"))
-    first = next((a for a in COURSE_ORDER if a in assignments), assignments[0])
+    (dest / "pyproject.toml").write_text(pyproject(repo))
+    (dest / "environment.yml").write_text(environment(repo))
+    shipped = topics(dest / "release")
+    first = shipped[0][0]
     build = "python -m course.instructor.workcopies work"
     if selfstudy:
         (dest / "selfstudy.json").write_text(json.dumps(seals(repo / "source"), indent=1))
@@ -108,25 +151,69 @@ def export(dest: Path, repo_slug: str, selfstudy: bool = True, repo: Path = REPO
     post.write_text(_POSTBUILD.format(build=build))
     post.chmod(0o755)
     (dest / ".gitignore").write_text("work/\n__pycache__/\n*.egg-info/\n.ipynb_checkpoints/\n")
-    readme = _README.format(badge=BADGE, url=binder_url(repo_slug, first), first=first, build=build)
+    listing = "".join(f"{i}. `{a}`: {title}\n" for i, (a, title) in enumerate(shipped, 1))
+    readme = _README.format(
+        badge=BADGE,
+        url=binder_url(repo_slug, first),
+        first=first,
+        build=build,
+        count=len(shipped),
+        topics=listing,
+        kind=_SELFSTUDY if selfstudy else _GRADED,
+        cpu=CPU_TORCH,
+    )
     (dest / "README.md").write_text(readme)
     return sorted(p for p in dest.rglob("*") if p.is_file())
 
 
 _POSTBUILD = """#!/bin/bash
 # Binder runs this once, after installing environment.yml (which installs this package):
-# it builds the learners' notebooks in work/ from release/ (and selfstudy.json, if present).
+# it turns off nbgrader's instructor views and builds the notebooks in work/ from release/
+# (and selfstudy.json, if present).
 set -euo pipefail
+python -m course.instructor.studentlab
 {build}
 """
+
+_PYPROJECT = """[build-system]
+requires = ["setuptools>=69"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "course"
+version = "{version}"
+description = "Synchronous data-parallel training, measured: the notebooks' package, for students"
+readme = "README.md"
+requires-python = "{python}"
+license = "{license}"
+dependencies = [
+{deps}]
+
+[tool.setuptools.packages.find]
+include = ["course*"]
+"""
+
+_ENV_HEAD = "# conda / Binder environment of this course: the same packages as pyproject.toml."
+
+_GRADED = """These are the notebooks as handed out for graded work: they hold no answers and no
+keys. Each check cell says whether an item is answered; answers are marked when graded."""
+
+_SELFSTUDY = """This copy is for **self-study**: each quiz item gives instant feedback and its
+explanation once you commit to an answer, and each exercise runs every check the grader
+runs. The keys travel sealed in `selfstudy.json`, which keeps them from being read at a
+glance but does not keep them secret: **do not use this copy for graded work**; graded work
+is done in the graded view, which carries no key at all."""
 
 _README = """# Synchronous data-parallel training, measured
 
 [![Binder]({badge})]({url})
 
-Ring all-reduce, what PyTorch DDP does to your gradients, and gradient bucketing: every quiz
-item stands next to a cell that measures the answer on real `torch.distributed` ranks (gloo,
-on CPU), and you write your own ring all-reduce, comm hook and bucketing.
+{count} notebooks on how data-parallel training keeps its ranks in step. Every quiz item
+stands next to a cell that measures the answer on real `torch.distributed` ranks (gloo, on
+CPU), and you write the algorithms yourself:
+
+{topics}
+{kind}
 
 **On Binder**: press the badge; JupyterLab opens `work/{first}/{first}.ipynb`. The
 notebooks in `work/` are yours: save your answers there.
@@ -135,13 +222,22 @@ notebooks in `work/` are yours: save your answers there.
 
 ```sh
 python -m venv .venv     # the CPU build of torch: the default one brings GBs of CUDA
-.venv/bin/pip install --extra-index-url https://download.pytorch.org/whl/cpu -e .
+.venv/bin/pip install --extra-index-url {cpu} -e .
+.venv/bin/python -m course.instructor.studentlab     # nbgrader's instructor views off
 .venv/bin/{build}
-.venv/bin/jupyter lab work      # open {first}/{first}.ipynb first
+.venv/bin/jupyter lab --LabApp.default_url=/lab/tree/work/{first}/{first}.ipynb
+```
+
+**Without a network** pip can reach neither index. On a machine that has one, download
+everything into a folder, copy it next to this one, and install from it:
+
+```sh
+pip download --dest wheels --extra-index-url {cpu} . setuptools   # online
+.venv/bin/pip install --no-index --find-links wheels -e .             # offline
 ```
 
 `release/` holds the notebooks as handed out; `work/` your copies (never overwritten: run the
-second command again after an update to get new notebooks without losing your answers).
+`workcopies` command again after an update to get new notebooks without losing your answers).
 """
 
 
@@ -150,10 +246,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dest", type=Path)
     parser.add_argument("--repo", default="OWNER/NAME", help="the student repo on GitHub")
-    parser.add_argument("--no-selfstudy", dest="selfstudy", action="store_false")
+    parser.add_argument(
+        "--selfstudy", action="store_true", help="add sealed keys: self-study, never graded work"
+    )
     args = parser.parse_args(argv)
     files = export(args.dest, args.repo, args.selfstudy)
-    print(f"wrote {len(files)} files to {args.dest}; push it as github.com/{args.repo}")
+    kind = "self-study view (sealed keys: not for graded work)" if args.selfstudy else "graded view"
+    print(
+        f"wrote the {kind}, {len(files)} files, to {args.dest}; push it as github.com/{args.repo}"
+    )
     return 0
 
 

@@ -1,7 +1,7 @@
 """The ring figure at step 0: every trace the frames update, and the layout.
 
 Left, the ring: ranks on a circle and the messages of the current step as arrows labelled
-with the chunk they carry (a dashed red arrow: a receive that never completed). Right, the
+with the chunk they carry (a dashed red arrow: a send or receive that never completed). Right, the
 chunks: one row per rank, one cell per chunk, coloured by how many ranks' contributions the
 cell holds (fully reduced in its own colour). Below, the bytes each rank has sent so far
 against the ring's closed form (``course.ring.schedule.ring_bytes_formula``).
@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 
 from course.pictures.style import BAD, FULL, INK, NODE, colorscale
-from course.ring.trace import bytes_sent
 
 if TYPE_CHECKING:
     from course.pictures.view import RingView
@@ -53,7 +52,7 @@ def _arrows(view: RingView) -> list[go.Scatter]:
     kinds = (
         ("message of this step (cK: carries chunk K)", INK, "solid"),
         ("message that departs from the ring", BAD, "solid"),
-        ("receive that never completed (blocked)", BAD, "dot"),
+        ("message that never completed (blocked)", BAD, "dot"),
     )
     return [
         go.Scatter(
@@ -161,7 +160,7 @@ def _bytes(view: RingView) -> list[go.BaseTraceType]:
 def layout(view: RingView) -> go.Layout:
     """Three panels: the ring (left), the chunks (top right), the bytes (bottom right)."""
     n, tick = view.n, view.size.tick
-    top = max(view.formula if view.formulas else 0, *bytes_sent(view.trace), 1) * 1.15
+    top = max(view.formula if view.formulas else 0, *view.sent(view.last), 1) * 1.15
     axis = {"showgrid": False, "zeroline": False}
     hidden = {**axis, "visible": False, "range": [-1.25, 1.25]}
     right = {**axis, "domain": [0.46, 0.78], "dtick": tick}

@@ -12,10 +12,11 @@ import re
 from dataclasses import dataclass
 
 from course.pictures.style import runs_text
+from course.ranks.wording import count
 from course.ring.trace import Message, Trace
 from course.ring.verdict import Violation, ring_violations
 
-__all__ = ["Deviation", "deviations", "pending_receives"]
+__all__ = ["Deviation", "deviations", "pending_receives", "pending_sends"]
 
 _NUMBER = re.compile(r"\d+")
 
@@ -27,15 +28,19 @@ class Deviation:
     text: str  # the first occurrence, as ring_violations words it
     step: int | None  # 0-based ring step it belongs to (None: the whole run)
     ranks: tuple[int, ...]  # every rank it happened on (empty: not about one rank)
+    same: bool = True  # the other ranks' texts are this one's, but for the rank itself
 
     @property
     def line(self) -> str:
-        """The text, with ``(the same on 15 more ranks: 1-15)`` when it repeats."""
+        """The text, with ``(the same on 15 more ranks: 1-15)`` when it repeats, or
+        ``(likewise on ..., with their own numbers)`` when bytes or peers differ."""
         more = self.ranks[1:]
         if not more:
             return self.text
-        noun = "rank" if len(more) == 1 else "ranks"
-        return f"{self.text} (the same on {len(more)} more {noun}: {runs_text(list(more))})"
+        where = f"{count(len(more), 'more rank')}: {runs_text(list(more))}"
+        if self.same:
+            return f"{self.text} (the same on {where})"
+        return f"{self.text} (likewise on {where}, with their own numbers)"
 
 
 def _relevant(trace: Trace, v: Violation) -> bool:
@@ -54,9 +59,30 @@ def deviations(trace: Trace, found: list[Violation] | None = None) -> list[Devia
             shape = _NUMBER.sub("#", v.text)
             groups.setdefault((shape, v.step), []).append(v)
     return [
-        Deviation(vs[0].text, step, tuple(v.rank for v in vs if v.rank is not None))
+        Deviation(
+            vs[0].text,
+            step,
+            tuple(v.rank for v in vs if v.rank is not None),
+            len({_anonymous(v) for v in vs}) == 1,
+        )
         for (_, step), vs in groups.items()
     ]
+
+
+def _anonymous(v: Violation) -> str:
+    """The text with its own rank's number taken out: what must match to say "the same"."""
+    return v.text if v.rank is None else re.sub(rf"\brank {v.rank}\b", "rank #", v.text)
+
+
+def pending_sends(trace: Trace) -> list[Message]:
+    """Blocking sends that were posted and never completed: the last send of each unfinished
+    rank that was stuck in ``dist.send`` (gloo's send waits for the peer's receive)."""
+    pending = []
+    for rank in trace.unfinished:
+        sends = trace.of(rank, "send")
+        if sends and "dist.send " in trace.blocked.get(rank, ""):
+            pending.append(sends[-1])
+    return pending
 
 
 def pending_receives(trace: Trace) -> list[Message]:

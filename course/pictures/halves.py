@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from functools import cached_property
 
+import numpy as np
 import plotly.graph_objects as go
 
-from course.pictures.base import FORMULA
+from course.pictures.base import FORMULA, GRID
 from course.pictures.deviations import Deviation, deviations
 from course.pictures.figures import animation
 from course.pictures.view import RingView
+from course.ranks.wording import count
 from course.ring.halves import Half, half_bytes_formula, half_states, half_violations
 from course.ring.trace import Trace
 
@@ -51,7 +53,8 @@ class HalfView(RingView):
         """What is drawn: which half, whose run, on how many ranks, of what tensor."""
         t = self.trace
         return (
-            f"{TITLES[self.half]}, {self.label}: N = {self.n}, {t.numel} elements x {t.itemsize} B"
+            f"{TITLES[self.half]}, {self.label}: N = {self.n}, "
+            f"{count(t.numel, 'element')} x {t.itemsize} B"
         )
 
     def counter(self, step: int) -> str:
@@ -67,10 +70,23 @@ class HalfView(RingView):
             return f"rank {rank}, chunk {chunk}: not received yet"
         return super()._cell_text(rank, chunk, mask)
 
+    def _grid(self, step: int) -> dict:
+        """The chunks; in the all-gather, one not received yet is left blank (it holds
+        nothing), not drawn in the colour of a chunk holding one rank's contribution."""
+        grid = super()._grid(step)
+        if self.half == "all-gather":
+            grid["z"][np.array(self.states[step]) == 0] = None
+        return grid
+
     def base(self) -> go.Figure:
-        """The ring figure at step 0, with the bytes line of one half."""
+        """The ring figure at step 0, with the bytes line of one half and, for the
+        all-gather, a colour bar that says what a blank chunk is."""
         fig = super().base()
         fig.data[FORMULA].name = f"(N-1)/N x size = {self.formula:,.0f} B"
+        if self.half == "all-gather":
+            bar = fig.data[GRID].colorbar
+            bar.title.text = "ranks in<br>the chunk<br>(blank: not<br>received yet)"
+            bar.ticktext = ["1" if t == "own only" else t for t in bar.ticktext]
         return fig
 
 

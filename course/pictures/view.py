@@ -18,8 +18,9 @@ import plotly.graph_objects as go
 
 from course.pictures import base, style
 from course.pictures.base import ARROWS, BAD_ARROWS, BYTES, GRID, LABELS, RANKS, RECEIVED, WAITING
-from course.pictures.deviations import Deviation, deviations, pending_receives
+from course.pictures.deviations import Deviation, deviations, pending_receives, pending_sends
 from course.pictures.style import BAD, NODE
+from course.ranks.wording import count
 from course.ring.schedule import chunk_bounds, num_steps, ring_bytes_formula
 from course.ring.trace import Message, Trace, bytes_sent, chunk_states, full_mask
 
@@ -71,6 +72,7 @@ class RingView:
         self.radius = min(0.16, 0.32 * chord)  # gap between a node's centre and an arrow end
         self.empty = [lo >= hi for lo, hi in self.bounds]
         self.waiting = pending_receives(trace)
+        self.unsent = pending_sends(trace)  # drawn dashed, like the receives, never counted
         self._cache: dict[int, Frame] = {}
         self._texts: dict[tuple[int, int, int], str] = {}
 
@@ -97,7 +99,8 @@ class RingView:
     def heading(self) -> str:
         """What is drawn: whose run, on how many ranks, of what tensor."""
         t = self.trace
-        return f"Ring all-reduce, {self.label}: N = {self.n}, {t.numel} elements x {t.itemsize} B"
+        size = f"{count(t.numel, 'element')} x {t.itemsize} B"
+        return f"Ring all-reduce, {self.label}: N = {self.n}, {size}"
 
     def counter(self, step: int) -> str:
         """``step 3 / 6 - reduce-scatter``; see :func:`course.pictures.style.counter`."""
@@ -133,8 +136,10 @@ class RingView:
         """Contribution counts (NaN: an empty chunk) and hover texts, as numpy arrays: plotly
         checks those in one pass, where nested lists cost it a call per cell."""
         masks = self.states[step]
-        z = np.array([[m.bit_count() for m in row] for row in masks], dtype=float)
-        z[:, self.empty] = np.nan
+        # None, not NaN, for a cell drawn blank: a live widget sends its data as JSON, and
+        # NaN is no JSON (jupyter_client warns in the notebook and drops it).
+        z = np.array([[m.bit_count() for m in row] for row in masks], dtype=object)
+        z[:, self.empty] = None
         text = np.empty((self.n, self.n), dtype=object)
         for r, row in enumerate(masks):
             text[r] = [self._cell_text(r, c, m) for c, m in enumerate(row)]
@@ -155,8 +160,16 @@ class RingView:
             self._texts[key] = text
         return self._texts[key]
 
-    def _bytes(self, step: int) -> dict:
+    def sent(self, step: int) -> list[int]:
+        """Bytes each rank has sent in its first ``step`` sends, those that completed."""
         sent = bytes_sent(self.trace, upto_step=step)
+        for m in self.unsent:
+            if m.order < step:
+                sent[m.rank] -= m.nbytes
+        return sent
+
+    def _bytes(self, step: int) -> dict:
+        sent = self.sent(step)
         slack = self.ideal * self.trace.itemsize  # uneven chunks: one element per step
         colour = [BAD if b > self.formula + slack else NODE for b in sent]
         text = [f"rank {r} has sent {b:,} B" for r, b in enumerate(sent)]
@@ -180,7 +193,7 @@ class RingView:
         arrows = {ok: _Polyline() for ok in (True, False)}
         labels = _Polyline()
         for m in self.trace.messages:
-            if m.op != "send" or m.order != step - 1:
+            if m.op != "send" or m.order != step - 1 or m in self.unsent:
                 continue
             if not 0 <= m.peer < self.n or m.peer == m.rank:
                 continue  # the deviation text says so; there is no arrow to draw
@@ -206,18 +219,15 @@ class RingView:
         )
 
     def _waiting(self, step: int) -> dict:
-        """At the last frame, the receives that were posted and never completed: dashed
-        arrows from the peer each blocked rank was waiting for."""
+        """At the last frame, the messages that were posted and never completed: a dashed
+        arrow from the peer each blocked receive waited for, and along each blocked send."""
         line = _Polyline()
-        if step == self.last:
-            for m in self.waiting:
-                if 0 <= m.peer < self.n and m.peer != m.rank:
-                    start, end, _ = self._arrow(m.peer, m.rank)
-                    hover = (
-                        f"rank {m.rank} is blocked in a receive from rank {m.peer} "
-                        f"(its receive no. {m.order + 1}) that never completed"
-                    )
-                    line.add(start, end, self.size.head, hover)
+        if step != self.last:
+            return line.props()
+        for m in [*self.waiting, *self.unsent]:
+            ends = (m.peer, m.rank) if m.op == "recv" else (m.rank, m.peer)
+            if 0 <= m.peer < self.n and m.peer != m.rank:
+                line.add(*self._arrow(*ends)[:2], self.size.head, _blocked_text(m))
         return line.props()
 
     def _arrow(self, src: int, dst: int) -> tuple[Point, Point, Point]:
@@ -245,6 +255,16 @@ class RingView:
                 xs += [lo_x, hi_x, hi_x, lo_x, lo_x, None]
                 ys += [lo_y, lo_y, hi_y, hi_y, lo_y, None]
         return {"x": xs, "y": ys}
+
+
+def _blocked_text(m: Message) -> str:
+    """The hover text of a send or receive that never completed."""
+    if m.op == "recv":
+        what = f"a receive from rank {m.peer} (its receive no. {m.order + 1})"
+        return f"rank {m.rank} is blocked in {what} that never completed"
+    what = f"a send to rank {m.peer} (its send no. {m.order + 1})"
+    why = "a gloo send waits for the peer to post the matching receive"
+    return f"rank {m.rank} is blocked in {what} that never completed: {why}"
 
 
 def _label(m: Message, chunks: list[int]) -> str:

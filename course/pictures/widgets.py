@@ -21,8 +21,9 @@ import plotly.graph_objects as go
 
 from course.pictures.figures import RingView
 from course.pictures.style import BAD, runs_text
+from course.ranks.wording import count
 from course.ring.schedule import ring_trace
-from course.ring.trace import Trace, bytes_sent
+from course.ring.trace import Trace
 
 __all__ = [
     "HalfWidget",
@@ -138,7 +139,7 @@ class RingWidget(widgets.VBox):
 
     def _status(self, step: int) -> str:
         view = self.view
-        sent = max(bytes_sent(view.trace, upto_step=step), default=0)
+        sent = max(view.sent(step), default=0)
         whole = self._whole()
         return (
             f"<div class='ring-heading' style='font-size:15px'>{html.escape(view.heading)}</div>"
@@ -151,18 +152,22 @@ class RingWidget(widgets.VBox):
         if not view.deviations:
             return "<p>No deviations: every message is where a ring all-reduce puts it.</p>"
         here = set(map(id, view.at(step)))
-        head = f"<b style='color:{BAD}'>{len(view.deviations)} deviation(s) from the ring"
+        head = f"<b style='color:{BAD}'>{count(len(view.deviations), 'deviation')} from the ring"
         if view.trace.unfinished:
-            stuck = runs_text(list(view.trace.unfinished))
-            head += (
-                f"; the run did not finish (rank(s) {stuck}), the animation ends where it stopped"
-            )
+            stuck = list(view.trace.unfinished)
+            who = f"{'rank' if len(stuck) == 1 else 'ranks'} {runs_text(stuck)}"
+            head += f"; the run did not finish ({who}), the animation ends where it stopped"
         items = [
             f"<li style='{f'font-weight:bold;color:{BAD}' if id(v) in here else 'color:#555'}'>"
             f"{'&#9654; ' if id(v) in here else ''}{html.escape(v.line)}</li>"
             for v in view.deviations
         ]
         return f"{head}</b> (bold: shown at this step)<ul>{''.join(items)}</ul>"
+
+
+def _note(text: str) -> widgets.HTML:
+    """One line in place of the widget, saying why there is nothing to draw."""
+    return widgets.HTML(f"<p class='ring-report'>{html.escape(text)}</p>")
 
 
 def _button(icon: str, tooltip: str, on_click: Callable[[Any], None]) -> widgets.Button:
@@ -200,23 +205,30 @@ def animate(
 ) -> RingWidget | widgets.HTML:
     """Run ``fn(tensor)`` on ``world_size`` real ranks, record every message and animate it;
     a run that deadlocks or crashes is animated up to where it stopped; a function still
-    left as the released stub is not run, and the widget says so."""
+    left as the released stub is not run, nor a size the recording cannot hold, and the
+    widget says why in one line."""
+    from course.checks.teaching import not_implemented
+    from course.ring.encoding import max_numel
     from course.ring.recorder import record  # torch only when a real run is asked for
 
     if not 2 <= world_size <= MAX_WORLD_SIZE:
-        raise ValueError(
-            f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, got world_size={world_size}"
-        )
-    from course.checks.teaching import not_implemented
-
+        return _note(f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, not world_size={world_size}")
     message = not_implemented(fn)
     if message:
-        return widgets.HTML(
-            f"<p class='ring-report'>Nothing to animate yet: {html.escape(message)}</p>"
+        return _note(f"Nothing to animate yet: {message}")
+    most = max_numel(world_size)
+    if numel is not None and not 1 <= numel <= most:
+        return _note(
+            f"numel={numel} cannot be recorded on {world_size} ranks: each recorded element "
+            f"must spell out the ranks it holds exactly in float64, so 1 to {most:,} elements "
+            "fit. Use a smaller numel (or fewer ranks)."
         )
-    numel = default_numel(world_size) if numel is None else numel
+    label = f"your {getattr(fn, '__name__', 'function')}"
+    if numel is None and default_numel(world_size) > most:
+        label += f" (at most {count(most, 'element')} can be recorded on {world_size} ranks)"
+    numel = min(default_numel(world_size), most) if numel is None else numel
     trace = record(fn, world_size, numel=numel, timeout=timeout)
-    return RingWidget(trace, f"your {getattr(fn, '__name__', 'function')}")
+    return RingWidget(trace, label)
 
 
 # --- one half of the ring: reduce-scatter alone, all-gather alone -------------------------
@@ -269,9 +281,9 @@ def animate_half(
 
     message = not_implemented(fn)
     if message:
-        return widgets.HTML(
-            f"<p class='ring-report'>Nothing to animate yet: {html.escape(message)}</p>"
-        )
-    numel = default_numel(world_size) if numel is None else numel
+        return _note(f"Nothing to animate yet: {message}")
+    from course.ring.encoding import max_numel
+
+    numel = min(default_numel(world_size), max_numel(world_size)) if numel is None else numel
     trace = record_half(fn, half, world_size, numel)  # type: ignore[arg-type]
     return HalfWidget(trace, half, f"your {getattr(fn, '__name__', 'function')}")

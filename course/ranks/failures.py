@@ -11,7 +11,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CAUSES", "CELL_NAME", "RankError", "RankFailure", "RunResult", "format_report"]
+from course.ranks.mistakes import hint_for
+from course.ranks.wording import count, ranks_text
+
+__all__ = [
+    "CAUSES",
+    "CELL_NAME",
+    "RankError",
+    "RankFailure",
+    "RanksInterrupted",
+    "RunResult",
+    "format_report",
+]
 
 CELL_NAME = "<cell>"  # the filename of run_source() code in tracebacks
 # Kinds that start a failure; the others (blocked, aborted, deadlock, timeout) follow from one.
@@ -91,16 +102,39 @@ class RankError(RuntimeError):
         return [f"RankError: {self}"]
 
 
+class RanksInterrupted(KeyboardInterrupt):
+    """An interrupt (Ctrl-C, Jupyter's stop button) during a run, after every rank was stopped.
+
+    Still a ``KeyboardInterrupt``, so Jupyter stops a Run All there; IPython shows one line.
+    """
+
+    def __init__(self, world_size: int, elapsed: float) -> None:
+        self.world_size, self.elapsed = world_size, elapsed
+        super().__init__(
+            f"interrupted after {elapsed:.1f} s: all {count(world_size, 'rank')} of the run "
+            "were stopped, and nothing of it is left running"
+        )
+
+    def __reduce__(self) -> tuple:
+        return (RanksInterrupted, (self.world_size, self.elapsed))
+
+    def _render_traceback_(self) -> list[str]:
+        """The one line IPython prints instead of the launcher's frames."""
+        return [f"KeyboardInterrupt: {self}"]
+
+
 def format_report(result: RunResult) -> str:
-    """The RankError message: one line per failed rank, causes first, then tracebacks."""
+    """The RankError message: one line per failed rank, causes first, the hint for a common
+    mistake where a cause's error is one, then the causes' own tracebacks."""
     failures = sorted(result.failures.values(), key=lambda f: (not f.is_cause, f.rank))
-    lines = [f"{len(failures)} of {result.world_size} ranks failed:"]
+    lines = [f"{len(failures)} of {count(result.world_size, 'rank')} failed:"]
     lines += [f"  {f}" for f in failures]
+    causes = [f for f in failures if f.is_cause]
+    lines += sorted({hint_for(f"{f.message}\n{f.traceback}") for f in causes} - {None})
     shown: dict[str, list[int]] = {}
-    for f in failures:
-        if f.traceback and f.is_cause:
+    for f in causes:
+        if f.traceback:
             shown.setdefault(f.traceback, []).append(f.rank)
     for text, ranks in shown.items():
-        who = "rank " + ", ".join(map(str, ranks)) if len(ranks) == 1 else f"ranks {ranks}"
-        lines += ["", f"{who}:", text]
+        lines += ["", f"{ranks_text(ranks)}:", text]
     return "\n".join(lines)

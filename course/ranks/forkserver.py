@@ -19,7 +19,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from multiprocessing.context import set_spawning_popen
 from multiprocessing.process import BaseProcess
@@ -27,7 +27,15 @@ from typing import ClassVar
 
 import psutil
 
-__all__ = ["RUN_DIR_PREFIX", "SERVER", "RankProcess", "Server", "kill", "sweep_stale_run_dirs"]
+__all__ = [
+    "IDLE_SHUTDOWN",
+    "RUN_DIR_PREFIX",
+    "SERVER",
+    "RankProcess",
+    "Server",
+    "kill",
+    "sweep_stale_run_dirs",
+]
 
 RUN_DIR_PREFIX = "course-ranks-"  # + the caller's pid: whose run left it, if one did
 
@@ -38,11 +46,19 @@ class Server:
     # torch._dynamo is what DDP's first forward imports: 1-5 s per rank if every rank pays.
     PRELOAD: ClassVar = ["course.ranks.worker", "course.ranks.launcher", "torch._dynamo"]
 
-    def __init__(self, executable: str | None = None, preload: tuple[str, ...] = ()) -> None:
-        """``executable`` runs the server's Python (a wrapper that confines it, say)."""
+    def __init__(
+        self,
+        executable: str | None = None,
+        preload: tuple[str, ...] = (),
+        idle_shutdown: float | None = None,
+    ) -> None:
+        """``executable`` runs the server's Python (a wrapper that confines it, say); with
+        ``idle_shutdown`` the server stops once no run has used it for that many seconds."""
         self._lock = threading.Lock()
         self._server: forkserver.ForkServer | None = None
         self._executable, self._preload = executable, [*self.PRELOAD, *preload]
+        self._idle_shutdown, self._users, self._used = idle_shutdown, 0, time.monotonic()
+        self._reaper: threading.Thread | None = None
 
     def get(self) -> forkserver.ForkServer:
         """The running forkserver, starting a fresh one if there is none or it died."""
@@ -54,7 +70,43 @@ class Server:
                 self._server = forkserver.ForkServer()
                 self._server.set_forkserver_preload(self._preload)
                 self._start(self._server)
+            self._used = time.monotonic()
+            self._watch_idle()
             return self._server
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[None]:
+        """Keep the server from stopping for idleness while a run uses it."""
+        with self._lock:
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users, self._used = self._users - 1, time.monotonic()
+
+    def _watch_idle(self) -> None:
+        """Start the thread that stops an idle server, if it has one and it is not running."""
+        if self._idle_shutdown is None or (self._reaper and self._reaper.is_alive()):
+            return
+        self._reaper = threading.Thread(target=self._stop_when_idle, name="forkserver-idle")
+        self._reaper.daemon = True
+        self._reaper.start()
+
+    def _stop_when_idle(self) -> None:
+        """Stop the server once it has been idle for ``idle_shutdown`` s; then end the thread."""
+        idle = float(self._idle_shutdown or 0)
+        while True:
+            time.sleep(min(idle / 4, 5.0))
+            with self._lock:
+                if self._server is None:
+                    return
+                if self._users or time.monotonic() - self._used < idle:
+                    continue
+                pid = self._server._forkserver_pid  # noqa: SLF001 - multiprocessing internals, see the module docstring
+                self._discard()
+            _reap(pid)
+            return
 
     def _start(self, server: forkserver.ForkServer) -> None:
         """Start ``server``, through our executable if we have one (multiprocessing's hook)."""
@@ -111,7 +163,11 @@ def _reap(pid: int | None, timeout: float = 5.0) -> None:
         _reap(pid, 1.0)
 
 
-SERVER = Server()
+# A kernel keeps its forkserver (torch imported: about 220 MB) only while it runs ranks: five
+# notebooks left open on Binder (2 GB in all) then hold none. A run after that starts a cold
+# one (about 2 s); the magic warms it as soon as a cell runs, so that is rarely felt.
+IDLE_SHUTDOWN = 60.0
+SERVER = Server(idle_shutdown=IDLE_SHUTDOWN)
 
 
 def sweep_stale_run_dirs() -> None:

@@ -82,6 +82,7 @@ class RanksMagics(Magics):
         """
         args = parse_argstring(self.ranks, line)
         show = _shown_ranks(args.show, args.world_size, args.quiet)
+        cell = "\n" + cell  # the %%ranks line is line 1: tracebacks then name the lines you see
         try:
             code = compile(cell, CELL_NAME, "exec")
         except SyntaxError as exc:

@@ -21,9 +21,12 @@ from typing import Any
 from course.ranks import confined
 from course.ranks import plain as plain_data
 from course.ranks.failures import CAUSES, PEER_GONE, RankFailure, RunResult
+from course.ranks.mistakes import plain_gloo
+from course.ranks.wording import ranks_text
 
-# gloo's words for "my peer never answered"
+# gloo's words for "my peer never answered"; a message from gloo's own C++ code names it
 _TIMED_OUT = re.compile(r"Timed out|timeout", re.IGNORECASE)
+_FROM_GLOO = re.compile(r"\bgloo\b", re.IGNORECASE)
 _COURSE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 _LIBRARY_DIRS = tuple(
     {os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "purelib", "platlib")}
@@ -50,7 +53,7 @@ def build_result(
             except Exception as exc:  # noqa: BLE001 - any load failure is this rank's failure
                 outcome = ("raised", _load_error(exc))
         raw[r.rank] = _observe(r, outcome, reason, timeout)
-    failures = _resolve(raw)
+    failures = _resolve(raw, [r.rank for r in ranks if r.rank not in raw])
     stdout = [out for out, _ in outputs]
     stderr = [err for _, err in outputs]
     return RunResult(len(ranks), results, stdout, stderr, failures, elapsed)
@@ -62,14 +65,16 @@ def _observe(r: Any, outcome: tuple, reason: str, timeout: float) -> dict[str, A
     if kind == "raised":
         info = outcome[1]
         where, in_dist = locate(info["frames"])
-        tb = format_traceback(info["frames"], info["text"])
+        text = plain_gloo(info["text"])
+        tb = format_traceback(info["frames"], text)
         comm = None
-        if in_dist and PEER_GONE.search(info["text"]):
+        waits = in_dist or bool(_FROM_GLOO.search(info["text"]))  # DDP's waits have no dist frame
+        if waits and PEER_GONE.search(info["text"]):
             comm = "peer"
-        elif in_dist and _TIMED_OUT.search(info["text"]):
+        elif waits and _TIMED_OUT.search(info["text"]):
             comm = "timeout"
         at = f" at {where}" if where else ""
-        summary = info["text"].splitlines()[-1] if info["text"] else info["type"]
+        summary = text.splitlines()[-1] if text else info["type"]
         message = f"raised {summary}{at}"
         return {"kind": "raised", "comm": comm, "message": message, "where": where, "tb": tb}
     if kind == "sys_exit":
@@ -101,8 +106,9 @@ def _ended(r: Any, code: int | None) -> dict[str, Any]:
     return {"kind": "exited", "message": message, "where": None, "tb": "", "code": code}
 
 
-def _resolve(raw: dict[int, dict[str, Any]]) -> dict[int, RankFailure]:
-    """Name causes and consequences now that every rank's raw outcome is known."""
+def _resolve(raw: dict[int, dict[str, Any]], done: list[int]) -> dict[int, RankFailure]:
+    """Name causes and consequences now that every rank's outcome is known (``done``: the
+    ranks that returned)."""
     for obs in raw.values():
         if obs["kind"] == "stopped" and obs["reason"] == "deadline" and not obs["in_dist"]:
             obs["kind"] = "spin" if obs["answered"] else "timeout"
@@ -110,23 +116,19 @@ def _resolve(raw: dict[int, dict[str, Any]]) -> dict[int, RankFailure]:
     deadlocked = any(obs.get("comm") == "timeout" for obs in raw.values())
     failures = {}
     for rank, obs in sorted(raw.items()):
-        kind, message = _final_kind(obs, causes, deadlocked)
+        kind, message = _final_kind(obs, causes, deadlocked, done)
         failures[rank] = RankFailure(rank, kind, message, obs["where"], obs["tb"], obs.get("code"))
     return failures
 
 
-def _final_kind(obs: dict[str, Any], causes: list[int], deadlocked: bool) -> tuple[str, str]:  # noqa: PLR0911 - a decision table, one return per outcome
+def _final_kind(  # noqa: PLR0911 - a decision table, one return per outcome
+    obs: dict[str, Any], causes: list[int], deadlocked: bool, done: list[int]
+) -> tuple[str, str]:
     """The failure kind and message of one rank, given which ranks caused the failure."""
     kind, where = obs["kind"], obs["where"] or "an unknown place"
-    waiting = "rank " + ", ".join(map(str, causes)) if causes else ""
+    waiting = ranks_text(causes) if causes else ""
     if kind == "raised" and obs["comm"]:
-        if causes:
-            return "blocked", f"was blocked in {where}, waiting on {waiting}, which failed"
-        if obs["comm"] == "timeout":
-            return "deadlock", f"deadlocked in {where}: gloo gave up waiting for its peer"
-        if deadlocked:
-            return "deadlock", f"deadlocked in {where}: its peer gave up first"
-        return "blocked", f"was blocked in {where}, and its peer rank finished without answering"
+        return _gave_up(obs["comm"], where, causes, deadlocked, done)
     if kind == "spin":
         late = f"after the {obs['timeout']:g} s deadline (an endless loop?)"
         return kind, f"was still running at {where}, outside any dist call, {late}"
@@ -139,6 +141,24 @@ def _final_kind(obs: dict[str, Any], causes: list[int], deadlocked: bool) -> tup
     if obs["in_dist"]:
         return "deadlock", f"deadlocked in {where}: no rank could make progress before the deadline"
     return "aborted", f"was stopped at {where} after {waiting or 'another rank'} failed"
+
+
+def _gave_up(
+    comm: str, where: str, causes: list[int], deadlocked: bool, done: list[int]
+) -> tuple[str, str]:
+    """A rank whose wait on a peer ended in an error from gloo: who it was waiting on."""
+    if causes:
+        return "blocked", f"was blocked in {where}, waiting on {ranks_text(causes)}, which failed"
+    if comm == "timeout" and done:
+        return "blocked", (
+            f"was blocked in {where} until gloo gave up waiting: {ranks_text(done)} had "
+            "already finished and never made the matching call"
+        )
+    if comm == "timeout":
+        return "deadlock", f"deadlocked in {where}: gloo gave up waiting for its peer"
+    if deadlocked:
+        return "deadlock", f"deadlocked in {where}: its peer gave up first"
+    return "blocked", f"was blocked in {where}, and its peer rank finished without answering"
 
 
 def locate(frames: list | None) -> tuple[str | None, bool]:
@@ -163,12 +183,15 @@ def locate(frames: list | None) -> tuple[str | None, bool]:
     line = line or source_line(filename, lineno)
     in_dist = bool(inner) or bool(re.search(r"\bwait\(|\bdist\.", line))
     place = f"{display_name(filename)} line {lineno}"
+    if owner(filename) == "course" and line:  # no traceback shows the course's code: quote it
+        place = f"{place} (`{line.strip()}`)"
     return (f"dist.{api} at {place}" if api else place), in_dist
 
 
 def format_traceback(frames: list, last_line: str) -> str:
-    """A Python-style traceback without the launcher's or the course's own frames."""
-    frames = [f for f in frames or [] if owner(f[0]) != "course"]
+    """A Python-style traceback of the user's own frames: none of the launcher's, the
+    course's, torch's or Python's (the last line still says what was raised)."""
+    frames = [f for f in frames or [] if owner(f[0]) == "user"]
     lines = ["Traceback (most recent call last):"] if frames else []
     for filename, lineno, name, line in frames:
         lines.append(f'  File "{display_name(filename)}", line {lineno}, in {name}')

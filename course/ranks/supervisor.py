@@ -17,8 +17,8 @@ from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 
 from course.ranks import confined, messages
-from course.ranks.failures import RunResult
-from course.ranks.forkserver import RUN_DIR_PREFIX, RankProcess, kill
+from course.ranks.failures import RanksInterrupted, RunResult
+from course.ranks.forkserver import RUN_DIR_PREFIX, SERVER, RankProcess, kill
 from course.ranks.report import build_result
 
 __all__ = ["ABORT_GRACE", "STACK_WAIT", "Supervisor"]
@@ -58,6 +58,15 @@ class Supervisor:
         self.box = confined.current()
 
     def execute(self) -> RunResult:
+        server = self.box.server if self.box else SERVER
+        start = time.monotonic()
+        with server.in_use():
+            try:
+                return self._execute()
+            except KeyboardInterrupt:  # every rank is already stopped: say so in one line
+                raise RanksInterrupted(self.world_size, time.monotonic() - start) from None
+
+    def _execute(self) -> RunResult:
         start = time.monotonic()
         self.dir = confined.rank_dir(f"{RUN_DIR_PREFIX}{os.getpid()}-")
         try:

@@ -166,11 +166,13 @@ def cost_figure(
         style = {"name": name, "legendgroup": name, "line": {"color": _COLOURS[i]}}
         fig.add_scatter(x=sizes, y=by_size, row=1, col=1, **style)
         fig.add_scatter(x=world_sizes, y=by_n, row=1, col=2, showlegend=False, **style)
-    fig.update_xaxes(type="log", title_text="tensor size (bytes)", row=1, col=1)
+    fig.update_xaxes(type="log", title_text="tensor size", row=1, col=1)
     fig.update_xaxes(type="log", title_text="world_size N", row=1, col=2)
-    fig.update_yaxes(type="log", title_text="predicted time (s)")
+    # Seconds with SI prefixes on the axis (100μs, 10ms), as the title writes alpha.
+    fig.update_yaxes(type="log", title_text="predicted time", exponentformat="SI", ticksuffix="s")
+    fig.update_xaxes(exponentformat="SI", ticksuffix="B", row=1, col=1)
     fig.update_layout(
-        title=f"alpha-beta model: alpha = {alpha * 1e6:g} us, 1/beta = {_human(1 / beta)}/s",
+        title=f"alpha-beta model: alpha = {alpha * 1e6:g} μs, 1/beta = {_human(1 / beta)}/s",
         hovermode="x unified",
     )
     return fig

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_encodable", "decode_tensor", "encoded_tensor"]
+__all__ = ["check_encodable", "decode_tensor", "encoded_tensor", "max_numel"]
 
 
 def encoded_tensor(rank: int, numel: int, world_size: int) -> torch.Tensor:
@@ -37,6 +37,13 @@ def decode_tensor(payload: torch.Tensor, world_size: int) -> tuple[int | None, i
     index = torch.arange(offset, offset + flat.numel(), dtype=torch.float64)
     expected = (1 + index * float(scale)) * float(mask)
     return (offset, mask) if torch.equal(values, expected) else (None, None)
+
+
+def max_numel(world_size: int) -> int:
+    """The most elements a run on ``world_size`` ranks can record exactly (at least 1 up to
+    N = 52): 2**N * (1 + (numel - 1) * 2**N) < 2**53."""
+    scale = 1 << world_size
+    return max(1, ((1 << 53) - scale - 1) // (scale * scale) + 1)
 
 
 def check_encodable(world_size: int, numel: int) -> None:

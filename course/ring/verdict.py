@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from course.ranks.wording import count
 from course.ring.schedule import expected_holds
 from course.ring.trace import Trace, ranks_in
 
@@ -122,13 +123,15 @@ def count_violations(trace: Trace, rank: int, want: int, rule: str) -> list[Viol
     """``want`` sends and receives on ``rank`` (fewer only by skipping 0-element messages);
     ``rule`` says what makes that many, after "a ring ..." in the message."""
     found = []
-    for op, noun in (("send", "sends"), ("recv", "receives")):
+    for op, noun in (("send", "send"), ("recv", "receive")):
         made = trace.of(rank, op)
         skipped_empties = (
             trace.numel < trace.world_size and len(made) < want and all(m.numel for m in made)
         )
         if len(made) != want and not skipped_empties:
-            found.append(Violation(rank, None, f"rank {rank} made {len(made)} {noun}; {rule}"))
+            found.append(
+                Violation(rank, None, f"rank {rank} made {count(len(made), noun)}; {rule}")
+            )
     return found
 
 
@@ -177,7 +180,8 @@ def _payloads(trace: Trace, rank: int, direction: int) -> list[Violation]:
                     rank,
                     step,
                     f"{where}: sent a chunk holding ranks {_ranks(m.holds)} but a {stage} step "
-                    f"{step + 1} chunk should hold {want.bit_count()} ranks ({_ranks(want)})",
+                    f"{step + 1} chunk should hold {count(want.bit_count(), 'rank')} "
+                    f"({_ranks(want)})",
                 )
             ]
     return []

@@ -175,27 +175,37 @@ def _need_chromium() -> None:
 
 
 @contextlib.contextmanager
-def running_lab(root: Path, home: Path, cwd: Path | None = None) -> Iterator[Lab]:
+def running_lab(
+    root: Path,
+    home: Path,
+    cwd: Path | None = None,
+    command: tuple[list[str], dict[str, str]] | None = None,
+) -> Iterator[Lab]:
     """JupyterLab on a free port serving ``root``, with a random token, started in ``cwd``
-    (where jupyter looks for an ``nbgrader_config.py``); stopped with everything it started."""
+    (where jupyter looks for an ``nbgrader_config.py``); stopped with everything it started.
+    ``command`` is another ``jupyter lab`` command line and environment to start (``make
+    lab``'s, say): only the port, the token and no browser are added to it."""
     _need_chromium()
     _quiet_settings(home / "settings")
     port, token = _free_port(), secrets.token_hex(16)
+    jupyter = shutil.which("jupyter", path=str(Path(sys.executable).parent)) or "jupyter"
+    cmd, base = command or (
+        [jupyter, "lab", f"--ServerApp.root_dir={root}"]
+        + (["--allow-root"] if os.geteuid() == 0 else []),
+        dict(os.environ),
+    )
     env = {
-        **os.environ,
+        **base,
         "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
         "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
         "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
     }
-    jupyter = shutil.which("jupyter", path=str(Path(sys.executable).parent)) or "jupyter"
     log = home / "lab.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
             [
-                jupyter, "lab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
-                f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}",
-                "--ServerApp.port_retries=0",
-                *(["--allow-root"] if os.geteuid() == 0 else []),
+                *cmd, "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
+                f"--ServerApp.token={token}", "--ServerApp.port_retries=0",
             ],
             env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd or root,
         )  # fmt: skip

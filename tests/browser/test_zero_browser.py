@@ -1,5 +1,5 @@
-"""The released zero notebook in JupyterLab and Chromium: do the halves animate, does Run All
-stop at the first unanswered item, and does a finished notebook run every cell?"""
+"""The released zero notebook in JupyterLab and Chromium: do the halves animate, and does a
+finished notebook run every cell?"""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ SOURCE = REPO / "source" / ZERO / f"{ZERO}.ipynb"
 STDERR = ".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']"
 
 
-def test_release_animates_the_halves_and_stops_at_the_first_item(lab, page, artifact, helpers):
-    """As handed out: both half widgets draw, then Run All stops at answer_zero_1."""
+def test_release_animates_the_halves(lab, page, artifact, helpers):
+    """As handed out: do both half widgets draw and step, with Run All going past the
+    unanswered answer_zero_1?"""
     nbformat.write(nbformat.read(RELEASE, as_version=4), lab.root_dir / "zero.ipynb")
     helpers.open_notebook(page, lab, "zero.ipynb")
     page.locator(".jp-Notebook").first.click()
@@ -31,8 +32,7 @@ def test_release_animates_the_halves_and_stops_at_the_first_item(lab, page, arti
     page.wait_for_selector(".ring-step", timeout=30_000)
     steps = page.locator(".ring-step").all_text_contents()
     assert len(steps) == 2 and all("/ 3" in s for s in steps), steps
-    first = page.locator(STDERR).first.text_content()
-    assert "answer_zero_1 is still empty" in first, first[:500]
+    assert page.get_by_text("answer_zero_1 is not answered yet").count() == 1
     forward = page.locator("button[title='one step forward']").first
     forward.scroll_into_view_if_needed()
     forward.click()

@@ -18,7 +18,6 @@ from course.checks import (
     check_sampler_indices,
     check_train_uneven,
 )
-from course.checks.teaching import CheckFailed
 from course.checks.uneven import UNEVEN_PG_TIMEOUT
 
 pytestmark = pytest.mark.ranks
@@ -129,13 +128,14 @@ def stub_loop(ddp, optimizer, batches):
     """The released stub."""
 
 
-def test_the_stubs_fail_asking_for_an_implementation(by_value, no_leftovers) -> None:
-    """Do the released stubs fail each check saying they are not implemented, not a diagnosis?"""
+def test_the_stubs_are_not_checked_yet(no_leftovers) -> None:
+    """Do the released stubs get a one-line note saying they are not implemented, not a
+    diagnosis, and start no rank?"""
     for check in (check_accumulation_values, check_accumulation_syncs):
-        with pytest.raises(CheckFailed, match="stub_step is not implemented yet"):
-            check(stub_step, world_sizes=(2,), seed=1)
-    with pytest.raises(CheckFailed, match="stub_loop is not implemented yet"):
-        check_train_uneven(stub_loop, world_sizes=(2,), seed=1)
+        note = check(stub_step, world_sizes=(2,), seed=1)
+        assert note.startswith("Not checked yet: stub_step is not implemented yet")
+    note = check_train_uneven(stub_loop, world_sizes=(2,), seed=1)
+    assert note.startswith("Not checked yet: stub_loop is not implemented yet")
 
 
 def test_reference_accumulation_passes(by_value, no_leftovers) -> None:

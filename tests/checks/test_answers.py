@@ -65,11 +65,25 @@ def test_wrong_answer_fails_with_the_explanation() -> None:
     assert "Two phases." in str(info.value)
 
 
-def test_format_only_check_needs_no_key() -> None:
-    """Without a key, is only the format checked?"""
-    check_answer("answer_x", "d")
+def test_format_only_check_needs_no_key(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a key, is only the format checked, and does a valid answer say it was read?"""
+    check_answer("answer_x", " D")
+    assert capsys.readouterr().out.strip() == (
+        'answer_x = "d" is a valid answer: it is marked against the key when graded.'
+    )
     with pytest.raises(AssertionError):
         check_answer("answer_x", "z")
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_an_unanswered_item_says_so_without_stopping_run_all(value, capsys) -> None:
+    """Without a key, does an empty answer print one line saying it is unanswered, and not
+    raise (so Run All goes on), while the keyed check still fails it?"""
+    check_answer("answer_x", value)
+    out = capsys.readouterr().out
+    assert out.startswith("answer_x is not answered yet") and out.count("\n") == 1
+    with pytest.raises(AssertionError, match="still empty"):
+        check_answer("answer_x", value, key="c")
 
 
 def test_choices_can_be_narrower() -> None:

@@ -155,7 +155,6 @@ def test_reference_bucketed_allreduce_passes_visible_and_hidden_cases(by_value, 
         (no_division, "divide by world_size"),
         (no_copy_back, "copy each bucket's all-reduced values back"),
         (replaces_list_items, "replaced grads[0]"),
-        (stub, "stub is not implemented yet"),
     ],
 )
 def test_wrong_bucketed_allreduce_fails_saying_why(by_value, no_leftovers, fn, says) -> None:
@@ -163,6 +162,14 @@ def test_wrong_bucketed_allreduce_fails_saying_why(by_value, no_leftovers, fn, s
     with pytest.raises(AssertionError) as failure:
         check_bucketed_allreduce(fn, world_sizes=(2,), seed=5)
     assert says in str(failure.value)
+
+
+def test_the_stubs_are_not_checked_yet() -> None:
+    """Do the released stubs get a one-line note instead of a diagnosis or a failure?"""
+    note = check_bucketed_allreduce(stub, world_sizes=(2,))
+    assert note.startswith("Not checked yet: stub is not implemented yet")
+    note = check_overlapping_ddp(Stub, world_sizes=(2,))
+    assert note.startswith("Not checked yet: Stub.__init__, Stub.finish are not implemented yet")
 
 
 def test_reference_overlapping_ddp_passes(by_value, no_leftovers) -> None:
@@ -178,7 +185,6 @@ def test_reference_overlapping_ddp_passes(by_value, no_leftovers) -> None:
         (AllAtTheEnd, "started only after"),
         (InFinish, "started only after"),
         (NoReset, "step 2"),
-        (Stub, "Stub.__init__, Stub.finish are not implemented yet"),
     ],
 )
 def test_wrong_overlapping_ddp_fails_saying_why(by_value, no_leftovers, cls, says) -> None:

@@ -80,13 +80,18 @@ def test_reference_hook_passes(by_value, no_leftovers) -> None:
     assert "matches" in check_reduce_hook(reduce_hook, world_sizes=(2, 3))
 
 
+def test_the_stub_hook_is_not_checked_yet() -> None:
+    """Does the released stub get a one-line note instead of a diagnosis or a failure?"""
+    note = check_reduce_hook(stub_hook, world_sizes=(2,))
+    assert note.startswith("Not checked yet: stub_hook is not implemented yet")
+
+
 @pytest.mark.parametrize(
     ("hook", "says"),
     [
         (sum_hook, "world_size (2) times too large"),
         (list_hook, "list of tensors"),
         (list_divide_hook, "take fut.value()[0] before dividing"),
-        (stub_hook, "stub_hook is not implemented yet"),
         (local_hook, "own local gradient, not synced"),
         (crashing_hook, "student bug on rank 1"),
     ],

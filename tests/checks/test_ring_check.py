@@ -34,7 +34,7 @@ def test_reference_passes() -> None:
     report = check_ring_allreduce(ring_allreduce)
     assert report.world_sizes == (2, 3, 4, 5, 6)
     assert report.sums_checked > 0 and report.patterns_checked > 0
-    assert "world sizes 2, 3, 4, 5, 6" in str(report)
+    assert "world sizes 2, 3, 4, 5 and 6" in str(report)
 
 
 @pytest.mark.slow
@@ -55,6 +55,19 @@ def test_wrong_ring_fails_with_the_reason(name: str) -> None:
     message = str(failure.value)
     assert all(w in message for w in words), message
     assert "_run_cases" not in message and "recorder.py" not in message  # no course internals
+
+
+def test_each_hint_fires_only_where_its_diagnosis_is_true() -> None:
+    """Is a reduce-scatter without all-gather told so, and not that its tensor is unchanged
+    (rank 0's one element of a (1,) tensor on 2 ranks is), nor that it averages?"""
+    with pytest.raises(AssertionError) as failure:
+        check_ring_sums(WRONG["reduce_scatter_only"][0], world_sizes=(2, 3))
+    message = str(failure.value)
+    assert "reduce-scatter without the all-gather" in message
+    assert "changed" not in message and "average" not in message
+    with pytest.raises(AssertionError) as failure:
+        check_ring_sums(WRONG["off_by_one_chunk"][0], world_sizes=(3,))
+    assert "all-gather" not in str(failure.value) and "changed" not in str(failure.value)
 
 
 @pytest.mark.parametrize("name", WRONG_PATTERN)

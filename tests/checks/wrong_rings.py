@@ -142,6 +142,36 @@ def returns_result(tensor):
     return result
 
 
+def reduce_scatter_only(tensor):
+    """The reduce-scatter and no all-gather: each rank ends with one chunk fully summed."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    chunks = torch.tensor_split(tensor.view(-1), n)
+    for s in range(n - 1):
+        send_c, recv_c = (r - s) % n, (r - s - 1) % n
+        buf = torch.empty_like(chunks[recv_c])
+        req = dist.isend(chunks[send_c], (r + 1) % n)
+        dist.recv(buf, (r - 1) % n)
+        req.wait()
+        chunks[recv_c].add_(buf)
+
+
+def cell_names(tensor):
+    """Uses the %%ranks cell's `rank` and `world_size`, which a function does not see."""
+    chunks = torch.tensor_split(tensor.view(-1), world_size)  # noqa: F821 - the mistake itself
+    chunks[rank].add_(1)  # noqa: F821 - the mistake itself
+
+
+def tuple_item_assignment(tensor):
+    """Adds a received chunk with `chunks[i] += buf` on tensor_split's tuple: a TypeError."""
+    n, r = dist.get_world_size(), dist.get_rank()
+    chunks = torch.tensor_split(tensor.view(-1), n)
+    buf = torch.empty_like(chunks[(r - 1) % n])
+    req = dist.isend(chunks[r], (r + 1) % n)
+    dist.recv(buf, (r - 1) % n)
+    req.wait()
+    chunks[(r - 1) % n] += buf
+
+
 def torch_chunk(tensor):
     """torch.chunk gives fewer than N chunks when numel is small (e.g. 5 into 4 gives 3)."""
     n, r = dist.get_world_size(), dist.get_rank()
@@ -170,8 +200,8 @@ WRONG = {
     "off_by_one_chunk": (off_by_one_chunk, "sums", ["wrong", "expected"]),
     "dropped_remainder": (dropped_remainder, "sums", ["wrong", "expected"]),
     "averaging": (averaging, "sums", ["average"]),
-    "naive_exchange": (naive_exchange, "pattern", ["made 1 sends", "2(N-1) = 2"]),
-    "whole_tensor_ring": (whole_tensor_ring, "pattern", ["made 1 sends", "2(N-1) = 2"]),
+    "naive_exchange": (naive_exchange, "pattern", ["made 1 send;", "2(N-1) = 2"]),
+    "whole_tensor_ring": (whole_tensor_ring, "pattern", ["made 1 send;", "2(N-1) = 2"]),
     "library_collective": (library_collective, "sums", ["dist.all_reduce", "a collective"]),
     "crash_on_one_rank": (crash_on_one_rank, "sums", ["ValueError", "lost its chunk index"]),
     "exits_on_one_rank": (exits_on_one_rank, "sums", ["rank 1", "os._exit"]),
@@ -179,6 +209,13 @@ WRONG = {
     "returns_result": (returns_result, "sums", ["returned a Tensor", "in place"]),
     "torch_chunk": (torch_chunk, "sums", ["IndexError"]),
     "float32_buffers": (float32_buffers, "sums", ["float64", "expected"]),
+    "reduce_scatter_only": (reduce_scatter_only, "sums", ["reduce-scatter without the all-gather"]),
+    "cell_names": (cell_names, "sums", ["NameError", "rank = dist.get_rank()"]),
+    "tuple_item_assignment": (
+        tuple_item_assignment,
+        "sums",
+        ["does not support item assignment", ".add_(received)"],
+    ),
 }
 
 # the pattern verdict alone must also catch these (their sums may be right or wrong)

@@ -85,8 +85,10 @@ def test_overlap_timeline_starts_communication_during_backward(run_ranks) -> Non
     assert tl["buckets"][0]["start"] < last_ready
     assert all(b["done"] >= b["start"] for b in tl["buckets"])
     fig = buckets.timeline_figure(tl)
-    solid = [d for d in fig.data if "queued" not in d.name]
-    assert len(solid) == 1 + len(tl["buckets"])  # the ticks, then one row per bucket
+    solid = [d for d in fig.data if "until done" in str(d.hovertext or "")]
+    assert len(solid) == len(tl["buckets"])  # one row per bucket
+    legend = [d.name for d in fig.data if d.showlegend is not False]
+    assert legend == ["gradient ready", "all-reduce in flight", "queued behind the previous one"]
 
 
 def test_timeline_shows_buckets_as_a_queue() -> None:
@@ -98,7 +100,8 @@ def test_timeline_shows_buckets_as_a_queue() -> None:
     ]
     first, queued, second = buckets._bucket_segments(log)  # noqa: SLF001 - the timeline's parts
     assert first["base"] == [1.0] and first["x"] == pytest.approx([4.0])
-    assert "queued" in queued["name"] and queued["x"] == pytest.approx([3.0])
+    assert "queued" in queued["hovertext"] and queued["x"] == pytest.approx([3.0])
+    assert queued["marker_color"] == second["marker_color"] != first["marker_color"]
     assert second["base"] == pytest.approx([5.0]) and second["x"] == pytest.approx([3.0])
     tl = {"grad_ready": [(0, 0.004)], "buckets": log, "backward_returned": 0.009}
     shapes = buckets.timeline_figure(tl).layout.shapes

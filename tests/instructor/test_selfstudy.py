@@ -56,20 +56,26 @@ def test_seal_of_a_letter_outside_the_choices_is_rejected():
 
 
 def test_feedback_on_the_right_answer(capsys):
-    """Does the right letter, in upper case with spaces, print "Right" and the explanation?"""
-    assert feedback("answer_x", " C ", seal("c", EXPLANATION)) is True
+    """Does the right letter, in upper case with spaces, print "Right" and the explanation,
+    and return nothing (no stray True under the text)?"""
+    assert feedback("answer_x", " C ", seal("c", EXPLANATION)) is None
     out = capsys.readouterr().out
     assert out.startswith('Right: answer_x = "c"')
     assert EXPLANATION in out
 
 
-def test_feedback_on_a_wrong_answer(capsys):
-    """Does a wrong letter print which letter was chosen, the keyed one, and the explanation?"""
-    assert feedback("answer_x", "a", seal("c", EXPLANATION)) is False
+def test_a_wrong_answer_gets_a_second_try_then_the_key(capsys):
+    """Does a first wrong letter get a second try (what to measure, no key, no explanation;
+    the same letter again is no new try), and a second wrong letter the key and the why?"""
+    sealed = seal("c", EXPLANATION)
+    for _ in range(2):
+        assert feedback("answer_w", "a", sealed) is None
+        out = capsys.readouterr().out
+        assert out.startswith('Not yet: "a"') and "measuring cell" in out
+        assert '"c"' not in out and EXPLANATION not in out
+    feedback("answer_w", "b", sealed)
     out = capsys.readouterr().out
-    assert 'you chose "a"' in out
-    assert 'supports "c"' in out
-    assert EXPLANATION in out
+    assert 'you chose "b"' in out and 'supports "c"' in out and EXPLANATION in out
 
 
 @pytest.mark.parametrize("value", ["", "ab", 3, "z"])
@@ -165,7 +171,7 @@ def test_selfstudy_notebook_gives_feedback_when_run():
     NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=True).execute()
     runs = [c for c in nb.cells if "feedback(" in c.source]
     outs = ["".join(o.get("text", "") for o in c.outputs) for c in runs]
-    assert [o.split(":")[0] for o in outs] == ["No feedback yet", "Not quite", "Right"]
-    assert 'you chose "d"' in outs[1]
-    assert ["steps and then" in o for o in outs] == [False, True, True]
+    assert [o.split(":")[0] for o in outs] == ["No feedback yet", "Not yet", "Right"]
+    assert '"d" is not what the measurement supports' in outs[1]
+    assert ["steps and then" in o for o in outs] == [False, False, True]
     assert not [o for c in runs for o in c.outputs if o.output_type == "error"]

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import nbformat
@@ -23,8 +24,16 @@ KEY_ARGUMENT = re.compile(r"""\bkey\s*=\s*["'][a-z]["']""")
 
 @pytest.fixture(scope="module")
 def view(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default view: the graded one."""
     dest = tmp_path_factory.mktemp("studentview") / "dp-course"
     export(dest, "someone/dp-course")
+    return dest
+
+
+@pytest.fixture(scope="module")
+def selfstudy_view(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dest = tmp_path_factory.mktemp("selfstudy-view") / "dp-course"
+    export(dest, "someone/dp-course", selfstudy=True)
     return dest
 
 
@@ -37,9 +46,11 @@ def _explanation_sentences() -> list[str]:
     return sentences
 
 
-def test_the_view_has_what_students_need_and_no_source_or_keys(view: Path) -> None:
+@pytest.mark.parametrize("kind", ["view", "selfstudy_view"])
+def test_the_view_has_what_students_need_and_no_source_or_keys(kind: str, request) -> None:
     """Release notebooks, the package without the instructor's tools, the environment, a
     postBuild and a README with a Binder badge; no source/, no key, no explanation?"""
+    view = request.getfixturevalue(kind)
     assert sorted(p.name for p in (view / "release").iterdir()) == sorted(
         p.name for p in (REPO / "release").iterdir()
     )
@@ -58,9 +69,48 @@ def test_the_view_has_what_students_need_and_no_source_or_keys(view: Path) -> No
     flat = {p: " ".join(t.split()) for p, t in text.items()}
     leaks = [s for s in _explanation_sentences() if any(s in t for t in flat.values())]
     assert not leaks, leaks[:3]
-    assert set(json.loads((view / "selfstudy.json").read_text())) == {
-        p.name for p in (REPO / "release").iterdir()
-    }
+
+
+def test_the_default_view_is_the_graded_one_with_no_key_at_all(view: Path) -> None:
+    """Does the default view carry no seals, build plain work copies, and say it is for
+    graded work?"""
+    assert not (view / "selfstudy.json").exists()
+    assert "--seals" not in (view / "postBuild").read_text()
+    readme = (view / "README.md").read_text()
+    assert "for graded work" in readme and "self-study" not in readme
+
+
+def test_the_selfstudy_view_carries_sealed_keys_and_the_hidden_exercise_checks(
+    selfstudy_view: Path,
+) -> None:
+    """Are its quiz checks sealed and its exercise checks the grader's own (hidden part
+    included), for every assignment, and does its README forbid graded work?"""
+    seals = json.loads((selfstudy_view / "selfstudy.json").read_text())
+    assert set(seals) == {p.name for p in (REPO / "release").iterdir()}
+    ring = seals["ring_allreduce"]
+    assert 'sealed="sealed-v1:' in ring["ring_1_check"]
+    assert "print(check_ring_sums(ring_allreduce))" in ring["ring_allreduce_sums"]
+    assert not any("HIDDEN TESTS" in text for cells in seals.values() for text in cells.values())
+    assert "--seals selfstudy.json" in (selfstudy_view / "postBuild").read_text()
+    assert "do not use this copy for graded work" in (selfstudy_view / "README.md").read_text()
+
+
+def test_the_view_describes_only_what_it_ships(view: Path) -> None:
+    """Do its README, pyproject and environment name the five notebooks and the course's
+    packages, and none of the instructor's tests, tools or settings?"""
+    readme = (view / "README.md").read_text()
+    for path in sorted((REPO / "release").glob("*/*.ipynb")):
+        title = nbformat.read(path, as_version=4).cells[0].source.splitlines()[0].lstrip("# ")
+        assert f"`{path.stem}`: {title}" in readme
+    assert "5 notebooks" in readme and "--no-index --find-links wheels" in readme
+    student = tomllib.loads((view / "pyproject.toml").read_text())
+    course = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert student["project"]["dependencies"] == course["project"]["dependencies"]
+    assert "optional-dependencies" not in student["project"]
+    assert set(student.get("tool", {})) == {"setuptools"}
+    environment = (view / "environment.yml").read_text()
+    assert "tests/" not in environment and "pytorch=2.13.0=cpu*" in environment
+    assert "python -m course.instructor.studentlab" in (view / "postBuild").read_text()
 
 
 def test_the_view_holds_no_working_solution(view: Path) -> None:
@@ -95,9 +145,13 @@ TRIED += ("ring_allreduce", "try_it")
 
 @pytest.mark.slow
 @pytest.mark.ranks
-def test_the_view_installs_in_a_fresh_venv_and_its_notebook_runs(view: Path, tmp_path) -> None:
-    """Installed from the view alone, does postBuild build self-study work copies, and does
-    the ring notebook run: ranks, the widget, sealed feedback, the stub's note?"""
+def test_the_view_installs_in_a_fresh_venv_and_its_notebook_runs(
+    selfstudy_view: Path, tmp_path
+) -> None:
+    """Installed from the view alone, does postBuild turn nbgrader's instructor views off in
+    that environment only, build self-study work copies, and does the ring notebook run:
+    ranks, the widget, sealed feedback, the stub's note?"""
+    view = selfstudy_view
     fresh = _fresh_venv(tmp_path)
     python = fresh / "bin" / "python"
     env = {**os.environ, "PATH": f"{fresh / 'bin'}{os.pathsep}{os.environ['PATH']}"}
@@ -111,6 +165,14 @@ def test_the_view_installs_in_a_fresh_venv_and_its_notebook_runs(view: Path, tmp
     ).stdout  # fmt: skip
     assert where.startswith(str(fresh)), where
     subprocess.run(["bash", "postBuild"], check=True, env=env, cwd=view)
+    server = json.loads((fresh / "etc" / "jupyter" / "jupyter_server_config.json").read_text())
+    assert (
+        server["ServerApp"]["jpserver_extensions"]["nbgrader.server_extensions.formgrader"] is False
+    )
+    page = json.loads((fresh / "etc" / "jupyter" / "labconfig" / "page_config.json").read_text())
+    assert page["disabledExtensions"]["@jupyter/nbgrader:create-assignment"] is True
+    ours = Path(sys.prefix) / "etc" / "jupyter" / "jupyter_server_config.json"
+    assert not ours.exists() or "formgrader" not in ours.read_text()  # this venv untouched
     notebook = view / "work" / "ring_allreduce" / "ring_allreduce.ipynb"
     nb = nbformat.read(notebook, as_version=4)
     release = nbformat.read(view / "release" / "ring_allreduce" / "ring_allreduce.ipynb", 4)

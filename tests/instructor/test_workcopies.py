@@ -29,16 +29,31 @@ def test_the_command_names_the_first_notebook(tmp_path, capsys) -> None:
     assert "open ring_allreduce/ring_allreduce.ipynb" in capsys.readouterr().out
 
 
-def test_make_lab_opens_work_copies_as_root_or_not() -> None:
-    """Does `make lab` make work copies and open work/ (not release/), with --allow-root
-    exactly when run as root?"""
+def test_make_lab_serves_the_course_and_opens_the_first_work_copy(tmp_path) -> None:
+    """Does `make lab` make work copies from release/ and a stamped gradebook, then start
+    jupyter lab on the course root (formgrader's links live there) with the first notebook
+    open, the venv's bin on PATH, and --allow-root exactly when run as root?"""
     import os
+    import shutil
+    import sqlite3
     import subprocess
+    import sys
+
+    from course.instructor.lab import lab_command, prepare
 
     plan = subprocess.run(
         ["make", "-n", "lab"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
-    assert "course.instructor.workcopies work --from release" in plan
-    assert "jupyter lab --notebook-dir=work" in plan
-    assert ("--allow-root" in plan) == (os.geteuid() == 0)
+    assert "course.instructor.lab work --from release" in plan
+    root = tmp_path / "course"
+    shutil.copytree(REPO / "release", root / "release")
+    first = prepare(root)
+    assert first.as_posix() == "work/ring_allreduce/ring_allreduce.ipynb"
+    with sqlite3.connect(root / "gradebook.db") as db:
+        assert db.execute("SELECT count(*) FROM alembic_version").fetchone() == (1,)
+    cmd, env = lab_command(root, first)
+    assert cmd[1] == "lab" and f"--ServerApp.root_dir={root}" in cmd
+    assert "--LabApp.default_url=/lab/tree/work/ring_allreduce/ring_allreduce.ipynb" in cmd
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    assert ("--allow-root" in cmd) == (os.geteuid() == 0)
     assert "/work/" in (REPO / ".gitignore").read_text().splitlines()

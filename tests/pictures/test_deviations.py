@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from course.pictures.deviations import deviations, pending_receives
+from course.pictures.base import ARROWS, BAD_ARROWS, BYTES
+from course.pictures.deviations import deviations, pending_receives, pending_sends
 from course.pictures.figures import WAITING, RingView
 from course.pictures.style import counter, sizes
 from course.ring.schedule import ring_trace
@@ -29,12 +30,43 @@ def test_a_deadlock_is_one_line_and_dashed_arrows(n: int) -> None:
     found = deviations(trace)
     assert len(found) == 1
     assert found[0].line.startswith("rank 0 never finished: waiting in dist.recv from rank")
-    assert f"(the same on {n - 1} more ranks: 1-{n - 1})" in found[0].line
+    more = f"{n - 1} more ranks: 1-{n - 1}"
+    assert f"(likewise on {more}, with their own numbers)" in found[0].line  # their own peers
     assert len(pending_receives(trace)) == n
     view = RingView(trace, "your ring_allreduce")
     last = view.frame(view.last)
     assert len(last.data[WAITING]["x"]) == 3 * n  # start, end, gap per arrow
     assert "never completed" in last.data[WAITING]["hovertext"][0]
+
+
+def test_the_same_is_said_only_of_the_same_text() -> None:
+    """Is a deviation "the same" on other ranks only when their texts differ by the rank
+    alone, and "likewise, with their own numbers" when bytes differ?"""
+    same = dataclasses.replace(_recv_first(4), blocked=dict.fromkeys(range(4), "in dist.recv"))
+    assert "(the same on 3 more ranks: 1-3)" in deviations(same)[0].line
+    ref = ring_trace(3, 10)  # uneven chunks: 4, 3 and 3 elements
+    doubled = tuple(
+        dataclasses.replace(m, nbytes=2 * m.nbytes) if m.op == "send" else m for m in ref.messages
+    )
+    (line,) = [d.line for d in deviations(dataclasses.replace(ref, messages=doubled))]
+    assert "sent" in line and "bytes" in line and "the same" not in line
+    assert "likewise on 2 more ranks: 1-2, with their own numbers" in line
+
+
+def test_a_send_that_never_completed_is_dashed_and_not_counted() -> None:
+    """On 3 ranks all stuck in a blocking send to the right peer with the right chunk, is
+    each send drawn dashed (not red, not "departs from the ring") and counted in no bytes?"""
+    sends = tuple(Message(r, (r + 1) % 3, "send", 0, 4, 32, 4 * r, 1 << r) for r in range(3))
+    blocked = dict.fromkeys(range(3), "deadlocked in dist.send at Cell In[6] line 5")
+    view = RingView(Trace(3, 12, 8, sends, (), (0, 1, 2), blocked), "yours")
+    assert len(pending_sends(view.trace)) == 3
+    last = view.frame(view.last)
+    assert not last.data[BAD_ARROWS]["x"] and not last.data[ARROWS]["x"]
+    assert (
+        len(last.data[WAITING]["x"]) == 9
+        and "a send to rank 1" in last.data[WAITING]["hovertext"][0]
+    )
+    assert view.sent(view.last) == [0, 0, 0] and list(last.data[BYTES]["y"]) == [0, 0, 0]
 
 
 def test_a_finished_run_has_no_blocked_arrows() -> None:

@@ -117,7 +117,7 @@ def test_a_deadlocked_run_ends_where_it_stopped() -> None:
     last = view.frame(2)
     assert all(c == BAD for c in last.data[RANKS]["marker_color"])
     (note,) = (n for n in last.notes if "never finished" in n)  # one line for four ranks
-    assert "line 7" in note and "the same on 3 more ranks: 1-3" in note
+    assert "line 7" in note and "likewise on 3 more ranks: 1-3, with their own numbers" in note
     assert not any(" made " in n for n in last.notes)  # counts follow from being stuck
 
 

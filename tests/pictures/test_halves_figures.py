@@ -22,13 +22,14 @@ def test_reference_half_has_n_minus_one_frames_and_no_deviation(half) -> None:
 
 
 def test_all_gather_starts_with_only_the_own_shard() -> None:
-    """At step 0 of an all-gather, does each rank hold its own shard whole, and nothing else?"""
+    """At step 0 of an all-gather, does each rank hold its own shard whole, and nothing else
+    (drawn blank, not in the colour of one rank's contribution), and the colour bar say so?"""
     view = HalfView(half_trace("all-gather", 4, 8), "all-gather")
     z = view.frame(0).data[GRID]["z"]
-    assert [[int(v) for v in row] for row in z] == [
-        [4 if c == r else 0 for c in range(4)] for r in range(4)
-    ]
+    assert [list(row) for row in z] == [[4 if c == r else None for c in range(4)] for r in range(4)]
     assert (view.frame(view.last).data[GRID]["z"] == 4).all()
+    bar = view.base().data[GRID].colorbar
+    assert "not<br>received yet" in bar.title.text and "own only" not in bar.ticktext
 
 
 def test_widget_steps_and_resizes() -> None:

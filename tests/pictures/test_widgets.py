@@ -118,6 +118,26 @@ def test_animate_a_deadlock_says_who_was_blocked() -> None:
     assert len(w.figure.data[WAITING].x) == 6  # both blocked receives, drawn dashed
 
 
+@pytest.mark.parametrize(("world_size", "numel"), [(24, 32), (25, 8), (32, 1)])
+def test_animate_records_what_fits_up_to_32_ranks(monkeypatch, world_size, numel) -> None:
+    """On 24 to 32 ranks, does animate() record as many elements as the encoding holds
+    exactly (saying so), and refuse a larger numel in one line, starting no rank?"""
+    from course.ring import recorder
+
+    asked = []
+
+    def record(fn, n, numel, timeout):
+        asked.append(numel)
+        return ring_trace(n, numel, 8)
+
+    monkeypatch.setattr(recorder, "record", record)
+    w = animate(_recv_first, world_size=world_size)
+    assert asked == [numel] and isinstance(w, RingWidget)
+    assert f"at most {numel} element" in w.status.value
+    refused = animate(_recv_first, world_size=world_size, numel=numel + 1)
+    assert "cannot be recorded" in refused.value and asked == [numel]
+
+
 def test_animate_a_stub_says_it_is_not_implemented() -> None:
     """Does animating the released stub say so, without starting any rank?"""
 

@@ -70,9 +70,9 @@ def test_rank_error_shows_user_traceback(ip, capsys: pytest.CaptureFixture[str])
     result = cell(ip, source)
     assert isinstance(result.error_in_exec, RankError)
     shown = "\n".join(result.error_in_exec._render_traceback_())
-    assert "rank 1 raised ValueError: bad at <cell> line 3" in shown
+    assert "rank 1 raised ValueError: bad at <cell> line 4" in shown  # as the cell shows it
     assert "raise ValueError('bad')" in shown and "ranks.py" not in shown
-    assert "rank 0 was blocked in dist.recv at <cell> line 4" in shown
+    assert "rank 0 was blocked in dist.recv at <cell> line 5" in shown
     assert cell(ip, "%%ranks 2\nrank").success  # the next cell still works
     capsys.readouterr()
 

@@ -1,0 +1,76 @@
+"""``make lab``: JupyterLab on the course, the first notebook open, nbgrader's formgrader working.
+
+    python -m course.instructor.lab                                  # make lab: work/ from release/
+    python -m course.instructor.lab selfstudy-work --from selfstudy  # the self-study build
+
+Students' copies go to ``<work>/`` (``course.instructor.workcopies``: answers never
+overwritten), and JupyterLab opens ``<work>/ring_allreduce/ring_allreduce.ipynb`` with the
+file browser there. The server's root is the course root, not ``<work>/``: the formgrader
+links an assignment's source and preview as paths under the served root (``source/<a>``,
+``release/<a>``), which resolve only when the course is inside it. The venv's ``bin`` goes
+first on PATH (nbgrader runs ``alembic`` by name when it makes a gradebook), and the
+gradebook is made before the server starts, with its migration stamp; one an earlier start
+left without it is stamped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from course.instructor.commands import open_gradebook, venv_on_path
+from course.instructor.workcopies import course_order, make_work_copies
+
+__all__ = ["lab_command", "prepare"]
+
+
+def prepare(root: Path, work: str = "work", origin: str = "release") -> Path:
+    """Work copies and a stamped gradebook in course ``root``; return the first notebook
+    (relative to ``root``)."""
+    copied, kept = make_work_copies(root / work, root / origin)
+    for path in copied:
+        print(f"new work copy: {path.relative_to(root)}")
+    if kept:
+        print(f"kept {len(kept)} work copies with your answers in {work}/")
+    if not copied and not kept:
+        raise SystemExit(f"no notebooks in {root / origin}: run `make release` first")
+    with open_gradebook(root / "gradebook.db"):
+        pass
+    return min(copied + kept, key=course_order).relative_to(root)
+
+
+def lab_command(root: Path, first: Path) -> tuple[list[str], dict[str, str]]:
+    """The ``jupyter lab`` command line and environment that serve ``root`` and open ``first``."""
+    venv_on_path()
+    jupyter = str(Path(sys.executable).parent / "jupyter")
+    cmd = [
+        jupyter,
+        "lab",
+        f"--ServerApp.root_dir={root.resolve()}",
+        f"--LabApp.default_url=/lab/tree/{first.as_posix()}",
+        f"--FileContentsManager.preferred_dir={first.parent.parent.as_posix()}",
+    ]
+    if os.geteuid() == 0:  # a container or a fresh machine: jupyter refuses root without it
+        cmd.append("--allow-root")
+    return cmd, dict(os.environ)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Make the work copies and the gradebook, then hand over to ``jupyter lab``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("work", nargs="?", default="work", help="where the students' copies go")
+    parser.add_argument("--from", dest="origin", default="release", help="release or selfstudy")
+    args = parser.parse_args(argv)
+    root = Path.cwd()
+    first = prepare(root, args.work, args.origin)
+    cmd, env = lab_command(root, first)
+    print(f"opening {first} in JupyterLab (formgrader: Nbgrader > Formgrader)", flush=True)
+    os.execve(cmd[0], cmd, env)  # noqa: S606 - make lab hands its terminal to jupyter lab
+    return 1  # not reached: the process is jupyter lab now
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

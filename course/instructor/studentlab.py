@@ -1,0 +1,65 @@
+"""The students' JupyterLab: nbgrader's instructor views turned off in this environment.
+
+    python -m course.instructor.studentlab        # the student view's postBuild runs it
+
+nbgrader installs its formgrader, course list and "Create Assignment" sidebar for everyone;
+a student needs none of them (and Binder's memory is better spent on kernels). This turns
+them off at the ``sys-prefix`` level of the environment it runs in, with jupyter's own
+commands, so the student's own Jupyter settings are left alone. The assignment list and
+the Validate button stay: students on a JupyterHub fetch and submit with them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["INSTRUCTOR_LAB_PLUGINS", "INSTRUCTOR_SERVER_EXTENSIONS", "student_lab"]
+
+INSTRUCTOR_SERVER_EXTENSIONS = (
+    "nbgrader.server_extensions.formgrader",
+    "nbgrader.server_extensions.course_list",
+)
+INSTRUCTOR_LAB_PLUGINS = (
+    "@jupyter/nbgrader:formgrader",
+    "@jupyter/nbgrader:create-assignment",
+    "@jupyter/nbgrader:course-list",
+)
+
+
+def student_lab(prefix: str = sys.prefix) -> Path:
+    """Disable the instructor's server extensions and lab plugins for the environment at
+    ``prefix`` (this interpreter's); return its jupyter config folder.
+
+    What ``jupyter server extension disable --sys-prefix`` and ``jupyter labextension
+    disable --level=sys_prefix`` write, written here: those commands act on whichever
+    environment their own script belongs to, this on the one that runs it.
+    """
+    config = Path(prefix) / "etc" / "jupyter"
+    server = _merge(config / "jupyter_server_config.json")  # it overrides the .d/ files
+    enabled = server.setdefault("ServerApp", {}).setdefault("jpserver_extensions", {})
+    enabled |= dict.fromkeys(INSTRUCTOR_SERVER_EXTENSIONS, False)
+    _write(config / "jupyter_server_config.json", server)
+    page = _merge(config / "labconfig" / "page_config.json")
+    page.setdefault("disabledExtensions", {}).update(dict.fromkeys(INSTRUCTOR_LAB_PLUGINS, True))
+    _write(config / "labconfig" / "page_config.json", page)
+    return config
+
+
+def _merge(path: Path) -> dict:
+    """A JSON config file's content, or an empty one."""
+    return json.loads(path.read_text()) if path.is_file() and path.stat().st_size else {}
+
+
+def _write(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + os.linesep)
+
+
+if __name__ == "__main__":
+    where = student_lab()
+    print(
+        f"nbgrader's instructor views (formgrader, course list, Create Assignment) off in {where}"
+    )

@@ -1,0 +1,45 @@
+"""The students' JupyterLab: are nbgrader's instructor views off, and the student's left?"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import urllib.error
+from pathlib import Path
+
+import pytest
+
+from course.instructor.studentlab import student_lab
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_students_see_no_formgrader_course_list_or_create_assignment(
+    browser, tmp_path, artifact, helpers
+) -> None:
+    """With the student view's settings (course.instructor.studentlab), is the Nbgrader menu
+    down to the assignment list, the Create Assignment sidebar gone and formgrader not served?"""
+    config = student_lab(str(tmp_path / "env"))
+    root = tmp_path / "root"
+    shutil.copytree(REPO / "release" / "ring_allreduce", root / "ring_allreduce")
+    jupyter = str(Path(sys.executable).parent / "jupyter")
+    cmd = [jupyter, "lab", f"--ServerApp.root_dir={root}"]
+    cmd += ["--allow-root"] if os.geteuid() == 0 else []
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config)}  # where student_lab wrote
+    with helpers.running_lab(root, tmp_path / "home", root, (cmd, env)) as lab:
+        context = browser.new_context(viewport={"width": 1280, "height": 1000})
+        page = context.new_page()
+        page.goto(lab.url("lab/tree/ring_allreduce/ring_allreduce.ipynb"))
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        page.get_by_role("menuitem", name="Nbgrader", exact=True).click()
+        items = page.locator(".lm-Menu-content .lm-Menu-itemLabel").all_text_contents()
+        assert [i for i in items if i] == ["Assignment List"]
+        assert page.get_by_text("Create Assignment").count() == 0
+        page.screenshot(path=artifact("student-lab-menu.png"))
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            lab.api("formgrader/api/assignments")
+        assert refused.value.code == 404
+        context.close()
