@@ -111,14 +111,15 @@ def test_accumulation_5_uneven_without_join(no_leftovers) -> None:
 
 
 def test_accumulation_5_the_ending_depends_on_what_the_short_rank_does(no_leftovers) -> None:
-    """Do the other endings the explanation gives hold: an exiting rank fails its peer at once
-    with a closed connection, a rank in dist.barrier() waits out the timeout too?"""
+    """Do the other endings the explanation gives hold: an exiting rank ends its peer's wait
+    before the timeout, a rank in dist.barrier() waits out the timeout too?"""
     exits = launch(accumulation.uneven_loop, 2, (3, 2), False, "exit", timeout=30, pg_timeout=5)
-    assert exits.elapsed < 5 and "Connection" in exits.failures[0].message
+    assert exits.elapsed < 5 and exits.failures[1].kind == "exited" and 0 in exits.failures
     barrier = launch(
         accumulation.uneven_loop, 2, (3, 2), False, "barrier", timeout=30, pg_timeout=5
     )
-    assert barrier.elapsed >= 5 and "Timed out" in barrier.failures[0].message
+    assert barrier.elapsed >= 5
+    assert all("gloo gave up" in f.message for f in barrier.failures.values())
     assert "dist.barrier" in barrier.failures[1].message
 
 
