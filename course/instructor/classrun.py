@@ -129,9 +129,9 @@ def _grade_queue(
         """The scratch course graded (or why not), and the seconds it took either way."""
         started = time.monotonic()
         try:
-            with slots.lend() as uid:  # every process of the uid is killed when it is given back
+            with slots.lend() as lease:  # every process of it is killed when it is given back
                 graded: Path | BaseException = autograde_one(
-                    root, snapshot, assignment, student, timeout, uid
+                    root, snapshot, assignment, student, timeout, lease.uid
                 )
         except Exception as err:  # noqa: BLE001 - recorded by _collect, with its time
             graded = err
