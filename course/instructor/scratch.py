@@ -1,33 +1,47 @@
-"""One submission autograded in a private scratch course, then merged into the real one.
+"""One submission autograded in a private scratch course: plain data in, plain data out.
 
-The scratch course holds a copy of the gradebook, a link to the instructor's ``source/`` and a
-no-follow copy of the one submission (:func:`course.instructor.intake.copy_inert`): nbgrader
-never sees the student's own folder. ``nbgrader autograde`` itself runs no student code (that
-runs only in sandboxed processes as the worker slot's uid, ``$COURSE_SANDBOX_UID``), so when it
-exits non-zero, or writes no autograded folder, the fault is the machine's: it is retried
-once, and a second failure is reported with the log's tail, never as a score of 0.
+A worker (a thread of the local pool, or a Dask worker on another machine: the same code)
+gets a task of plain data from the coordinator (:mod:`course.instructor.classrun`): the
+submission's files as read inert, the instructor's ``source/<assignment>/``, the course's
+``nbgrader_config.py`` and a gradebook holding the assignment's cells and no student's work.
+:func:`grade_task` lays them out as a scratch course, runs real ``nbgrader autograde`` there
+with the judge, as a uid leased for this submission alone (:mod:`course.instructor.slots`),
+and returns plain data: the autograded files, the grades and comments nbgrader recorded,
+the log's tail. It never touches the class's gradebook: the coordinator alone writes that.
+
+``nbgrader autograde`` itself runs no student code (that runs only in sandboxed processes as
+the leased uid, ``$COURSE_SANDBOX_UID``), so when it exits non-zero, or writes no autograded
+folder, the fault is the machine's: it is retried once, and a second failure is reported
+with the log's tail, never as a score of 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import signal
-import subprocess
-import sys
+import socket
+import sqlite3
 import tempfile
+import time
 import warnings
 from pathlib import Path
+from typing import Any
 
-from course.instructor.commands import env, open_gradebook
-from course.instructor.intake import OUTPUT, Rejected, copy_inert
-from course.instructor.sandbox import UID_ENV
-from course.instructor.slots import kill_uid
+from course.instructor.autograder import autograde_process
+from course.instructor.intake import OUTPUT, Rejected, read_inert, write_inert
+from course.instructor.slots import Lease, kill_uid, lease_uid
 
-__all__ = ["ATTEMPTS", "GradingMachineError", "autograde_one", "merge"]
+__all__ = [
+    "ATTEMPTS",
+    "GradingMachineError",
+    "course_task",
+    "grade_task",
+    "trimmed_gradebook",
+]
 
 ATTEMPTS = 2  # a machine-side failure is retried once
-
+LOG_TAIL = 1500  # characters of nbgrader's log a failure carries
 
 # What nbgrader says when the notebook's own structure is broken (cells renamed, retyped or
 # their metadata edited): the submission's fault, not the machine's.
@@ -41,57 +55,84 @@ NOT_GRADABLE = (
     "only cells of the released notebook, with their metadata as released, can be graded; "
     "ask for a resubmission made from a fresh copy of the release"
 )
-
-
-def _refusal(log: str) -> str | None:
-    return next((r for r in NBGRADER_REFUSALS if r in log), None)
+# Every student's work in a gradebook, children first: a worker gets the assignment's cells only.
+STUDENT_TABLES = ("grade", "comment", "submitted_notebook", "submitted_assignment", "student")
 
 
 class GradingMachineError(RuntimeError):
     """``nbgrader autograde`` failed on every attempt: the machine's fault, not the work's."""
 
 
-def autograde_one(
-    root: Path, gradebook: Path, assignment: str, student: str, timeout: float, uid: int
-) -> Path:
-    """Autograde one submission in a scratch course as ``uid``; return it (caller removes it).
+def trimmed_gradebook(gradebook: Path) -> bytes:
+    """The bytes of a copy of ``gradebook`` without any student's work (what workers get)."""
+    with tempfile.TemporaryDirectory(prefix="classrun-gradebook-") as tmp:
+        copy = Path(tmp) / "gradebook.db"
+        shutil.copyfile(gradebook, copy)
+        with contextlib.closing(sqlite3.connect(copy)) as con:
+            with con:
+                for table in STUDENT_TABLES:
+                    con.execute(f"DELETE FROM {table}")  # noqa: S608 - the names above
+            con.execute("VACUUM")
+        return copy.read_bytes()
 
-    ``timeout`` caps each attempt; a submission that reaches it is stopped, not retried.
-    """
+
+def course_task(root: Path, assignment: str, gradebook: bytes) -> dict[str, Any]:
+    """What every submission of ``assignment`` shares: its source, the config, the gradebook."""
+    source, _ = read_inert(root, ("source", assignment), OUTPUT, strict=False)
+    config = (root / "nbgrader_config.py").read_text()
+    return {"assignment": assignment, "source": source, "config": config, "gradebook": gradebook}
+
+
+def grade_task(course: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
+    """Autograde one submission (``task``: student, digest, submission files, timeout)."""
+    started = time.monotonic()
+    result: dict[str, Any] = {"student": task["student"], "digest": task["digest"]}
+    result.update(status="failed", error="", worker=f"{socket.gethostname()}:{os.getpid()}")
+    try:
+        with lease_uid() as lease:  # every process of the uid is killed when it is given back
+            result.update(_grade(course, task, lease), status="graded")
+    except Rejected as why:  # nbgrader refused the notebook's own structure
+        result.update(status="rejected", error=str(why))
+    except Exception as err:  # noqa: BLE001 - any failure is the machine's; the run goes on
+        result["error"] = f"{type(err).__name__}: {err}"
+    result["seconds"] = time.monotonic() - started
+    return result
+
+
+def _grade(course: dict[str, Any], task: dict[str, Any], lease: Lease) -> dict[str, Any]:
+    """Lay out the scratch course, run nbgrader (retried once), read back what it made."""
+    assignment, student = course["assignment"], task["student"]
     scratch = Path(tempfile.mkdtemp(prefix=f"classrun-{student}-"))
     try:
+        write_inert(task["submission"], scratch / "submitted" / student / assignment)
+        write_inert(course["source"], scratch / "source" / assignment)
+        (scratch / "nbgrader_config.py").write_text(course["config"])
+        failures = _attempts(scratch, course, student, task["timeout"], lease)
+        if failures:
+            tail = (scratch / "autograde.log").read_text(errors="replace")[-LOG_TAIL:]
+            raise GradingMachineError(
+                f"the grading machine failed, not the submission ({'; '.join(failures)}); "
+                f"the end of its log:\n{tail}"
+            )
         names = (student, assignment)
-        copy_inert(root / "submitted", names, scratch / "submitted" / student / assignment)
-        os.symlink(root / "source", scratch / "source")  # the instructor's, never the student's
-        failures = _attempts(root, scratch, gradebook, assignment, student, timeout, uid)
-    except BaseException:
+        files, left_out = read_inert(scratch / "autograded", names, OUTPUT, strict=False)
+        return {"autograded": files, "left_out": left_out, **_recorded(scratch, names)}
+    finally:
         shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    if failures:
-        tail = (scratch / "autograde.log").read_text(errors="replace")[-1500:]
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise GradingMachineError(
-            f"the grading machine failed, not the submission ({'; '.join(failures)}); "
-            f"the end of its log:\n{tail}"
-        )
-    return scratch
 
 
 def _attempts(
-    root: Path,
-    scratch: Path,
-    gradebook: Path,
-    assignment: str,
-    student: str,
-    timeout: float,
-    uid: int,
+    scratch: Path, course: dict[str, Any], student: str, timeout: float, lease: Lease
 ) -> list[str]:
-    """Up to ``ATTEMPTS`` runs of nbgrader, each from a fresh gradebook; [] once one worked."""
-    failures = []
+    """Up to ``ATTEMPTS`` runs of nbgrader, each from a fresh gradebook; [] once one worked.
+
+    ``timeout`` caps each attempt; a submission that reaches it is stopped, not retried.
+    """
+    assignment, failures = course["assignment"], []
     for attempt in range(1, ATTEMPTS + 1):
         shutil.rmtree(scratch / "autograded", ignore_errors=True)
-        shutil.copyfile(gradebook, scratch / "gradebook.db")  # fresh: no half-written try
-        code = _run(root, scratch, assignment, student, timeout, uid)
+        (scratch / "gradebook.db").write_bytes(course["gradebook"])  # fresh: no half-written try
+        code = autograde_process(scratch, assignment, student, timeout, lease)
         if code == 0 and (scratch / "autograded" / student / assignment).is_dir():
             return []
         refusal = _refusal((scratch / "autograde.log").read_text(errors="replace"))
@@ -99,59 +140,32 @@ def _attempts(
             raise Rejected(f"nbgrader cannot grade this notebook ({refusal}): {NOT_GRADABLE}")
         what = f"exited with {code}" if code else f"wrote no autograded/{student}/{assignment}"
         failures.append(f"attempt {attempt}: nbgrader autograde {what}")
-        kill_uid(uid)  # the next attempt starts with nothing of this one running
+        kill_uid(lease.uid)  # the next attempt starts with nothing of this one running
     return failures
 
 
-def _run(root: Path, scratch: Path, assignment: str, student: str, timeout: float, uid: int) -> int:
-    """One ``nbgrader autograde`` of the scratch course, its log in autograde.log; exit code."""
-    cmd = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student]
-    cmd += [f"--CourseDirectory.root={scratch}", "--force"]
-    cmd += [f"--CourseDirectory.db_url=sqlite:///{scratch / 'gradebook.db'}"]
-    with open(scratch / "autograde.log", "w") as log:
-        run_env = {**env(), UID_ENV: str(uid)}  # the uid its sandboxed processes run as
-        proc = subprocess.Popen(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT,
-                                env=run_env, start_new_session=True)  # fmt: skip
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # nbgrader (no kernel); the uid's go later
-            proc.wait()
-            raise TimeoutError(
-                f"autograde took longer than {timeout:.0f} s and was stopped"
-            ) from None
+def _refusal(log: str) -> str | None:
+    return next((r for r in NBGRADER_REFUSALS if r in log), None)
 
 
-def merge(root: Path, scratch: Path, assignment: str, student: str) -> tuple[float, float, list]:
-    """Copy one submission's results back (no-follow) and its grades into the gradebook.
-
-    Returns its score, the maximum, and what was left out of ``autograded/`` because it
-    was not a plain file (say, a symlink the graded code made in its folder).
-    """
+def _recorded(scratch: Path, names: tuple[str, str]) -> dict[str, Any]:
+    """What nbgrader recorded in the scratch gradebook, as plain lists (grades, comments)."""
     from sqlalchemy.exc import SAWarning
 
-    dest = root / "autograded" / student / assignment
-    incoming = dest.with_name(f".{assignment}.incoming")
-    shutil.rmtree(incoming, ignore_errors=True)
-    names = (student, assignment)
-    left_out = copy_inert(scratch / "autograded", names, incoming, OUTPUT, strict=False)
-    shutil.rmtree(dest, ignore_errors=True)
-    incoming.rename(dest)
+    from course.instructor.commands import open_gradebook
+
+    student, assignment = names
     with (
         warnings.catch_warnings(action="ignore", category=SAWarning),  # nbgrader's own noise
-        open_gradebook(scratch / "gradebook.db") as src,
-        open_gradebook(root / "gradebook.db") as gb,
+        open_gradebook(scratch / "gradebook.db") as gb,
     ):
-        theirs = src.find_submission(assignment, student)
-        gb.update_or_create_student(student)
-        ours = gb.update_or_create_submission(assignment, student, timestamp=theirs.timestamp)
-        for nb in theirs.notebooks:
-            for grade in nb.grades:
-                mine = gb.find_grade(grade.name, nb.name, assignment, student)
-                mine.auto_score = grade.auto_score
-                mine.needs_manual_grade = grade.needs_manual_grade
-            for comment in nb.comments:
-                note = gb.find_comment(comment.name, nb.name, assignment, student)
-                note.auto_comment = comment.auto_comment
-        gb.db.commit()
-        return float(ours.score), float(ours.max_score), left_out
+        theirs = gb.find_submission(assignment, student)
+        grades = [
+            [nb.name, g.name, g.auto_score, bool(g.needs_manual_grade)]
+            for nb in theirs.notebooks
+            for g in nb.grades
+        ]
+        notebooks = theirs.notebooks
+        comments = [[nb.name, c.name, c.auto_comment] for nb in notebooks for c in nb.comments]
+        stamp = theirs.timestamp.isoformat() if theirs.timestamp else None
+    return {"grades": grades, "comments": comments, "timestamp": stamp}

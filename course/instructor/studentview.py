@@ -33,22 +33,27 @@ REPO = Path(__file__).resolve().parents[2]
 # working solution (the notebooks measure the ring's traffic with course.ring.traffic).
 LEFT_OUT = (
     "course/instructor/authoring.py",
+    "course/instructor/autograder.py",
     "course/instructor/classrun.py",
     "course/instructor/commands.py",
     "course/instructor/copies.py",
+    "course/instructor/executors.py",
     "course/instructor/grades.py",
+    "course/instructor/hub.py",
     "course/instructor/intake.py",
     "course/instructor/judge.py",
     "course/instructor/pipeline.py",
     "course/instructor/quiz.py",
     "course/instructor/rankbox.py",
     "course/instructor/reference.py",
+    "course/instructor/results.py",
     "course/instructor/sandbox.py",
     "course/instructor/scratch.py",
     "course/instructor/slots.py",
     "course/instructor/student.py",
     "course/instructor/studentview.py",
     "course/instructor/submissions.py",
+    "course/instructor/warm.py",
 )
 TOP_LEVEL = ("pyproject.toml", "environment.yml")
 BADGE = "https://mybinder.org/badge_logo.svg"
