@@ -18,6 +18,8 @@ with the log's tail, never as a score of 0.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
 import shutil
 import socket
@@ -76,11 +78,23 @@ def trimmed_gradebook(gradebook: Path) -> bytes:
         return copy.read_bytes()
 
 
+@functools.cache
+def course_version() -> str:
+    """A hash of the ``course`` package's code: the checks a worker would grade with."""
+    package = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        h.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def course_task(root: Path, assignment: str, gradebook: bytes) -> dict[str, Any]:
-    """What every submission of ``assignment`` shares: its source, the config, the gradebook."""
+    """What every submission of ``assignment`` shares: its source, the config, the gradebook,
+    and the version of the course's code it must be graded with."""
     source, _ = read_inert(root, ("source", assignment), OUTPUT, strict=False)
     config = (root / "nbgrader_config.py").read_text()
-    return {"assignment": assignment, "source": source, "config": config, "gradebook": gradebook}
+    return {"assignment": assignment, "source": source, "config": config,
+            "gradebook": gradebook, "version": course_version()}  # fmt: skip
 
 
 def grade_task(course: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +103,7 @@ def grade_task(course: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"student": task["student"], "digest": task["digest"]}
     result.update(status="failed", error="", worker=f"{socket.gethostname()}:{os.getpid()}")
     try:
+        _same_version(course)
         with lease_uid() as lease:  # every process of the uid is killed when it is given back
             result.update(_grade(course, task, lease), status="graded")
     except Rejected as why:  # nbgrader refused the notebook's own structure
@@ -97,6 +112,15 @@ def grade_task(course: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
         result["error"] = f"{type(err).__name__}: {err}"
     result["seconds"] = time.monotonic() - started
     return result
+
+
+def _same_version(course: dict[str, Any]) -> None:
+    """Refuse to grade with checks other than the coordinator's (a worker left on an old commit)."""
+    if course.get("version", course_version()) != course_version():
+        raise GradingMachineError(
+            f"this worker has another version of the course's code ({course_version()}, "
+            f"not {course['version']}): install the coordinator's commit on every worker"
+        )
 
 
 def _grade(course: dict[str, Any], task: dict[str, Any], lease: Lease) -> dict[str, Any]:
