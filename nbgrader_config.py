@@ -16,9 +16,12 @@ c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
 # nbgrader's exchange (release_assignment, fetch, submit, collect, and the formgrader's
 # Release and Collect buttons) lives in the course, not in /srv/nbgrader/exchange: it works
 # without root, one course per checkout. nbgrader refuses an exchange that does not exist, so
-# it is made here (git-ignored). On a shared JupyterHub, point every user at one shared,
-# world-writable folder instead (nbgrader's docs, "Setting up the exchange").
-c.Exchange.root = os.path.join(c.CourseDirectory.root, "exchange")
+# it is made here (git-ignored). On a JupyterHub (`make hub`) every user shares one
+# world-writable folder instead (nbgrader's docs, "Setting up the exchange"), which the hub
+# names in $COURSE_EXCHANGE.
+c.Exchange.root = os.environ.get("COURSE_EXCHANGE") or os.path.join(
+    c.CourseDirectory.root, "exchange"
+)
 with contextlib.suppress(OSError):  # a read-only copy: nbgrader then says it is missing
     os.makedirs(c.Exchange.root, exist_ok=True)
 
