@@ -147,6 +147,23 @@ def _outputs(passed: bool, text: str) -> list[Any]:
     return [new_output("error", ename="CheckFailed", evalue=text, traceback=shown)]
 
 
+# Checks whose ranks only send, receive or return: their forkserver needs no torch._dynamo.
+POINT_TO_POINT = frozenset({
+    "check_answer", "check_returns", "check_ring_allreduce", "check_ring_pattern",
+    "check_ring_sums", "check_reduce_scatter", "check_all_gather", "check_halves_pattern",
+})  # fmt: skip
+
+
+def _trains_ddp(sub: Submission) -> bool:
+    """Might a grade cell's check train with DDP (any check not known to be point-to-point)?"""
+    called = set()
+    for gid, _cell in sub.grade_cells:
+        tree = parse_cell(sub.sources[gid])
+        names = ast.walk(tree) if tree is not None else ()
+        called |= {n.id for n in names if isinstance(n, ast.Name) and n.id.startswith("check_")}
+    return not called <= POINT_TO_POINT
+
+
 def _make_judge() -> type:
     """Build :class:`Judge` on first use: nbgrader is too heavy to import in every kernel."""
     from nbgrader.api import Gradebook
@@ -164,7 +181,7 @@ def _make_judge() -> type:
             source = root / "source" / info["assignment"] / f"{info['notebook']}.ipynb"
             copies = near_copies([text for _, text in sub.student], course_solutions(source))
             nb.metadata["course"] = {"near_copies": copies}  # for the grade table
-            with RankBox():
+            with RankBox(ddp=_trains_ddp(sub)):
                 for gid, cell in sub.grade_cells:
                     try:
                         passed, text = judge_cell(sub, sub.sources[gid])
