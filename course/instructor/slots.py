@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import os
 import pwd
+import secrets
 import signal
 import stat
 import tempfile
@@ -95,7 +96,9 @@ def _try_lock(folder: Path, uid: int) -> int | None:
 def lease_uid(uids: Iterable[int] = UIDS) -> Iterator[Lease]:
     """Lease a free uid of ``uids`` for one submission; empty of processes before and after."""
     folder = lock_dir()
-    for uid in uids:
+    uids = list(uids)
+    start = secrets.randbelow(len(uids)) if uids else 0  # runs rarely try the same locks
+    for uid in uids[start:] + uids[:start]:
         if not _free_of_accounts(uid):
             continue
         fd = _try_lock(folder, uid)
@@ -103,7 +106,8 @@ def lease_uid(uids: Iterable[int] = UIDS) -> Iterator[Lease]:
             break
     else:
         raise SandboxUnavailable(
-            f"every grading uid asked for ({uids}) is leased or belongs to an account: "
+            f"every grading uid asked for ({min(uids, default='none')} to "
+            f"{max(uids, default='none')}) is leased or belongs to an account: "
             "grade with fewer workers on this machine"
         )
     try:
