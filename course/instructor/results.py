@@ -10,6 +10,7 @@ link, never outside it) and the grades into the one gradebook, in the coordinati
 from __future__ import annotations
 
 import shutil
+import threading
 import warnings
 from datetime import datetime
 from pathlib import Path
@@ -18,7 +19,10 @@ from typing import Any
 from course.instructor.commands import open_gradebook
 from course.instructor.intake import write_inert
 
-__all__ = ["BadResultError", "check", "merge"]
+__all__ = ["WRITING", "BadResultError", "check", "merge"]
+
+# The coordinator's threads (one per assignment graded at once) take turns writing the course.
+WRITING = threading.RLock()
 
 
 class BadResultError(ValueError):
@@ -29,16 +33,15 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def check(result: Any) -> dict[str, Any]:
-    """``result`` if it is a graded result of plain data, else :class:`BadResultError` with why."""
-    fields = {"autograded": dict, "left_out": list, "grades": list, "comments": list}
-    if not isinstance(result, dict) or any(
-        not isinstance(result.get(k), t) for k, t in fields.items()
-    ):
-        raise BadResultError("a result is a dict of autograded, left_out, grades and comments")
-    files = result["autograded"].items()
-    if not all(isinstance(k, str) and isinstance(v, bytes) for k, v in files):
-        raise BadResultError("autograded files are {relative path: bytes}")
+def _files(value: Any) -> bool:
+    """{relative path: bytes}."""
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, bytes) for k, v in value.items()
+    )
+
+
+def _check_rows(result: dict) -> None:
+    """Grades are (notebook, cell, score, manual?); comments (notebook, cell, text)."""
     for row in result["grades"]:
         ok = isinstance(row, list | tuple) and len(row) == 4
         if not (ok and all(isinstance(x, str) for x in row[:2]) and isinstance(row[3], bool)):
@@ -49,6 +52,18 @@ def check(result: Any) -> dict[str, Any]:
         ok = isinstance(row, list | tuple) and len(row) == 3
         if not (ok and all(isinstance(x, str) for x in row[:2]) and isinstance(row[2], str | None)):
             raise BadResultError(f"a comment is (notebook, cell, text or None): {row!r:.200}")
+
+
+def check(result: Any) -> dict[str, Any]:
+    """``result`` if it is a graded result of plain data, else :class:`BadResultError` with why."""
+    fields = {"autograded": dict, "left_out": list, "grades": list, "comments": list}
+    if not isinstance(result, dict) or any(
+        not isinstance(result.get(k), t) for k, t in fields.items()
+    ):
+        raise BadResultError("a result is a dict of autograded, left_out, grades and comments")
+    if not _files(result["autograded"]) or not _files(result.get("feedback", {})):
+        raise BadResultError("autograded files and feedback pages are {relative path: bytes}")
+    _check_rows(result)
     stamp = result.get("timestamp")
     if stamp is not None and not isinstance(stamp, str):
         raise BadResultError("the timestamp is an ISO date or None")
@@ -59,15 +74,30 @@ def check(result: Any) -> dict[str, Any]:
 
 def merge(root: Path, assignment: str, student: str, result: dict) -> tuple[float, float, list]:
     """Write one checked result into ``root``, files then grades: (score, max, left out)."""
-    from sqlalchemy.exc import SAWarning
-
     check(result)
-    dest = root / "autograded" / student / assignment
-    incoming = dest.with_name(f".{assignment}.incoming")
+    with WRITING:
+        return _merge(root, assignment, student, result)
+
+
+def _replace(dest: Path, files: dict[str, bytes]) -> None:
+    """``dest`` becomes a folder of exactly ``files`` (written aside, then renamed in)."""
+    incoming = dest.with_name(f".{dest.name}.incoming")
     shutil.rmtree(incoming, ignore_errors=True)
-    write_inert(result["autograded"], incoming)
+    write_inert(files, incoming)
     shutil.rmtree(dest, ignore_errors=True)
     incoming.rename(dest)
+
+
+def _merge(root: Path, assignment: str, student: str, result: dict) -> tuple[float, float, list]:
+    from sqlalchemy.exc import SAWarning
+
+    _replace(root / "autograded" / student / assignment, result["autograded"])
+    feedback = root / "feedback" / student / assignment
+    if result.get("feedback"):
+        feedback.parent.mkdir(parents=True, exist_ok=True)
+        _replace(feedback, result["feedback"])
+    else:  # made later by the pipeline's generate_feedback; never a stale page meanwhile
+        shutil.rmtree(feedback, ignore_errors=True)
     stamp = datetime.fromisoformat(result["timestamp"]) if result.get("timestamp") else None
     with (
         warnings.catch_warnings(action="ignore", category=SAWarning),  # nbgrader's own noise

@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from course.instructor.autograder import autograde_process
+from course.instructor.commands import env
 from course.instructor.intake import OUTPUT, Rejected, read_inert, write_inert
 from course.instructor.slots import Lease, kill_uid, lease_uid
+from course.instructor.warm import run_warm
 
 __all__ = [
     "ATTEMPTS",
@@ -44,6 +46,7 @@ __all__ = [
 
 ATTEMPTS = 2  # a machine-side failure is retried once
 LOG_TAIL = 1500  # characters of nbgrader's log a failure carries
+FEEDBACK_TIMEOUT = 120.0  # seconds for one student's feedback page
 
 # What nbgrader says when the notebook's own structure is broken (cells renamed, retyped or
 # their metadata edited): the submission's fault, not the machine's.
@@ -140,7 +143,8 @@ def _grade(course: dict[str, Any], task: dict[str, Any], lease: Lease) -> dict[s
             )
         names = (student, assignment)
         files, left_out = read_inert(scratch / "autograded", names, OUTPUT, strict=False)
-        return {"autograded": files, "left_out": left_out, **_recorded(scratch, names)}
+        return {"autograded": files, "left_out": left_out, "feedback": _feedback(scratch, names),
+                **_recorded(scratch, names)}  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -166,6 +170,22 @@ def _attempts(
         failures.append(f"attempt {attempt}: nbgrader autograde {what}")
         kill_uid(lease.uid)  # the next attempt starts with nothing of this one running
     return failures
+
+
+def _feedback(scratch: Path, names: tuple[str, str]) -> dict[str, bytes]:
+    """The student's feedback page, made here by ``nbgrader generate_feedback`` ({} if it
+    failed: the coordinator then makes it as before)."""
+    student, assignment = names
+    argv = ["generate_feedback", assignment, "--student", student, "--force",
+            f"--CourseDirectory.root={scratch}",
+            f"--CourseDirectory.db_url=sqlite:///{scratch / 'gradebook.db'}"]  # fmt: skip
+    log = scratch / "feedback.log"
+    try:
+        code = run_warm(scratch, argv, env(), log, FEEDBACK_TIMEOUT)
+        pages, _ = read_inert(scratch / "feedback", names, OUTPUT, strict=False)
+    except (OSError, TimeoutError, Rejected):
+        return {}
+    return pages if code == 0 else {}
 
 
 def _refusal(log: str) -> str | None:
