@@ -30,7 +30,7 @@ from pathlib import Path
 from course.instructor.commands import open_gradebook
 from course.instructor.executors import Executor, LocalPool, executor_for
 from course.instructor.intake import Rejected, inspect, read_inert
-from course.instructor.results import merge
+from course.instructor.results import WRITING, merge
 from course.instructor.scratch import course_task, trimmed_gradebook
 
 __all__ = ["Outcome", "autograde_class", "main", "submission_digest"]
@@ -103,7 +103,7 @@ def autograde_class(
     kept = sum(o.status == "skipped" for o in outcomes.values())
     executor = executor or LocalPool(workers)
     progress(f"{assignment}: {len(queue)} to grade on {executor}, {kept} unchanged since last run")
-    report = _Reporter(outcomes, manifest, len(queue), progress)
+    report = _Reporter(outcomes, manifest, len(queue), progress, assignment)
     for outcome in outcomes.values():
         if outcome.status != "skipped":
             report.before_run(outcome)
@@ -131,9 +131,11 @@ def _grade_queue(
     report: Callable[[Outcome], None],
 ) -> None:
     """Grade ``queue`` on ``executor``, one task each; merge each result here as it ends."""
-    with open_gradebook(root / "gradebook.db"):  # made (or repaired) before it is copied
-        pass
-    course = course_task(root, assignment, trimmed_gradebook(root / "gradebook.db"))
+    with WRITING:  # never copied while another assignment's result is being merged
+        with open_gradebook(root / "gradebook.db"):  # made (or repaired) before it is copied
+            pass
+        gradebook = trimmed_gradebook(root / "gradebook.db")
+    course = course_task(root, assignment, gradebook)
     tasks = []
     for student, digest in queue:
         try:
@@ -155,13 +157,14 @@ class _Reporter:
     manifest: _Manifest
     queued: int
     progress: Callable[[str], None]
+    assignment: str = ""
     done: int = 0
 
     def before_run(self, outcome: Outcome) -> None:
         """An outcome decided by the inspection alone: rejected, or unreadable."""
         self.manifest.write(outcome)
         word = "REJECTED, not graded" if outcome.status == "rejected" else "FAILED"
-        self.progress(f"{outcome.student}: {word}: {outcome.error}")
+        self.progress(f"{self.assignment}/{outcome.student}: {word}: {outcome.error}")
 
     def __call__(self, outcome: Outcome) -> None:
         self.outcomes[outcome.student] = outcome
@@ -174,7 +177,8 @@ class _Reporter:
         }[outcome.status]
         note = f"; left out of autograded/: {outcome.note}" if outcome.note else ""
         self.progress(
-            f"[{self.done}/{self.queued}] {outcome.student}: {what} ({outcome.seconds:.1f} s){note}"
+            f"[{self.done}/{self.queued}] {self.assignment}/{outcome.student}: {what} "
+            f"({outcome.seconds:.1f} s){note}"
         )
 
 
@@ -188,11 +192,12 @@ class _Manifest:
 
     def write(self, outcome: Outcome) -> None:
         self.entries[outcome.student] = {**asdict(outcome), "status": outcome.status}
-        everything = _load_manifest(self.path)
-        everything[self.assignment] = self.entries
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(everything, indent=1, sort_keys=True))
-        tmp.replace(self.path)  # atomic: an interrupted run never leaves half a manifest
+        with WRITING:  # one assignment's writer at a time rewrites the whole file
+            everything = _load_manifest(self.path)
+            everything[self.assignment] = self.entries
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(everything, indent=1, sort_keys=True))
+            tmp.replace(self.path)  # atomic: an interrupted run never leaves half a manifest
 
 
 def _plan(

@@ -12,6 +12,7 @@ failures`` times); a task lost for good comes back as a failed result, never a g
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -47,6 +48,7 @@ class LocalPool:
 
     def __init__(self, workers: int = 2) -> None:
         self.workers = max(1, workers)
+        self._slots = threading.Semaphore(self.workers)  # shared by runs at the same time
 
     def __repr__(self) -> str:
         return f"a local pool of {self.workers}"
@@ -54,13 +56,17 @@ class LocalPool:
     def run(self, course: dict[str, Any], tasks: list[dict[str, Any]]) -> Iterator[dict]:
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            pending = {pool.submit(grade_task, course, t): t for t in tasks}
+            pending = {pool.submit(self._grade, course, t): t for t in tasks}
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
                     task = pending.pop(fut)
                     err = fut.exception()
                     yield _lost(task, repr(err), started) if err else fut.result()
+
+    def _grade(self, course: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
+        with self._slots:
+            return grade_task(course, task)
 
 
 class DaskCluster:

@@ -195,14 +195,19 @@ def _autograde_course(root: Path, workers: int = 2, scheduler: str | None = None
     _ensure_released(root, todo)
     failed, rejected = [], []
     executor = executor_for(scheduler, workers)
-    for assignment in todo:  # bounded parallelism, a time cap each (course.instructor.classrun)
-        for o in autograde_class(assignment, root, progress=say, executor=executor):
-            if o.status == "failed":
-                failed.append(f"{assignment}/{o.student}: {o.error}")
-            elif o.status == "rejected":
-                rejected.append(f"{assignment}/{o.student}: {o.error}")
-    if any(p.is_dir() for p in (root / "autograded").glob("*/*")):
-        feedback(root)  # nbgrader refuses to run with no autograded notebook at all
+    # Every assignment at once on the one executor (its workers bound the parallelism): no
+    # worker idles while an assignment's last submission finishes.
+    with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+        runs = {a: pool.submit(autograde_class, a, root, progress=say, executor=executor)
+                for a in todo}  # fmt: skip
+        for assignment, run in runs.items():
+            for o in run.result():
+                if o.status == "failed":
+                    failed.append(f"{assignment}/{o.student}: {o.error}")
+                elif o.status == "rejected":
+                    rejected.append(f"{assignment}/{o.student}: {o.error}")
+    if _feedback_missing(root):  # workers make each page; nbgrader makes any they could not
+        feedback(root)
     csv = export(root)
     say(format_grades(grade_rows(root), near_copies(root)))
     say(f"Feedback HTML: {root / 'feedback'}/<student>/<assignment>/<assignment>.html")
@@ -213,6 +218,17 @@ def _autograde_course(root: Path, workers: int = 2, scheduler: str | None = None
         say(f"    REJECTED (no grade; only plain files are graded): {line}")
     _give_back(root)
     return 1 if failed or rejected else 0
+
+
+def _feedback_missing(root: Path) -> bool:
+    """Is there an autograded notebook without its feedback page?"""
+    graded = (root / "autograded").glob("*/*/*.ipynb")
+    return any(
+        not (
+            root / "feedback" / nb.parent.parent.name / nb.parent.name / f"{nb.stem}.html"
+        ).exists()
+        for nb in graded
+    )
 
 
 def _give_back(root: Path) -> None:
