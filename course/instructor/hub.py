@@ -37,17 +37,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Class", "build_env", "hub_config", "main", "make_accounts", "make_course"]
+from course.instructor.hubconfig import COURSE_ID, QUIET_LAB, hub_config, server_config
+
+__all__ = ["COURSE_ID", "Class", "build_env", "hub_config", "main", "make_accounts", "make_course"]
 
 REPO = Path(__file__).resolve().parents[2]
-COURSE_ID = "sync-data-parallel"
 PROXY = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
-QUIET_LAB = {
-    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}
-}
-# JupyterHub >= 4.1 keeps single-user pages out of frames; formgrader's page in JupyterLab
-# is one (nbgrader #1870): let a server frame its own pages, and nothing else.
-FRAME_SELF = "frame-ancestors 'self'"
 
 
 @dataclass(frozen=True)
@@ -187,77 +182,8 @@ def make_course(cls: Class, repo: Path = REPO) -> Path:
         f"c.CourseDirectory.course_id = {COURSE_ID!r}\n"
         f"c.Exchange.root = {str(cls.exchange)!r}\n"
     )
-    (cls.config / "jupyter_server_config.py").write_text(
-        f"c = get_config()  # noqa: F821\nc.ServerApp.tornado_settings = {_csp()!r}\n"
-    )
+    (cls.config / "jupyter_server_config.py").write_text(server_config())
     return cls.course
-
-
-def _csp() -> dict:
-    return {"headers": {"Content-Security-Policy": FRAME_SELF}}
-
-
-def hub_config(cls: Class) -> str:
-    """The text of jupyterhub_config.py for the class (nbgrader's guide, JupyterHub >= 2)."""
-    hub, api, service = cls.ports
-    singleuser = str(cls.env / "bin" / "jupyterhub-singleuser")
-    user_env = {"JUPYTER_CONFIG_PATH": str(cls.config)}
-    service_env = {**user_env, "COURSE_EXCHANGE": str(cls.exchange),
-                   "JUPYTERHUB_DEFAULT_URL": "/formgrader"}  # fmt: skip
-    settings = {
-        "JupyterHub.ip": "127.0.0.1",
-        "JupyterHub.port": cls.port,
-        "JupyterHub.hub_ip": "127.0.0.1",
-        "JupyterHub.hub_port": hub,
-        "ConfigurableHTTPProxy.api_url": f"http://127.0.0.1:{api}",
-        "ConfigurableHTTPProxy.command": [str(PROXY)],
-        "JupyterHub.db_url": f"sqlite:///{cls.root / 'hub' / 'jupyterhub.sqlite'}",
-        "JupyterHub.cookie_secret_file": str(cls.root / "hub" / "cookie_secret"),
-        "JupyterHub.pid_file": str(cls.root / "hub" / "jupyterhub.pid"),
-        "JupyterHub.authenticator_class": "pam",
-        "PAMAuthenticator.open_sessions": False,
-        "Authenticator.allowed_users": sorted(cls.users),
-        "Spawner.cmd": [singleuser],
-        "Spawner.default_url": "/lab",
-        "Spawner.environment": user_env,
-        "Spawner.start_timeout": 120,
-        "Spawner.http_timeout": 120,
-        "JupyterHub.load_groups": {
-            f"formgrade-{COURSE_ID}": {"users": [cls.instructor]},
-            f"nbgrader-{COURSE_ID}": {"users": list(cls.students)},
-        },
-        "JupyterHub.load_roles": [
-            {
-                "name": f"formgrade-{COURSE_ID}",
-                "groups": [f"formgrade-{COURSE_ID}"],
-                "scopes": [f"access:services!service={COURSE_ID}", "list:services",
-                           f"read:services!service={COURSE_ID}"],
-            },
-            {
-                "name": f"nbgrader-{COURSE_ID}",
-                "groups": [f"nbgrader-{COURSE_ID}"],
-                "scopes": ["list:services", f"read:services!service={COURSE_ID}"],
-            },
-            {"name": "server", "scopes": ["inherit"]},
-        ],
-        "JupyterHub.services": [
-            {
-                "name": COURSE_ID,
-                "url": f"http://127.0.0.1:{service}",
-                "command": [singleuser],
-                "user": cls.grader,
-                "cwd": str(cls.course),
-                "environment": service_env,
-                "oauth_no_confirm": True,
-            }
-        ],
-    }  # fmt: skip
-    lines = [
-        "# Written by course.instructor.hub: the class's JupyterHub.",
-        "c = get_config()  # noqa: F821",
-    ]
-    lines += [f"c.{key} = {value!r}" for key, value in settings.items()]
-    return "\n".join(lines) + "\n"
 
 
 def write_hub(cls: Class) -> Path:
@@ -265,7 +191,7 @@ def write_hub(cls: Class) -> Path:
     folder = cls.root / "hub"
     folder.mkdir(mode=0o700, exist_ok=True)
     path = folder / "jupyterhub_config.py"
-    path.write_text(hub_config(cls))
+    path.write_text(hub_config(cls, PROXY))
     return path
 
 

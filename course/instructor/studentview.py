@@ -40,6 +40,7 @@ LEFT_OUT = (
     "course/instructor/executors.py",
     "course/instructor/grades.py",
     "course/instructor/hub.py",
+    "course/instructor/hubconfig.py",
     "course/instructor/intake.py",
     "course/instructor/judge.py",
     "course/instructor/pipeline.py",
