@@ -34,11 +34,11 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE"}
 
 # Grading an instructor can trust (README, "What grading defends"). No kernel runs the
-# submission: course.instructor.judge.Judge takes the place of nbgrader's Execute. Quiz answers
+# submission: course.grading.judge.Judge takes the place of nbgrader's Execute. Quiz answers
 # are read from the notebook's text; each code check runs here, its ranks confined
-# (course.instructor.rankbox: bubblewrap, an unprivileged uid, no network, no course sources),
+# (course.grading.rankbox: bubblewrap, an unprivileged uid, no network, no course sources),
 # and its verdict is computed here from the plain data they send back. Cells that grade
 # nothing are not run. There is no switch: the tests and `make demo` grade this way too.
-from course.instructor.judge import autograde_preprocessors  # noqa: E402 - the config above must not depend on the course
+from course.grading.judge import autograde_preprocessors  # noqa: E402 - the config above must not depend on the course
 
 c.Autograde.autograde_preprocessors = autograde_preprocessors()

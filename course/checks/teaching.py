@@ -96,7 +96,7 @@ def not_implemented(obj: Any) -> str | None:
     released stub, say so. A class with some methods written is left to the check: an empty
     method can be meant (a ``zero_grad`` that does nothing, say). The grader's stand-in for
     a student's function answers from the submitted text (``stub_message``)."""
-    if type(obj).__module__ == "course.instructor.student":  # the grader's: judged from text
+    if type(obj).__module__ == "course.grading.student":  # the grader's: judged from text
         return obj.stub_message()
     if isinstance(obj, type):
         own = [v for v in vars(obj).values() if callable(v) and hasattr(v, "__code__")]

@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from course.instructor.classrun import Outcome, autograde_class
+from course.grading.classrun import Outcome, autograde_class
+from course.grading.executors import Executor, executor_for
 from course.instructor.commands import (
     assignments,
     execute,
@@ -33,7 +34,6 @@ from course.instructor.commands import (
     release,
     say,
 )
-from course.instructor.executors import Executor, executor_for
 from course.instructor.grades import (
     check_expectations,
     format_grades,
@@ -53,7 +53,7 @@ def autograde(
 ) -> list[Outcome]:
     """Grade every submission of ``assignment`` in submitted/: the course's one grading path.
 
-    ``course.instructor.classrun`` (each submission inspected, sent as plain data to a worker
+    ``course.grading.classrun`` (each submission inspected, sent as plain data to a worker
     that grades it with its own ``nbgrader autograde`` and the judge, as a uid leased for
     it), on ``executor`` (default: ``workers`` at a time on this machine); one outcome per
     student, each listed as it ends.

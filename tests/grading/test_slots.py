@@ -1,4 +1,4 @@
-"""course.instructor.slots: a leased uid per submission, and nothing of it left running after."""
+"""course.grading.slots: a leased uid per submission, and nothing of it left running after."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import psutil
 import pytest
 
-from course.instructor import sandbox, slots
+from course.grading import sandbox, slots
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="starting a process as another uid needs root"
@@ -41,7 +41,7 @@ def test_each_lease_has_its_own_uid_from_the_pool() -> None:
 
 HOLD = """
 import sys, time
-from course.instructor.slots import lease_uid
+from course.grading.slots import lease_uid
 with lease_uid() as lease:
     print(lease.uid, flush=True)
     time.sleep(600)

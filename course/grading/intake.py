@@ -159,7 +159,7 @@ def inspect(base: Path, *names: str, caps: Caps = SUBMISSION) -> str:
     """Check ``base/names...`` holds only plain folders and files within ``caps``; its hash.
 
     The hash covers every file's path and contents, so a rerun can tell an unchanged
-    submission (:mod:`course.instructor.classrun`'s manifest).
+    submission (:mod:`course.grading.classrun`'s manifest).
     """
     h = hashlib.sha256()
     fd = open_folder(base, *names)

@@ -1,6 +1,6 @@
 """A worker's plain result, checked, then written by the coordinator alone: files and grades.
 
-A worker returns plain data (:func:`course.instructor.scratch.grade_task`): the autograded
+A worker returns plain data (:func:`course.grading.scratch.grade_task`): the autograded
 files as bytes, each grade as (notebook, grade cell, score, needs manual grade), each comment,
 the submission's timestamp. :func:`check` refuses anything else before it is used;
 :func:`merge` writes the files into ``autograded/<student>/<assignment>/`` (never through a
@@ -16,8 +16,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from course.grading.intake import write_inert
 from course.instructor.commands import open_gradebook
-from course.instructor.intake import write_inert
 
 __all__ = ["WRITING", "BadResultError", "check", "merge"]
 

@@ -1,4 +1,4 @@
-"""course.instructor.classrun: inert submissions, a uid per slot, machine faults retried, resume.
+"""course.grading.classrun: inert submissions, a uid per slot, machine faults retried, resume.
 
 Two throwaway courses around the tamper fixture, each graded once by a module fixture (real
 ``nbgrader autograde`` processes with the course's judge):
@@ -19,8 +19,9 @@ import psutil
 import pytest
 from nbgrader.api import Gradebook, MissingEntry
 
-from course.instructor import pipeline, slots
-from course.instructor.classrun import Outcome, autograde_class, submission_digest
+from course.grading import slots
+from course.grading.classrun import Outcome, autograde_class, submission_digest
+from course.instructor import pipeline
 
 _spec = importlib.util.spec_from_file_location(
     "course_kit", Path(__file__).parents[1] / "fixtures" / "tamper" / "course_kit.py"

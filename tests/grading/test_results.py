@@ -1,4 +1,4 @@
-"""course.instructor.results: a worker's result is plain data, checked before it is written."""
+"""course.grading.results: a worker's result is plain data, checked before it is written."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from course.instructor.intake import Rejected
-from course.instructor.results import BadResultError, check, merge
+from course.grading.intake import Rejected
+from course.grading.results import BadResultError, check, merge
 
 GOOD = {
     "autograded": {"a.ipynb": b"{}"},

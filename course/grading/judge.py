@@ -4,17 +4,17 @@
 autograde`` process never runs a line of the submission. It writes each grade cell's output
 itself, and nbgrader scores those outputs as usual (an error output: no points):
 
-* a quiz item is read from the notebook's text (:mod:`course.instructor.quiz`);
+* a quiz item is read from the notebook's text (:mod:`course.grading.quiz`);
 * a code check is the grade cell's own source (the instructor's, from the gradebook, hidden
   tests included) run here, with each name the check takes from the student bound to a
-  :class:`~course.instructor.student.StudentCode`: the check's ranks define it from the
-  submitted cells and run it, confined (:class:`~course.instructor.rankbox.RankBox`), and
+  :class:`~course.grading.student.StudentCode`: the check's ranks define it from the
+  submitted cells and run it, confined (:class:`~course.grading.rankbox.RankBox`), and
   send back plain data, from which the check computes its verdict here.
 
 Cells that grade nothing (measurements, widgets, benchmarks, the student's tries) are not
 run. Register it in ``nbgrader_config.py``::
 
-    from course.instructor.judge import autograde_preprocessors
+    from course.grading.judge import autograde_preprocessors
     c.Autograde.autograde_preprocessors = autograde_preprocessors()
 """
 
@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from course.checks.teaching import CheckFailed
-from course.instructor.copies import course_solutions, near_copies
-from course.instructor.quiz import quiz_call, quiz_verdict
-from course.instructor.rankbox import RankBox
-from course.instructor.student import StudentCode, cell_source, parse_cell
+from course.grading.copies import course_solutions, near_copies
+from course.grading.quiz import quiz_call, quiz_verdict
+from course.grading.rankbox import RankBox
+from course.grading.student import StudentCode, cell_source, parse_cell
 from course.ranks.magics import bound_names
 
 __all__ = ["GraderError", "Submission", "autograde_preprocessors", "judge_cell"]

@@ -3,7 +3,7 @@
     with RankBox() as box:          # every course.ranks launch in here runs confined
         check_ring_sums(StudentCode(cells, "ring_allreduce"))
 
-The forkserver is a fresh Python started inside :func:`course.instructor.sandbox.confine`
+The forkserver is a fresh Python started inside :func:`course.grading.sandbox.confine`
 (no network, a read-only view of Python and the ``course`` package with the course's own
 reference implementations blanked, none of the course's sources, gradebook or submissions),
 as the uid in ``COURSE_SANDBOX_UID`` (one per submission graded at a time, so the process
@@ -27,8 +27,8 @@ from typing import ClassVar, Self
 
 import psutil
 
-from course.instructor.sandbox import Limits, confine, sandbox_uid
-from course.instructor.slots import owned_by
+from course.grading.sandbox import Limits, confine, sandbox_uid
+from course.grading.slots import owned_by
 from course.ranks.confined import confined_launches
 from course.ranks.forkserver import Server
 
@@ -68,7 +68,7 @@ class RankBox:
                        uid=self.uid, pid_namespace=False, hide=hide)  # fmt: skip
         wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(argv)} "$@"\n')
         wrapper.chmod(0o700)
-        preload = ("course.ranks.nodump", "course.checks", "course.instructor.student")
+        preload = ("course.ranks.nodump", "course.checks", "course.grading.student")
         self.server = (Server if self.ddp else _P2PServer)(str(wrapper), preload=preload)
         self._stack.callback(self.server.stop)
         launches = confined_launches(self.server, str(scratch), self._share, self._cleanup)

@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from course.instructor.student import parse_cell
+from course.grading.student import parse_cell
 
 __all__ = ["course_solutions", "near_copies", "normalised"]
 

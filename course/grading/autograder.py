@@ -4,7 +4,7 @@
 
 The process is nbgrader's own command line, run in the scratch course (its
 ``nbgrader_config.py`` puts the judge in place of a kernel), its log in ``autograde.log``.
-It is forked warm (:mod:`course.instructor.warm`: nbgrader, the judge and torch already
+It is forked warm (:mod:`course.grading.warm`: nbgrader, the judge and torch already
 imported), gets SIGKILL if the worker that started it dies (a killed Dask worker leaves no
 grader behind), and is killed with its process group when the time cap is reached.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from course.grading.sandbox import UID_ENV
+from course.grading.slots import Lease
+from course.grading.warm import run_warm
 from course.instructor.commands import env
-from course.instructor.sandbox import UID_ENV
-from course.instructor.slots import Lease
-from course.instructor.warm import run_warm
 
 __all__ = ["arguments", "autograde_process"]
 

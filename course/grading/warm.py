@@ -32,9 +32,9 @@ PRELOAD = (
     "nbgrader.preprocessors",
     "nbconvert.exporters",
     "alembic.command",
-    "course.instructor.judge",
+    "course.grading.judge",
     "course.checks",
-    "course.instructor.rankbox",
+    "course.grading.rankbox",
 )
 PR_SET_PDEATHSIG = 1
 

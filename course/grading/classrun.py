@@ -1,20 +1,20 @@
 """Autograde a whole class: on a local pool or a Dask cluster, a time cap each, resumable.
 
 Each submitted folder is first inspected without following anything
-(:mod:`course.instructor.intake`): one holding a symlink, a hard link, a device, a FIFO, or too
+(:mod:`course.grading.intake`): one holding a symlink, a hard link, a device, a FIFO, or too
 much, is rejected with the reason and never reaches nbgrader. Each accepted submission
 becomes one task of plain data (its files as read, the assignment's source, the config, a
 gradebook without any student's work), graded by a worker of the executor
-(:mod:`course.instructor.executors`: a pool on this machine by default, or every worker of
+(:mod:`course.grading.executors`: a pool on this machine by default, or every worker of
 a Dask scheduler) in a private scratch course, as a uid leased for it alone
-(:mod:`course.instructor.scratch`). Each worker sends back plain data, which this (single)
+(:mod:`course.grading.scratch`). Each worker sends back plain data, which this (single)
 process checks and merges into the real gradebook one at a time: no worker writes it.
 Killing a run loses at most the submissions in flight: ``autograded/.classrun.json`` records
 each finished one with a hash of its submitted files; the next run skips those graded with
 unchanged files and retries the rest.
 
-    python -m course.instructor.classrun ring_allreduce --workers 2 --timeout 600
-    python -m course.instructor.classrun ring_allreduce --scheduler tcp://HOST:8786
+    python -m course.grading.classrun ring_allreduce --workers 2 --timeout 600
+    python -m course.grading.classrun ring_allreduce --scheduler tcp://HOST:8786
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from course.grading.executors import Executor, LocalPool, executor_for
+from course.grading.intake import Rejected, inspect, read_inert
+from course.grading.results import WRITING, merge
+from course.grading.scratch import course_task, trimmed_gradebook
 from course.instructor.commands import open_gradebook
-from course.instructor.executors import Executor, LocalPool, executor_for
-from course.instructor.intake import Rejected, inspect, read_inert
-from course.instructor.results import WRITING, merge
-from course.instructor.scratch import course_task, trimmed_gradebook
 
 __all__ = ["Outcome", "autograde_class", "main", "submission_digest"]
 
@@ -251,10 +251,8 @@ def _collect(root: Path, assignment: str, result: dict) -> Outcome:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m course.instructor.classrun ASSIGNMENT [--workers N | --scheduler URL]``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m course.instructor.classrun", description=__doc__
-    )
+    """``python -m course.grading.classrun ASSIGNMENT [--workers N | --scheduler URL]``."""
+    parser = argparse.ArgumentParser(prog="python -m course.grading.classrun", description=__doc__)
     parser.add_argument("assignment")
     parser.add_argument("--root", default=".")
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))

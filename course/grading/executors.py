@@ -3,7 +3,7 @@
     LocalPool(workers=2)                      # this machine, 2 submissions at a time
     DaskCluster("tcp://10.0.0.5:8786")        # every worker of a running Dask scheduler
 
-Both run :func:`course.instructor.scratch.grade_task`, one task per submission, and yield its
+Both run :func:`course.grading.scratch.grade_task`, one task per submission, and yield its
 plain result as each ends; neither writes anything of the class's. On Dask
 (https://distributed.dask.org) a worker that dies mid-task costs a retry on another worker
 (the scheduler reschedules what a lost worker held, up to ``distributed.scheduler.allowed-
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
-from course.instructor.scratch import grade_task
+from course.grading.scratch import grade_task
 
 __all__ = ["DaskCluster", "Executor", "LocalPool", "executor_for"]
 

@@ -1,6 +1,6 @@
 """Worker uids of grading: each submission graded leases a uid no other run on the machine holds.
 
-Linux counts the process limit (``RLIMIT_NPROC``, :class:`course.instructor.sandbox.Limits`)
+Linux counts the process limit (``RLIMIT_NPROC``, :class:`course.grading.sandbox.Limits`)
 per uid, so submissions graded at the same time as one shared uid could starve each other:
 one that fills its limit would make the other's ranks fail to start. Each submission graded
 therefore runs its sandboxed code as a uid of its own (``$COURSE_SANDBOX_UID``), and when it
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from course.instructor.sandbox import SLOT_UID_BASE, SandboxUnavailable
+from course.grading.sandbox import SLOT_UID_BASE, SandboxUnavailable
 
 __all__ = [
     "POOL",

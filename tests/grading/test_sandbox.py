@@ -12,9 +12,9 @@ import cloudpickle
 import pytest
 
 import course
-from course.instructor import sandbox
-from course.instructor.rankbox import RankBox
-from course.instructor.slots import lease_uid
+from course.grading import sandbox
+from course.grading.rankbox import RankBox
+from course.grading.slots import lease_uid
 from course.ranks import launch
 
 pytestmark = [

@@ -23,10 +23,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from course.grading.classrun import autograde_class
+from course.grading.executors import DaskCluster, LocalPool
 from course.instructor import pipeline
-from course.instructor.classrun import autograde_class
 from course.instructor.commands import nbgrader, open_gradebook
-from course.instructor.executors import DaskCluster, LocalPool
 from course.instructor.submissions import SPECS, load_specs, submit
 
 distributed = pytest.importorskip("distributed", reason="Dask distributed is not installed")

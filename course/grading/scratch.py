@@ -1,11 +1,11 @@
 """One submission autograded in a private scratch course: plain data in, plain data out.
 
 A worker (a thread of the local pool, or a Dask worker on another machine: the same code)
-gets a task of plain data from the coordinator (:mod:`course.instructor.classrun`): the
+gets a task of plain data from the coordinator (:mod:`course.grading.classrun`): the
 submission's files as read inert, the instructor's ``source/<assignment>/``, the course's
 ``nbgrader_config.py`` and a gradebook holding the assignment's cells and no student's work.
 :func:`grade_task` lays them out as a scratch course, runs real ``nbgrader autograde`` there
-with the judge, as a uid leased for this submission alone (:mod:`course.instructor.slots`),
+with the judge, as a uid leased for this submission alone (:mod:`course.grading.slots`),
 and returns plain data: the autograded files, the grades and comments nbgrader recorded,
 the log's tail. It never touches the class's gradebook: the coordinator alone writes that.
 
@@ -30,11 +30,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from course.instructor.autograder import autograde_process
+from course.grading.autograder import autograde_process
+from course.grading.intake import OUTPUT, Rejected, read_inert, write_inert
+from course.grading.slots import Lease, kill_uid, lease_uid
+from course.grading.warm import run_warm
 from course.instructor.commands import env
-from course.instructor.intake import OUTPUT, Rejected, read_inert, write_inert
-from course.instructor.slots import Lease, kill_uid, lease_uid
-from course.instructor.warm import run_warm
 
 __all__ = [
     "ATTEMPTS",
