@@ -2,18 +2,20 @@
 #   make demo   build the course, run it, autograde sample submissions, show the grades
 #   make test   the whole test suite (ruff included), as CI runs it
 #   make lab    open the course in JupyterLab
+#   make hub    the course on a JupyterHub with real accounts (root; loopback only)
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+NODE_STAMP := node_modules/.installed
 # Debian packages the browser tests and the sandboxed autograde need.
 SYSTEM_PACKAGES := chromium bubblewrap
 
-.PHONY: setup system-deps test lint format lab benchmarks clean
+.PHONY: setup system-deps test lint format lab hub benchmarks clean
 
-setup: $(STAMP) system-deps
+setup: $(STAMP) system-deps $(NODE_STAMP)
 
 # torch is pinned in pyproject.toml: an unpinned torch would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -21,6 +23,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --editable '.[test]'
 	touch $@
+
+# JupyterHub's proxy (configurable-http-proxy), pinned in package-lock.json, for `make hub`.
+$(NODE_STAMP): package.json package-lock.json | system-deps
+	@if command -v npm >/dev/null; then npm ci --no-audit --no-fund --silent && touch $@; \
+	else echo "note: npm is missing: make hub and its browser test need it (apt-get install npm)"; fi
 
 # Installed when we may (root with apt-get); otherwise the tests that need them skip and say so.
 system-deps:
@@ -31,6 +38,10 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	else \
 		echo "note: missing Debian packages:$$missing (sudo apt-get install -y$$missing); the tests that need them will skip"; \
+	fi
+	@if ! command -v npm >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing nodejs npm (the hub's proxy)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
 	fi
 
 lint: $(STAMP)
@@ -54,6 +65,15 @@ FROM ?= release
 lab: setup
 	$(if $(filter selfstudy,$(FROM)),$(MAKE) selfstudy,)
 	$(PY) -m course.instructor.lab $(WORK) --from $(FROM)
+
+# A class on JupyterHub (course.instructor.hub): accounts, the students' environment in
+# HUB_ENV, the course and nbgrader's exchange in HUB_ROOT, then the hub on 127.0.0.1:HUB_PORT.
+HUB_ROOT ?= /srv/sync-data-parallel
+HUB_ENV ?= /opt/sync-data-parallel/env
+HUB_PORT ?= 8000
+
+hub: setup
+	$(PY) -m course.instructor.hub --root $(HUB_ROOT) --env $(HUB_ENV) --port $(HUB_PORT) $(if $(HUB_PASSWORD),--password $(HUB_PASSWORD),)
 
 benchmarks: setup
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

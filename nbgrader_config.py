@@ -16,9 +16,12 @@ c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
 # nbgrader's exchange (release_assignment, fetch, submit, collect, and the formgrader's
 # Release and Collect buttons) lives in the course, not in /srv/nbgrader/exchange: it works
 # without root, one course per checkout. nbgrader refuses an exchange that does not exist, so
-# it is made here (git-ignored). On a shared JupyterHub, point every user at one shared,
-# world-writable folder instead (nbgrader's docs, "Setting up the exchange").
-c.Exchange.root = os.path.join(c.CourseDirectory.root, "exchange")
+# it is made here (git-ignored). On a JupyterHub (`make hub`) every user shares one
+# world-writable folder instead (nbgrader's docs, "Setting up the exchange"), which the hub
+# names in $COURSE_EXCHANGE.
+c.Exchange.root = os.environ.get("COURSE_EXCHANGE") or os.path.join(
+    c.CourseDirectory.root, "exchange"
+)
 with contextlib.suppress(OSError):  # a read-only copy: nbgrader then says it is missing
     os.makedirs(c.Exchange.root, exist_ok=True)
 
@@ -31,11 +34,11 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE"}
 
 # Grading an instructor can trust (README, "What grading defends"). No kernel runs the
-# submission: course.instructor.judge.Judge takes the place of nbgrader's Execute. Quiz answers
+# submission: course.grading.judge.Judge takes the place of nbgrader's Execute. Quiz answers
 # are read from the notebook's text; each code check runs here, its ranks confined
-# (course.instructor.rankbox: bubblewrap, an unprivileged uid, no network, no course sources),
+# (course.grading.rankbox: bubblewrap, an unprivileged uid, no network, no course sources),
 # and its verdict is computed here from the plain data they send back. Cells that grade
 # nothing are not run. There is no switch: the tests and `make demo` grade this way too.
-from course.instructor.judge import autograde_preprocessors  # noqa: E402 - the config above must not depend on the course
+from course.grading.judge import autograde_preprocessors  # noqa: E402 - the config above must not depend on the course
 
 c.Autograde.autograde_preprocessors = autograde_preprocessors()

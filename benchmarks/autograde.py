@@ -1,7 +1,7 @@
 """How long does the course take to autograde a class, against stock nbgrader on the same class?
 
     .venv/bin/python benchmarks/autograde.py [--students 10] [--assignments ring_allreduce,zero]
-                                             [--keep DIR] [--only ours|stock]
+                                             [--keep DIR] [--only ours|stock] [--load]
 
 One class (``--students``, each handing in every assignment of ``--assignments``, default all
 five) is graded twice, each time in a throwaway course root:
@@ -20,12 +20,18 @@ Students rotate over the kinds of benchmarks/autograde_class.toml (right, wrong 
 deadlocking, crashing, hostile). A submission nbgrader fails, or one still running when a
 command's cap stops it, counts as failed: a result, not an error of the benchmark.
 
-Measured on 2 shared cores, `--students 10 --assignments ring_allreduce`: stock nbgrader
-482 s (48 s a submission: it runs every measuring cell), ours 133 s (13 s: the judge runs
-only the checks), ratio 3.6; about 12 minutes in all with the roots built. Stock graded the
-default class (50 submissions, with its deadlocks and a cell that loops for the whole 120 s
-cell timeout) in 26 minutes: count about 35 minutes for both sides, most of
-`make benchmarks`.
+Measured on 2 cores, `--students 5` (25 submissions, all five assignments), the machine
+otherwise quiet: stock nbgrader 663.9 s (26.6 s a submission: it runs every measuring cell),
+ours 155.1 s (6.2 s: the judge runs only the checks, in a warm nbgrader, every assignment at
+once), ratio 4.28; beside other test runs on the machine, stock 777.8 s, ours 246.5 s,
+ratio 3.15. About 20 minutes in all with the roots built. Stock graded the default class
+(50 submissions, with its deadlocks and a cell that loops for the whole 120 s cell timeout)
+in 26 minutes: count about 35 minutes for both sides, most of `make benchmarks`.
+
+``--load`` grades the class ours twice, quiet and then beside a spinning process on every
+core (at the grader's own priority), and prints every grade cell that differs and
+``identical grades: yes/no``; measured, `--students 5 --load`: quiet 168.7 s, beside 2 CPU
+hogs 305.5 s, 225 grade cells, identical grades: yes.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import tempfile
 import time
 import tomllib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -76,6 +82,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--assignments", default=",".join(ASSIGNMENTS), help="a,b (default all)")
     parser.add_argument("--keep", type=Path, help="keep both course roots (and logs) here")
     parser.add_argument("--only", choices=SIDES, help="run one side only (no ratio)")
+    parser.add_argument(
+        "--load", action="store_true",
+        help="grade the class ours twice, quiet then beside a CPU hog on every core, and "
+        "compare every grade cell's score",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     args.assignments = [a for a in args.assignments.split(",") if a]
     unknown = sorted(set(args.assignments) - set(ASSIGNMENTS))
@@ -278,6 +289,54 @@ def report(results: dict[str, tuple[float, dict]], subs: list[Submission]) -> No
               f"ratio Y/X = {stock / ours:.2f}")  # fmt: skip
 
 
+def cell_scores(root: Path) -> dict[tuple[str, str, str], float | None]:
+    """Every (student, assignment, grade cell) autograded in ``root`` and its score."""
+    from nbgrader.api import Gradebook
+    from sqlalchemy.exc import SAWarning
+
+    got = {}
+    with (
+        warnings.catch_warnings(action="ignore", category=SAWarning),
+        Gradebook(gradebook_url(root)) as gb,
+    ):
+        for a in gb.assignments:
+            for sub in gb.assignment_submissions(a.name):
+                for nb in sub.notebooks:
+                    for g in nb.grades:
+                        got[sub.student_id, a.name, g.name] = g.score
+    return got
+
+
+@contextlib.contextmanager
+def cpu_hog(cores: int) -> Iterator[None]:
+    """``cores`` processes that spin at the grader's own priority until the block ends."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def loaded(work: Path, subs: list[Submission]) -> int:
+    """Ours quiet, then ours beside a hog on every core: are all grades the same?"""
+    quiet_s, _ = grade("ours", build("ours", work / "quiet", subs), subs)
+    quiet = cell_scores(work / "quiet")
+    root = build("ours", work / "loaded", subs)
+    cores = os.cpu_count() or 2
+    with cpu_hog(cores):
+        loaded_s, _ = grade("ours", root, subs)
+    busy = cell_scores(root)
+    differ = sorted(k for k in quiet.keys() | busy.keys() if quiet.get(k) != busy.get(k))
+    print(f"\nquiet: {quiet_s:.1f} s; beside {cores} CPU hogs: {loaded_s:.1f} s; "
+          f"{len(quiet)} grade cells")  # fmt: skip
+    for key in differ:
+        print(f"  differs: {'/'.join(key)}: quiet {quiet.get(key)}, loaded {busy.get(key)}")
+    print(f"identical grades: {'no' if differ or not quiet else 'yes'}")
+    return 1 if differ else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Build the class, grade it on each side in its own throwaway root, print the figures."""
     args = parse_args(argv)
@@ -290,6 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"note: the graders import course from {Path(course.__file__).parent}, not {REPO}")
     results = {}
     try:
+        if args.load:
+            return loaded(work, subs)
         for side in (args.only,) if args.only else SIDES:
             results[side] = grade(side, build(side, work / side, subs), subs)
     finally:

@@ -14,9 +14,10 @@ release: setup
 demo: setup
 	$(PIPELINE) demo
 
-## autograde: autograde submitted/ with nbgrader, then feedback, export and the grade table
+## autograde: autograde submitted/ with nbgrader, then feedback, export and the grade table;
+## on a Dask cluster with `make autograde SCHEDULER=tcp://HOST:8786`; a hub's course: ROOT=DIR
 autograde: setup
-	$(PIPELINE) autograde
+	$(PIPELINE) autograde $(if $(ROOT),--root $(ROOT),) $(if $(SCHEDULER),--scheduler $(SCHEDULER),)
 
 ## selfstudy: build selfstudy/<a>/<a>.ipynb, with instant feedback on every quiz item
 selfstudy: setup

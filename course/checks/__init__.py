@@ -2,7 +2,7 @@
 
 Every check runs the student's code on fresh ranks (``course.ranks``) and computes its
 verdict in the caller, from what the ranks send back; none trusts the kernel's state. When
-grading, the caller is the judge (``course.instructor.judge``), which never runs student code.
+grading, the caller is the judge (``course.grading.judge``), which never runs student code.
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ def refuse_the_reference() -> None:
     """On a rank, make the course's own ring fail where it exists: the student's ring is checked.
 
     Only the instructor's install has it, and graded ranks see it blank
-    (``course.instructor.rankbox.HIDDEN``).
+    (``course.grading.rankbox.HIDDEN``).
     """
     try:
         import course.instructor.reference

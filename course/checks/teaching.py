@@ -93,7 +93,7 @@ def not_implemented(obj: Any) -> str | None:
 
 def _graded(obj: Any) -> bool:
     """Whether ``obj`` is the grader's stand-in for a student's code (``StudentCode``)."""
-    return type(obj).__module__ == "course.instructor.student"
+    return type(obj).__module__ == "course.grading.student"
 
 
 def stub_text(stubs: list[str]) -> str:

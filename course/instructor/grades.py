@@ -48,7 +48,7 @@ def grade_rows(root: Path) -> list[GradeRow]:
 
 def near_copies(root: Path) -> dict[tuple[str, str], list[str]]:
     """(student, assignment) -> the functions the judge found to be near copies of the course's
-    solutions (``course.instructor.copies``), from the autograded notebooks' metadata."""
+    solutions (``course.grading.copies``), from the autograded notebooks' metadata."""
     found = {}
     for path in sorted(Path(root).glob("autograded/*/*/*.ipynb")):
         try:

@@ -15,6 +15,7 @@ autograde/README.md), assembled onto the committed release notebooks so they nev
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -24,8 +25,9 @@ from pathlib import Path
 
 import nbformat
 
+from course.grading.classrun import Outcome, autograde_class
+from course.grading.executors import Executor, executor_for
 from course.instructor.bank import giveaway_leaks, items_of
-from course.instructor.classrun import Outcome, autograde_class
 from course.instructor.commands import (
     assignments,
     execute,
@@ -49,18 +51,21 @@ __all__ = ["autograde", "demo", "main", "prepare_course"]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def autograde(root: Path, assignment: str, workers: int = 2) -> list[Outcome]:
+def autograde(
+    root: Path, assignment: str, workers: int = 2, executor: Executor | None = None
+) -> list[Outcome]:
     """Grade every submission of ``assignment`` in submitted/: the course's one grading path.
 
-    ``course.instructor.classrun`` (each submission inspected, copied, graded by its own
-    ``nbgrader autograde`` with the judge, as its worker slot's uid), ``workers`` at a time;
-    one outcome per student, each listed as it ends.
+    ``course.grading.classrun`` (each submission inspected, sent as plain data to a worker
+    that grades it with its own ``nbgrader autograde`` and the judge, as a uid leased for
+    it), on ``executor`` (default: ``workers`` at a time on this machine); one outcome per
+    student, each listed as it ends.
     """
 
     def progress(line: str) -> None:
         say("    " + line)
 
-    return autograde_class(assignment, root, workers=workers, progress=progress)
+    return autograde_class(assignment, root, workers=workers, progress=progress, executor=executor)
 
 
 def prepare_course(dest: Path, source: Path = REPO / "source") -> Path:
@@ -188,7 +193,7 @@ def _ensure_released(root: Path, todo: list[str]) -> None:
         release(root)
 
 
-def _autograde_course(root: Path, workers: int = 2) -> int:
+def _autograde_course(root: Path, workers: int = 2, scheduler: str | None = None) -> int:
     """Autograde every submitted assignment of the real course, then feedback and export.
 
     Exits 1 while any submission has no grade: FAILED ones (the grading machine's fault or
@@ -202,14 +207,20 @@ def _autograde_course(root: Path, workers: int = 2) -> int:
         return 1
     _ensure_released(root, todo)
     failed, rejected = [], []
-    for assignment in todo:  # bounded parallelism, a time cap each (course.instructor.classrun)
-        for o in autograde_class(assignment, root, workers=workers, progress=say):
-            if o.status == "failed":
-                failed.append(f"{assignment}/{o.student}: {o.error}")
-            elif o.status == "rejected":
-                rejected.append(f"{assignment}/{o.student}: {o.error}")
-    if any(p.is_dir() for p in (root / "autograded").glob("*/*")):
-        feedback(root)  # nbgrader refuses to run with no autograded notebook at all
+    executor = executor_for(scheduler, workers)
+    # Every assignment at once on the one executor (its workers bound the parallelism): no
+    # worker idles while an assignment's last submission finishes.
+    with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+        runs = {a: pool.submit(autograde_class, a, root, progress=say, executor=executor)
+                for a in todo}  # fmt: skip
+        for assignment, run in runs.items():
+            for o in run.result():
+                if o.status == "failed":
+                    failed.append(f"{assignment}/{o.student}: {o.error}")
+                elif o.status == "rejected":
+                    rejected.append(f"{assignment}/{o.student}: {o.error}")
+    if _feedback_missing(root):  # workers make each page; nbgrader makes any they could not
+        feedback(root)
     csv = export(root)
     say(format_grades(grade_rows(root), near_copies(root)))
     say(f"Feedback HTML: {root / 'feedback'}/<student>/<assignment>/<assignment>.html")
@@ -218,7 +229,30 @@ def _autograde_course(root: Path, workers: int = 2) -> int:
         say(f"    FAILED (no grade; `make autograde` again retries it): {line}")
     for line in rejected:
         say(f"    REJECTED (no grade; only plain files are graded): {line}")
+    _give_back(root)
     return 1 if failed or rejected else 0
+
+
+def _feedback_missing(root: Path) -> bool:
+    """Is there an autograded notebook without its feedback page?"""
+    graded = (root / "autograded").glob("*/*/*.ipynb")
+    return any(
+        not (
+            root / "feedback" / nb.parent.parent.name / nb.parent.name / f"{nb.stem}.html"
+        ).exists()
+        for nb in graded
+    )
+
+
+def _give_back(root: Path) -> None:
+    """Run as root in a course root someone else owns (a hub's): hand them what was written."""
+    owner = root.stat()
+    if os.geteuid() != 0 or owner.st_uid == 0:
+        return
+    made = [root / "gradebook.db", root / "autograded", root / "feedback", root / "build"]
+    for top in (p for p in made if p.exists()):
+        for path in [top, *top.rglob("*")] if top.is_dir() else [top]:
+            os.lchown(path, owner.st_uid, owner.st_gid)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -229,6 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("command", choices=["demo", "release", "autograde", "grades", "selfstudy"])
     parser.add_argument("--root", type=Path, default=REPO, help="course root (default: the repo)")
     parser.add_argument("--jobs", type=int, default=2, help="notebooks graded at a time")
+    parser.add_argument(
+        "--scheduler", help="autograde on the Dask cluster of this scheduler (tcp://HOST:8786)"
+    )
     args = parser.parse_args(argv)
     root = args.root.resolve()
     if args.command == "demo":
@@ -238,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"released {path.relative_to(root)}")
         return 0
     if args.command == "autograde":
-        return _autograde_course(root, workers=args.jobs)
+        return _autograde_course(root, workers=args.jobs, scheduler=args.scheduler)
     if args.command == "grades":
         say(format_grades(grade_rows(root), near_copies(root)))
         return 0

@@ -2,7 +2,7 @@
 
 A working solution of the ring exercise, so it is the instructor's: the student install leaves
 it out (``course.instructor.studentview.LEFT_OUT``), graded ranks see it blank
-(``course.instructor.rankbox.HIDDEN``), and the notebooks measure the ring's traffic with
+(``course.grading.rankbox.HIDDEN``), and the notebooks measure the ring's traffic with
 ``course.ring.traffic`` instead. The tests decide the ring quiz's keys with it, check the
 checks against it, and ``benchmarks/ring.py`` times it against gloo.
 

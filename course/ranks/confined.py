@@ -4,7 +4,7 @@
         launch(rank_side, 3, PerRank([x0, x1, x2]))   # rank r is sent x_r only
 
 Inside the ``with``, every launch in this process forks its ranks from ``server`` (a
-forkserver the grader started inside a sandbox: see ``course.instructor.judge``), keeps its
+forkserver the grader started inside a sandbox: see ``course.grading.judge``), keeps its
 run directory under ``run_root`` (handed to the ranks' user with ``share``), sends each rank
 only its own element of every :class:`PerRank` argument, and takes back plain data only
 (:mod:`course.ranks.plain`): nothing a rank sends is unpickled, and files the ranks wrote are

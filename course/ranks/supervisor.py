@@ -17,6 +17,7 @@ from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 
 from course.ranks import confined, messages
+from course.ranks.clock import RunClock
 from course.ranks.failures import RanksInterrupted, RunResult
 from course.ranks.forkserver import RUN_DIR_PREFIX, SERVER, RankProcess, kill
 from course.ranks.report import build_result
@@ -72,7 +73,7 @@ class Supervisor:
         try:
             for rank in range(self.world_size):
                 self.ranks.append(self._start(rank))
-            reason = self._supervise(start + self.timeout)
+            reason = self._supervise(RunClock([r.proc.pid for r in self.ranks]))
             if reason != "done":
                 self._collect_stacks()
             self._kill()
@@ -102,20 +103,24 @@ class Supervisor:
             child.close()
         return _Rank(rank, proc, parent)
 
-    def _supervise(self, deadline: float) -> str:
-        """Wait for every rank to report; return "done", "deadline" or "abort"."""
+    def _supervise(self, clock: RunClock) -> str:
+        """Wait for every rank to report; return "done", "deadline" or "abort".
+
+        The deadline is on ``clock``: time the ranks waited for a CPU is not charged.
+        """
         abort_at = None
         while True:
             live = [r for r in self.ranks if r.outcome is None]
             if not live:
                 return "done"
-            stop_at = deadline if abort_at is None else min(deadline, abort_at)
+            if clock.past(self.timeout):
+                return "deadline"
             now = time.monotonic()
-            if now >= stop_at:
-                return "deadline" if stop_at == deadline else "abort"
+            if abort_at is not None and now >= abort_at:
+                return "abort"
             # Short slices: a KeyboardInterrupt (Ctrl-C, a Jupyter interrupt) is only
             # raised between Python bytecodes, so never block for long in wait().
-            self._poll(live, min(stop_at - now, 0.1))
+            self._poll(live, 0.1 if abort_at is None else min(abort_at - now, 0.1))
             if abort_at is None and any(r.outcome and r.outcome[0] != "ok" for r in self.ranks):
                 abort_at = time.monotonic() + ABORT_GRACE
 

@@ -11,7 +11,7 @@ from course.checks.teaching import (
     say_if_unimplemented,
     teaches,
 )
-from course.instructor.student import StudentCode
+from course.grading.student import StudentCode
 
 
 def stub(tensor):

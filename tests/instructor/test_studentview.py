@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course.instructor.copies import course_solutions, near_copies, shared_rules
+from course.grading.copies import course_solutions, near_copies, shared_rules
 from course.instructor.selfstudy import quiz_items
 from course.instructor.studentview import LEFT_OUT, export
 

@@ -20,7 +20,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["OUTPUT", "SUBMISSION", "Caps", "Rejected", "copy_inert", "inspect", "open_folder"]
+__all__ = [
+    "OUTPUT",
+    "SUBMISSION",
+    "Caps",
+    "Rejected",
+    "copy_inert",
+    "inspect",
+    "open_folder",
+    "read_inert",
+    "write_inert",
+]
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # a FIFO swapped in must not block
@@ -149,7 +159,7 @@ def inspect(base: Path, *names: str, caps: Caps = SUBMISSION) -> str:
     """Check ``base/names...`` holds only plain folders and files within ``caps``; its hash.
 
     The hash covers every file's path and contents, so a rerun can tell an unchanged
-    submission (:mod:`course.instructor.classrun`'s manifest).
+    submission (:mod:`course.grading.classrun`'s manifest).
     """
     h = hashlib.sha256()
     fd = open_folder(base, *names)
@@ -162,6 +172,44 @@ def inspect(base: Path, *names: str, caps: Caps = SUBMISSION) -> str:
     return h.hexdigest()
 
 
+def read_inert(
+    base: Path, names: tuple[str, ...], caps: Caps = SUBMISSION, strict: bool = True
+) -> tuple[dict[str, bytes], list[str]]:
+    """The regular files of ``base/names...`` as {relative path: bytes}, and what was left out.
+
+    With ``strict`` anything else refuses the whole folder (:class:`Rejected`); without it
+    (results read back from grading) symlinks and special files are left out and listed.
+    """
+    skipped: list[str] = []
+    files: dict[str, bytes] = {}
+    fd = open_folder(base, *names)
+    try:
+        for path, dir_fd, name, is_dir in _walk(fd, "", caps, [0, 0], None if strict else skipped):
+            if is_dir:
+                continue
+            try:
+                files[path] = _read(dir_fd, name, path, caps)
+            except Rejected as why:
+                if strict:
+                    raise
+                skipped.append(str(why))
+    finally:
+        os.close(fd)
+    return files, skipped
+
+
+def write_inert(files: dict[str, bytes], dest: Path) -> None:
+    """Write {relative path: bytes} under a new ``dest``; a path that could leave it is refused."""
+    dest.mkdir(parents=True)
+    for path, data in files.items():
+        parts = path.split("/")
+        if not isinstance(data, bytes) or path.startswith("/") or {"", ".", ".."} & set(parts):
+            raise Rejected(f"{path[:200]!r} is not a plain relative path with bytes")
+        (dest / path).parent.mkdir(parents=True, exist_ok=True)
+        with open(dest / path, "xb") as out:  # "x": never through a name made meanwhile
+            out.write(data)
+
+
 def copy_inert(
     base: Path, names: tuple[str, ...], dest: Path, caps: Caps = SUBMISSION, strict: bool = True
 ) -> list[str]:
@@ -170,23 +218,6 @@ def copy_inert(
     With ``strict`` anything else refuses the whole folder (:class:`Rejected`); without it
     (results copied back from grading) symlinks and special files are left out and listed.
     """
-    skipped: list[str] = []
-    fd = open_folder(base, *names)
-    try:
-        dest.mkdir(parents=True)
-        for path, dir_fd, name, is_dir in _walk(fd, "", caps, [0, 0], None if strict else skipped):
-            if is_dir:
-                (dest / path).mkdir()
-                continue
-            try:
-                data = _read(dir_fd, name, path, caps)
-            except Rejected as why:
-                if strict:
-                    raise
-                skipped.append(str(why))
-                continue
-            with open(dest / path, "xb") as out:  # "x": never through a name made meanwhile
-                out.write(data)
-    finally:
-        os.close(fd)
+    files, skipped = read_inert(base, names, caps, strict)
+    write_inert(files, dest)
     return skipped

@@ -1,4 +1,4 @@
-"""course.instructor.intake: a submission is plain files, inspected and copied following nothing."""
+"""course.grading.intake: a submission is plain files, inspected and copied following nothing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from course.instructor.intake import SUBMISSION, Rejected, copy_inert, inspect
+from course.grading.intake import SUBMISSION, Rejected, copy_inert, inspect
 
 
 @pytest.fixture

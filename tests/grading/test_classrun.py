@@ -1,4 +1,4 @@
-"""course.instructor.classrun: inert submissions, a uid per slot, machine faults retried, resume.
+"""course.grading.classrun: inert submissions, a uid per slot, machine faults retried, resume.
 
 Two throwaway courses around the tamper fixture, each graded once by a module fixture (real
 ``nbgrader autograde`` processes with the course's judge):
@@ -19,8 +19,9 @@ import psutil
 import pytest
 from nbgrader.api import Gradebook, MissingEntry
 
-from course.instructor import pipeline, sandbox
-from course.instructor.classrun import Outcome, autograde_class, submission_digest
+from course.grading import slots
+from course.grading.classrun import Outcome, autograde_class, submission_digest
+from course.instructor import pipeline
 
 _spec = importlib.util.spec_from_file_location(
     "course_kit", Path(__file__).parents[1] / "fixtures" / "tamper" / "course_kit.py"
@@ -258,13 +259,13 @@ def test_a_persistent_machine_fault_fails_with_its_reason(faulty: dict) -> None:
 
 @grading
 def test_each_slot_grades_as_its_own_uid(faulty: dict) -> None:
-    """Does each submission run as one slot uid, distinct from the one graded beside it?"""
+    """Does each submission run as one leased uid, distinct from the one graded beside it?"""
     root = faulty["root"]
-    pool = {str(sandbox.SLOT_UID_BASE), str(sandbox.SLOT_UID_BASE + 1)}
     broken = {uid for uid, _ in _calls(root, "broken")}
     flaky = {uid for uid, _ in _calls(root, "flaky")}
-    assert len(broken) == 1 and len(flaky) == 1  # a retry keeps its slot
-    assert broken | flaky == pool  # graded at the same time: two slots, two uids
+    assert len(broken) == 1 and len(flaky) == 1  # a retry keeps its lease
+    assert len(broken | flaky) == 2  # graded at the same time: two leases, two uids
+    assert {int(uid) for uid in broken | flaky} <= set(slots.UIDS)
 
 
 @grading

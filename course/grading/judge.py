@@ -4,17 +4,17 @@
 autograde`` process never runs a line of the submission. It writes each grade cell's output
 itself, and nbgrader scores those outputs as usual (an error output: no points):
 
-* a quiz item is read from the notebook's text (:mod:`course.instructor.quiz`);
+* a quiz item is read from the notebook's text (:mod:`course.grading.quiz`);
 * a code check is the grade cell's own source (the instructor's, from the gradebook, hidden
   tests included) run here, with each name the check takes from the student bound to a
-  :class:`~course.instructor.student.StudentCode`: the check's ranks define it from the
-  submitted cells and run it, confined (:class:`~course.instructor.rankbox.RankBox`), and
+  :class:`~course.grading.student.StudentCode`: the check's ranks define it from the
+  submitted cells and run it, confined (:class:`~course.grading.rankbox.RankBox`), and
   send back plain data, from which the check computes its verdict here.
 
 Cells that grade nothing (measurements, widgets, benchmarks, the student's tries) are not
 run. Register it in ``nbgrader_config.py``::
 
-    from course.instructor.judge import autograde_preprocessors
+    from course.grading.judge import autograde_preprocessors
     c.Autograde.autograde_preprocessors = autograde_preprocessors()
 """
 
@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from course.checks.teaching import CheckFailed
-from course.instructor.copies import course_solutions, near_copies
-from course.instructor.quiz import quiz_call, quiz_verdict
-from course.instructor.rankbox import RankBox
-from course.instructor.student import StudentCode, cell_source, parse_cell
+from course.grading.copies import course_solutions, near_copies
+from course.grading.quiz import quiz_call, quiz_verdict
+from course.grading.rankbox import RankBox
+from course.grading.student import StudentCode, cell_source, parse_cell
 from course.ranks.magics import bound_names
 
 __all__ = ["GraderError", "Submission", "autograde_preprocessors", "judge_cell"]
@@ -147,6 +147,23 @@ def _outputs(passed: bool, text: str) -> list[Any]:
     return [new_output("error", ename="CheckFailed", evalue=text, traceback=shown)]
 
 
+# Checks whose ranks only send, receive or return: their forkserver needs no torch._dynamo.
+POINT_TO_POINT = frozenset({
+    "check_answer", "check_returns", "check_ring_allreduce", "check_ring_pattern",
+    "check_ring_sums", "check_reduce_scatter", "check_all_gather", "check_halves_pattern",
+})  # fmt: skip
+
+
+def _trains_ddp(sub: Submission) -> bool:
+    """Might a grade cell's check train with DDP (any check not known to be point-to-point)?"""
+    called = set()
+    for gid, _cell in sub.grade_cells:
+        tree = parse_cell(sub.sources[gid])
+        names = ast.walk(tree) if tree is not None else ()
+        called |= {n.id for n in names if isinstance(n, ast.Name) and n.id.startswith("check_")}
+    return not called <= POINT_TO_POINT
+
+
 def _make_judge() -> type:
     """Build :class:`Judge` on first use: nbgrader is too heavy to import in every kernel."""
     from nbgrader.api import Gradebook
@@ -164,7 +181,7 @@ def _make_judge() -> type:
             source = root / "source" / info["assignment"] / f"{info['notebook']}.ipynb"
             copies = near_copies([text for _, text in sub.student], course_solutions(source))
             nb.metadata["course"] = {"near_copies": copies}  # for the grade table
-            with RankBox():
+            with RankBox(ddp=_trains_ddp(sub)):
                 for gid, cell in sub.grade_cells:
                     try:
                         passed, text = judge_cell(sub, sub.sources[gid])

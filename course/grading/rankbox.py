@@ -3,7 +3,7 @@
     with RankBox() as box:          # every course.ranks launch in here runs confined
         check_ring_sums(StudentCode(cells, "ring_allreduce"))
 
-The forkserver is a fresh Python started inside :func:`course.instructor.sandbox.confine`
+The forkserver is a fresh Python started inside :func:`course.grading.sandbox.confine`
 (no network, a read-only view of Python and the ``course`` package with the course's own
 reference implementations blanked, none of the course's sources, gradebook or submissions),
 as the uid in ``COURSE_SANDBOX_UID`` (one per submission graded at a time, so the process
@@ -23,12 +23,12 @@ import sys
 import tempfile
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import ClassVar, Self
 
 import psutil
 
-from course.instructor.sandbox import Limits, confine, sandbox_uid
-from course.instructor.slots import owned_by
+from course.grading.sandbox import Limits, confine, sandbox_uid
+from course.grading.slots import owned_by
 from course.ranks.confined import confined_launches
 from course.ranks.forkserver import Server
 
@@ -44,9 +44,11 @@ SCRATCH_SIZE = "256m"  # the scratch folder's size cap, when it can be a tmpfs (
 class RankBox:
     """A confined forkserver and its scratch folder, for the duration of a ``with``."""
 
-    def __init__(self, uid: int | None = None) -> None:
-        """``uid``: default ``COURSE_SANDBOX_UID``, which is then this submission's alone."""
+    def __init__(self, uid: int | None = None, ddp: bool = True) -> None:
+        """``uid``: default ``COURSE_SANDBOX_UID``, which is then this submission's alone;
+        ``ddp``: the checks train with DDP (its forkserver then imports ``torch._dynamo``)."""
         self.uid = sandbox_uid() if uid is None else uid
+        self.ddp = ddp
         self.exclusive = uid is None and "COURSE_SANDBOX_UID" in os.environ
         self._stack = contextlib.ExitStack()
 
@@ -66,8 +68,8 @@ class RankBox:
                        uid=self.uid, pid_namespace=False, hide=hide)  # fmt: skip
         wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(argv)} "$@"\n')
         wrapper.chmod(0o700)
-        preload = ("course.ranks.nodump", "course.checks", "course.instructor.student")
-        self.server = Server(str(wrapper), preload=preload)
+        preload = ("course.ranks.nodump", "course.checks", "course.grading.student")
+        self.server = (Server if self.ddp else _P2PServer)(str(wrapper), preload=preload)
         self._stack.callback(self.server.stop)
         launches = confined_launches(self.server, str(scratch), self._share, self._cleanup)
         self._stack.enter_context(launches)
@@ -93,6 +95,13 @@ class RankBox:
             with contextlib.suppress(psutil.Error):
                 if keep not in (proc.ppid(), proc.pid):
                     proc.kill()
+
+
+class _P2PServer(Server):
+    """A forkserver for checks that never train with DDP: without ``torch._dynamo``, whose
+    import (seconds of a submission's start) only DDP's first forward needs."""
+
+    PRELOAD: ClassVar = [m for m in Server.PRELOAD if m != "torch._dynamo"]
 
 
 def _mount_tmpfs(path: Path) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attacks
 
-from course.instructor.copies import near_copies, shared_rules
+from course.grading.copies import near_copies, shared_rules
 
 
 def test_the_solution_with_names_changed_is_flagged() -> None:

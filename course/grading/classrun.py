@@ -1,16 +1,20 @@
-"""Autograde a whole class: bounded parallelism, a time cap each, resumable, every outcome listed.
+"""Autograde a whole class: on a local pool or a Dask cluster, a time cap each, resumable.
 
 Each submitted folder is first inspected without following anything
-(:mod:`course.instructor.intake`): one holding a symlink, a hard link, a device, a FIFO, or too
-much, is rejected with the reason and never reaches nbgrader. nbgrader's SQLite gradebook takes
-one writer at a time, so each accepted submission is autograded by its own ``nbgrader
-autograde`` process in a private scratch course (:mod:`course.instructor.scratch`), as the uid
-of its worker slot (:mod:`course.instructor.slots`); finished submissions are merged into the
-real gradebook one at a time by this (single) process. Killing a run loses at most the
-submissions in flight: ``autograded/.classrun.json`` records each finished one with a hash of
-its submitted files; the next run skips those graded with unchanged files and retries the rest.
+(:mod:`course.grading.intake`): one holding a symlink, a hard link, a device, a FIFO, or too
+much, is rejected with the reason and never reaches nbgrader. Each accepted submission
+becomes one task of plain data (its files as read, the assignment's source, the config, a
+gradebook without any student's work), graded by a worker of the executor
+(:mod:`course.grading.executors`: a pool on this machine by default, or every worker of
+a Dask scheduler) in a private scratch course, as a uid leased for it alone
+(:mod:`course.grading.scratch`). Each worker sends back plain data, which this (single)
+process checks and merges into the real gradebook one at a time: no worker writes it.
+Killing a run loses at most the submissions in flight: ``autograded/.classrun.json`` records
+each finished one with a hash of its submitted files; the next run skips those graded with
+unchanged files and retries the rest.
 
-    python -m course.instructor.classrun ring_allreduce --workers 2 --timeout 600
+    python -m course.grading.classrun ring_allreduce --workers 2 --timeout 600
+    python -m course.grading.classrun ring_allreduce --scheduler tcp://HOST:8786
 """
 
 from __future__ import annotations
@@ -18,18 +22,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from course.grading.executors import Executor, LocalPool, executor_for
+from course.grading.intake import Rejected, inspect, read_inert
+from course.grading.results import WRITING, merge
+from course.grading.scratch import course_task, trimmed_gradebook
 from course.instructor.commands import open_gradebook
-from course.instructor.intake import Rejected, inspect
-from course.instructor.scratch import autograde_one, merge
-from course.instructor.slots import Slots
 
 __all__ = ["Outcome", "autograde_class", "main", "submission_digest"]
 
@@ -50,6 +52,7 @@ class Outcome:
     error: str = ""
     digest: str = ""
     note: str = ""  # graded, but something was left out of autograded/ (not a plain file)
+    worker: str = ""  # host:pid of the worker that graded it
 
 
 def submission_digest(folder: Path) -> str:
@@ -85,8 +88,12 @@ def autograde_class(
     workers: int = 2,
     timeout: float = 600.0,
     progress: Callable[[str], None] = print,
+    executor: Executor | None = None,
 ) -> list[Outcome]:
-    """Autograde every submission of ``assignment`` under ``root``; one :class:`Outcome` each."""
+    """Autograde every submission of ``assignment`` under ``root``; one :class:`Outcome` each.
+
+    ``executor`` grades the tasks (default: a local pool of ``workers``).
+    """
     root = Path(root).resolve()
     todo = [
         s for s in _candidates(root / "submitted", assignment) if students is None or s in students
@@ -94,14 +101,15 @@ def autograde_class(
     manifest = _Manifest(root / "autograded" / MANIFEST, assignment)
     outcomes, queue = _plan(root / "submitted", assignment, todo, manifest.entries)
     kept = sum(o.status == "skipped" for o in outcomes.values())
-    progress(f"{assignment}: {len(queue)} to grade, {kept} unchanged since last run")
-    report = _Reporter(outcomes, manifest, len(queue), progress)
+    executor = executor or LocalPool(workers)
+    progress(f"{assignment}: {len(queue)} to grade on {executor}, {kept} unchanged since last run")
+    report = _Reporter(outcomes, manifest, len(queue), progress, assignment)
     for outcome in outcomes.values():
         if outcome.status != "skipped":
             report.before_run(outcome)
     started = time.monotonic()
     if queue:
-        _grade_queue(root, assignment, queue, workers, timeout, report)
+        _grade_queue(root, assignment, queue, executor, timeout, report)
     elapsed = time.monotonic() - started
     failed = sorted(s for s, o in outcomes.items() if o.status == "failed")
     rejected = sorted(s for s, o in outcomes.items() if o.status == "rejected")
@@ -118,38 +126,27 @@ def _grade_queue(
     root: Path,
     assignment: str,
     queue: list[tuple[str, str]],
-    workers: int,
+    executor: Executor,
     timeout: float,
     report: Callable[[Outcome], None],
 ) -> None:
-    """Grade ``queue`` ``workers`` at a time, each as its slot's uid; merge each as it ends."""
-    slots = Slots(max(1, workers))
-
-    def grade(student: str) -> tuple[Path | BaseException, float]:
-        """The scratch course graded (or why not), and the seconds it took either way."""
-        started = time.monotonic()
+    """Grade ``queue`` on ``executor``, one task each; merge each result here as it ends."""
+    with WRITING:  # never copied while another assignment's result is being merged
+        with open_gradebook(root / "gradebook.db"):  # made (or repaired) before it is copied
+            pass
+        gradebook = trimmed_gradebook(root / "gradebook.db")
+    course = course_task(root, assignment, gradebook)
+    tasks = []
+    for student, digest in queue:
         try:
-            with slots.lend() as uid:  # every process of the uid is killed when it is given back
-                graded: Path | BaseException = autograde_one(
-                    root, snapshot, assignment, student, timeout, uid
-                )
-        except Exception as err:  # noqa: BLE001 - recorded by _collect, with its time
-            graded = err
-        return graded, time.monotonic() - started
-
-    with open_gradebook(root / "gradebook.db"):  # made (or repaired) before it is copied
-        pass
-    snapshot = Path(tempfile.mkdtemp(prefix="classrun-")) / "gradebook.db"
-    shutil.copyfile(root / "gradebook.db", snapshot)  # workers copy this, never the live one
-    try:
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            pending = {pool.submit(grade, student): (student, digest) for student, digest in queue}
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    report(_collect(root, assignment, fut, *pending.pop(fut)))
-    finally:
-        shutil.rmtree(snapshot.parent, ignore_errors=True)
+            files, _ = read_inert(root / "submitted", (student, assignment))
+        except Rejected as why:  # it changed since the inspection, into something not plain
+            report(Outcome(student, "rejected", error=f"submitted/{student}/{assignment}: {why}"))
+            continue
+        task = {"student": student, "digest": digest, "submission": files, "timeout": timeout}
+        tasks.append(task)
+    for result in executor.run(course, tasks):
+        report(_collect(root, assignment, result))
 
 
 @dataclass
@@ -160,13 +157,14 @@ class _Reporter:
     manifest: _Manifest
     queued: int
     progress: Callable[[str], None]
+    assignment: str = ""
     done: int = 0
 
     def before_run(self, outcome: Outcome) -> None:
         """An outcome decided by the inspection alone: rejected, or unreadable."""
         self.manifest.write(outcome)
         word = "REJECTED, not graded" if outcome.status == "rejected" else "FAILED"
-        self.progress(f"{outcome.student}: {word}: {outcome.error}")
+        self.progress(f"{self.assignment}/{outcome.student}: {word}: {outcome.error}")
 
     def __call__(self, outcome: Outcome) -> None:
         self.outcomes[outcome.student] = outcome
@@ -179,7 +177,8 @@ class _Reporter:
         }[outcome.status]
         note = f"; left out of autograded/: {outcome.note}" if outcome.note else ""
         self.progress(
-            f"[{self.done}/{self.queued}] {outcome.student}: {what} ({outcome.seconds:.1f} s){note}"
+            f"[{self.done}/{self.queued}] {self.assignment}/{outcome.student}: {what} "
+            f"({outcome.seconds:.1f} s){note}"
         )
 
 
@@ -193,11 +192,12 @@ class _Manifest:
 
     def write(self, outcome: Outcome) -> None:
         self.entries[outcome.student] = {**asdict(outcome), "status": outcome.status}
-        everything = _load_manifest(self.path)
-        everything[self.assignment] = self.entries
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(everything, indent=1, sort_keys=True))
-        tmp.replace(self.path)  # atomic: an interrupted run never leaves half a manifest
+        with WRITING:  # one assignment's writer at a time rewrites the whole file
+            everything = _load_manifest(self.path)
+            everything[self.assignment] = self.entries
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(everything, indent=1, sort_keys=True))
+            tmp.replace(self.path)  # atomic: an interrupted run never leaves half a manifest
 
 
 def _plan(
@@ -228,40 +228,37 @@ def _plan(
     return outcomes, queue
 
 
-def _collect(root: Path, assignment: str, fut: Future, student: str, digest: str) -> Outcome:
+def _collect(root: Path, assignment: str, result: dict) -> Outcome:
     """One finished submission: merged into the gradebook, or failed (or rejected) and why."""
-    outcome = Outcome(student, "failed", digest=digest)
-    graded, outcome.seconds = fut.result()
-    try:
-        scratch = _result(graded)
-        try:  # merging is serial: only the caller's thread writes the real gradebook
-            outcome.score, outcome.max_score, left_out = merge(root, scratch, assignment, student)
-            outcome.status, outcome.note = "graded", "; ".join(left_out)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    except Rejected as why:  # it changed after the inspection, into something not plain
-        where = f"submitted/{student}/{assignment}"
-        outcome.status, outcome.error = "rejected", f"{where}: {why}"
+    student, digest = result["student"], result["digest"]
+    outcome = Outcome(student, "failed", digest=digest, seconds=float(result.get("seconds", 0)))
+    outcome.worker = str(result.get("worker", ""))
+    if result.get("status") == "rejected":
+        outcome.status = "rejected"
+        outcome.error = f"submitted/{student}/{assignment}: {result.get('error', '')}"
+        return outcome
+    if result.get("status") != "graded":
+        outcome.error = str(result.get("error", "no result"))
+        return outcome
+    try:  # merging is serial: only this process writes the gradebook and autograded/
+        outcome.score, outcome.max_score, left_out = merge(root, assignment, student, result)
+        outcome.status, outcome.note = "graded", "; ".join(left_out)
+    except Rejected as why:  # a result file name that could leave its folder
+        outcome.error = f"the grading machine sent back an unsafe file ({why})"
     except Exception as err:  # noqa: BLE001 - any failure is recorded; the run goes on
         outcome.error = f"{type(err).__name__}: {err}"
     return outcome
 
 
-def _result(graded: Path | BaseException) -> Path:
-    """The scratch course, or the grading's own exception raised again."""
-    if isinstance(graded, BaseException):
-        raise graded
-    return graded
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``python -m course.instructor.classrun ASSIGNMENT [--workers N] [--timeout S]``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m course.instructor.classrun", description=__doc__
-    )
+    """``python -m course.grading.classrun ASSIGNMENT [--workers N | --scheduler URL]``."""
+    parser = argparse.ArgumentParser(prog="python -m course.grading.classrun", description=__doc__)
     parser.add_argument("assignment")
     parser.add_argument("--root", default=".")
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    parser.add_argument(
+        "--scheduler", help="grade on the Dask cluster of this scheduler (tcp://HOST:8786)"
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per submission")
     parser.add_argument(
         "--retry-failed", action="store_true", help="kept for old scripts: every run retries"
@@ -269,8 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--student", action="append", help="only these students")
     args = parser.parse_args(argv)
     outcomes = autograde_class(
-        args.assignment, args.root, students=args.student, workers=args.workers,
-        timeout=args.timeout, progress=lambda line: print(line, flush=True),
+        args.assignment, args.root, students=args.student, timeout=args.timeout,
+        progress=lambda line: print(line, flush=True),
+        executor=executor_for(args.scheduler, args.workers),
     )  # fmt: skip
     return 0 if all(o.status in ("graded", "skipped") for o in outcomes) else 1
 

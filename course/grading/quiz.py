@@ -13,7 +13,7 @@ import ast
 from typing import Any
 
 from course.checks.answers import answer_verdict
-from course.instructor.student import UNREADABLE, cell_source, parse_cell
+from course.grading.student import UNREADABLE, cell_source, parse_cell
 
 __all__ = ["quiz_call", "quiz_verdict", "read_answer"]
 

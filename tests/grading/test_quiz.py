@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from course.instructor.quiz import quiz_call, quiz_verdict, read_answer
+from course.grading.quiz import quiz_call, quiz_verdict, read_answer
 
 NAME = "answer_ring_1"
 RELEASED = f'{NAME} = ""  # your answer: one letter, "a" to "d"\n'

@@ -20,7 +20,7 @@ import tokenize
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from course.instructor.student import parse_cell
+from course.grading.student import parse_cell
 
 __all__ = ["course_solutions", "near_copies", "normalised", "shared_rules"]
 

@@ -1,6 +1,6 @@
 """Confinement for code a submission runs: no network, no view of the course, another uid.
 
-Grading runs a submission's code only on ranks (:mod:`course.instructor.rankbox`), forked
+Grading runs a submission's code only on ranks (:mod:`course.grading.rankbox`), forked
 from a forkserver that :func:`confine` starts inside bubblewrap
 (https://github.com/containers/bubblewrap) with:
 
@@ -14,9 +14,9 @@ from a forkserver that :func:`confine` starts inside bubblewrap
   processes, open files, file size. The uid is ``$COURSE_SANDBOX_UID`` (``nobody``, 65534,
   when unset): a class run gives each worker slot its own (62000 + slot), so the process
   limit, which the kernel counts per uid, is per submission, and whatever a submission left
-  running can be stopped without touching the others (:mod:`course.instructor.slots`).
+  running can be stopped without touching the others (:mod:`course.grading.slots`).
 
-Confine any command: ``python -m course.instructor.sandbox --rw DIR -- python script.py``.
+Confine any command: ``python -m course.grading.sandbox --rw DIR -- python script.py``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ __all__ = [
 UID_ENV = "COURSE_SANDBOX_UID"  # the uid confined code runs as; set per slot by classrun
 SANDBOX_UID = 65534  # nobody: the uid when COURSE_SANDBOX_UID is unset
 # Class runs: worker slot i grades as uid 62000 + i. These uids must belong to no account:
-# every process they own is killed after each submission (course.instructor.slots).
+# every process they own is killed after each submission (course.grading.slots).
 SLOT_UID_BASE = 62000
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt")
 ENV_KEEP = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "NBGRADER_EXECUTION", "OMP_NUM_THREADS")
@@ -190,9 +190,9 @@ def give_to_sandbox(path: str, uid: int | None = None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m course.instructor.sandbox [--rw DIR]... [--cwd DIR] -- CMD``: confine CMD"""
+    """``python -m course.grading.sandbox [--rw DIR]... [--cwd DIR] -- CMD``: confine CMD"""
     parser = argparse.ArgumentParser(
-        prog="python -m course.instructor.sandbox", description=main.__doc__
+        prog="python -m course.grading.sandbox", description=main.__doc__
     )
     parser.add_argument("--rw", action="append", default=[], help="dir the command may write")
     parser.add_argument("--ro", action="append", default=[], help="extra dir it may read")

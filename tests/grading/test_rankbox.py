@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import cloudpickle
 import pytest
 
-from course.instructor import sandbox
-from course.instructor.judge import judge_cell
-from course.instructor.rankbox import RankBox
-from course.instructor.student import StudentCode
+from course.grading import sandbox
+from course.grading.judge import judge_cell
+from course.grading.rankbox import RankBox
+from course.grading.student import StudentCode
 from course.ranks import PerRank, launch
 
 pytestmark = [

@@ -2,7 +2,7 @@
 
 One class of the real ring_allreduce assignment (16 points) is autograded the one way the
 course grades (``classrun``: one ``nbgrader autograde`` per submission with the course's
-``nbgrader_config.py``, so ``course.instructor.judge``): an honest right and an honest wrong
+``nbgrader_config.py``, so ``course.grading.judge``): an honest right and an honest wrong
 submission, and one hostile submission per attack in ``attacks.py``, each the honest wrong one
 plus its attack. The honest right one is graded at the same time as the fork bomb.
 """
@@ -17,7 +17,7 @@ import attacks
 import nbformat
 import pytest
 
-from course.instructor import classrun, sandbox
+from course.grading import classrun, sandbox
 from course.instructor.commands import nbgrader
 from course.instructor.grades import format_grades, grade_rows, near_copies
 from course.instructor.pipeline import prepare_course

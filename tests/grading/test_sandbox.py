@@ -12,8 +12,9 @@ import cloudpickle
 import pytest
 
 import course
-from course.instructor import sandbox
-from course.instructor.rankbox import RankBox
+from course.grading import sandbox
+from course.grading.rankbox import RankBox
+from course.grading.slots import lease_uid
 from course.ranks import launch
 
 pytestmark = [
@@ -152,7 +153,8 @@ def test_confine_runs_as_the_uid_the_environment_names(monkeypatch: pytest.Monke
 
 def test_a_confined_command_runs_as_the_slot_uid(monkeypatch: pytest.MonkeyPatch) -> None:
     """Run for real: does a confined `id` report the uid $COURSE_SANDBOX_UID names?"""
-    monkeypatch.setenv(sandbox.UID_ENV, "62001")
-    cmd = sandbox.confine(["id", "-u"])
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True)
-    assert done.stdout.strip() == "62001"
+    with lease_uid() as lease:
+        monkeypatch.setenv(sandbox.UID_ENV, str(lease.uid))
+        cmd = sandbox.confine(["id", "-u"])
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == str(lease.uid)

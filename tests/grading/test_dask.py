@@ -1,0 +1,224 @@
+"""Grading on a Dask cluster: a real scheduler, two real workers, grades as the local pool's.
+
+The sample class (autograde/submissions, ring_allreduce: model work, the naive exchange, a
+deadlocking ring, a crashing ring) is graded three times, each in its own copy of one
+released course: by the local pool, on the cluster, and on the cluster while one of its two
+workers is killed mid-task. Each worker is its own process tree (no nanny) with its own
+scratch root (``TMPDIR``), started by the test with ``dask scheduler`` and ``dask worker``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from course.grading.classrun import autograde_class
+from course.grading.executors import DaskCluster, LocalPool
+from course.instructor import pipeline
+from course.instructor.commands import nbgrader, open_gradebook
+from course.instructor.submissions import SPECS, load_specs, submit
+
+distributed = pytest.importorskip("distributed", reason="Dask distributed is not installed")
+
+pytestmark = [
+    pytest.mark.nbgrader,
+    pytest.mark.ranks,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+]
+
+RING = "ring_allreduce"
+DASK = str(Path(sys.executable).parent / "dask")
+START = 60.0  # seconds for the scheduler and its workers to come up
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A course with the ring released and the sample class submitted, copied per run."""
+    root = pipeline.prepare_course(tmp_path_factory.mktemp("dask") / "course")
+    nbgrader(root, "generate_assignment", RING, "--force")
+    submit(root, [s for s in load_specs(SPECS) if s.assignment == RING])
+    return root
+
+
+def _copy(released: Path, name: str) -> Path:
+    root = released.parent / name
+    shutil.copytree(released, root, symlinks=True)
+    return root
+
+
+def grades(root: Path) -> dict[tuple[str, str], float]:
+    """Every (student, grade cell) of the ring and its score, from the gradebook."""
+    with open_gradebook(root / "gradebook.db") as gb:
+        subs = gb.assignment_submissions(RING)
+        return {
+            (sub.student_id, grade.name): float(grade.score)
+            for sub in subs
+            for nb in sub.notebooks
+            for grade in nb.grades
+        }
+
+
+@pytest.fixture(scope="module")
+def local(released: Path) -> dict[tuple[str, str], float]:
+    """The grades the local pool gives the sample class (2 at a time)."""
+    root = _copy(released, "local")
+    outcomes = autograde_class(RING, root, executor=LocalPool(2), progress=print)
+    assert all(o.status == "graded" for o in outcomes), outcomes
+    return grades(root)
+
+
+class Cluster:
+    """A ``dask scheduler`` on loopback and two ``dask worker`` processes, each its own tree."""
+
+    def __init__(self, work: Path) -> None:
+        self.work, self.procs = work, []
+        self.file = work / "scheduler.json"
+        self.scheduler = self._start("scheduler", [DASK, "scheduler", "--host", "127.0.0.1",
+                                     "--port", "0", "--no-dashboard",
+                                     "--scheduler-file", str(self.file)])  # fmt: skip
+        self.address = self._address()
+        self.workers = {}
+        for name in ("wa", "wb"):
+            scratch = work / f"scratch-{name}"
+            scratch.mkdir()
+            cmd = [DASK, "worker", self.address, "--name", name, "--nthreads", "1",
+                   "--no-nanny", "--no-dashboard", "--local-directory", str(scratch)]  # fmt: skip
+            self.workers[name] = self._start(name, cmd, TMPDIR=str(scratch))
+        self._wait_for_workers(2)
+
+    def _start(self, name: str, cmd: list[str], **env: str) -> subprocess.Popen:
+        log = (self.work / f"{name}.log").open("w")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **env}, start_new_session=True)  # fmt: skip
+        self.procs.append(proc)
+        return proc
+
+    def _address(self) -> str:
+        import json
+
+        deadline = time.monotonic() + START
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                return json.loads(self.file.read_text())["address"]
+            if self.scheduler.poll() is not None:
+                pytest.fail(f"dask scheduler exited: {self.log('scheduler')}")
+            time.sleep(0.2)
+        pytest.fail(f"dask scheduler did not start: {self.log('scheduler')}")
+        return ""
+
+    def _wait_for_workers(self, n: int) -> None:
+        with distributed.Client(self.address, timeout=START) as client:
+            client.wait_for_workers(n, timeout=START)
+
+    def log(self, name: str) -> str:
+        return (self.work / f"{name}.log").read_text()[-3000:]
+
+    def worker_running_a_task(self) -> tuple[str, str]:
+        """(worker name, student) of a grading task in progress, a few seconds in."""
+        with distributed.Client(self.address, timeout=START) as client:
+            names = {addr: w["name"] for addr, w in client.scheduler_info()["workers"].items()}
+            deadline = time.monotonic() + START
+            while time.monotonic() < deadline:
+                busy = [
+                    (addr, key)
+                    for addr, keys in client.processing().items()
+                    for key in keys
+                    if str(key).startswith("autograde-")
+                ]
+                if busy:
+                    time.sleep(3)  # well into the task: its grader and ranks are running
+                    addr, key = busy[0]
+                    return names[addr], str(key).removeprefix(f"autograde-{RING}-")[:-9]
+                time.sleep(0.2)
+        pytest.fail("no worker started a grading task")
+        return "", ""
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a worker (its grader dies with it: a parent-death signal)."""
+        self.workers[name].kill()
+        self.workers[name].wait()
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A fresh cluster of two workers for one test; everything it started is killed after."""
+    started = Cluster(tmp_path)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def test_the_cluster_gives_the_local_pools_grades(released, local, cluster) -> None:
+    """Graded on a Dask scheduler's two workers, does the class get the local pool's grades,
+    each submission graded by one of them and merged here?"""
+    root = _copy(released, "on-dask")
+    outcomes = autograde_class(RING, root, executor=DaskCluster(cluster.address), progress=print)
+    assert all(o.status == "graded" for o in outcomes), outcomes
+    assert grades(root) == local
+    assert all(o.worker for o in outcomes)
+    assert len({o.worker for o in outcomes}) == 2  # both workers graded part of the class
+
+
+def test_a_worker_killed_mid_task_costs_a_retry_not_a_grade(released, local, cluster) -> None:
+    """With one of two workers killed while it grades, is its task graded by the other and
+    is every grade still the local pool's?"""
+    root = _copy(released, "killed")
+    box: dict = {}
+    run = threading.Thread(
+        target=lambda: box.update(
+            outcomes=autograde_class(
+                RING, root, executor=DaskCluster(cluster.address), progress=print
+            )
+        )
+    )
+    run.start()
+    victim, student = cluster.worker_running_a_task()
+    cluster.kill(victim)
+    assert _all_gone(cluster.work / f"scratch-{victim}", 70)  # nothing outlives its worker
+    run.join(timeout=600)
+    assert not run.is_alive()
+    outcomes = {o.student: o for o in box["outcomes"]}
+    assert all(o.status == "graded" for o in outcomes.values()), outcomes
+    assert grades(root) == local
+    survivor = cluster.workers["wb" if victim == "wa" else "wa"].pid
+    assert outcomes[student].worker.endswith(f":{survivor}")  # graded again, on the other
+
+
+def _all_gone(scratch: Path, seconds: float) -> bool:
+    """Wait until no process has ``scratch`` in its command line (the grader and its sandbox
+    die with the worker; a rank forked there, deadlocked, may wait out gloo's timeout, 5 times
+    a 10 s deadline, unless the uid is leased again first)."""
+    deadline = time.monotonic() + seconds
+    while _graders_in(scratch):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def _graders_in(scratch: Path) -> list[int]:
+    """Pids of processes still running with ``scratch`` in their command line."""
+    return [
+        proc.pid
+        for proc in psutil.process_iter(["cmdline"])
+        if any(str(scratch) in part for part in proc.info["cmdline"] or [])
+    ]
