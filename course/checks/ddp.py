@@ -204,7 +204,7 @@ def _weighted_trial(weighted_loss: Any, mine: Samples) -> dict[str, Any]:
 
 def _weighted_oracle(data: list[Samples]) -> dict[str, list]:
     """Computed by the checker from every rank's samples: the pooled per-sample mean's
-    gradient, and the mean of the local means' (what an unweighted loss gives)."""
+    gradient, and the mean of the local means'."""
     oracle = _weighted_model()
 
     def grad_of(loss_value: torch.Tensor) -> list[torch.Tensor]:

@@ -70,7 +70,7 @@ def seed_step(hook: CommHook | None = None) -> dict[str, Any]:
 
 
 def scaling_order(numel: int = 20_000, seed: int = 5) -> dict[str, int]:
-    """Where DDP divides by world_size: elements of ``.grad`` that differ from each ordering.
+    """Which order of sum and scaling DDP's ``.grad`` matches: the elements off each one.
 
     Rank r's gradient is random data of its own; ``.grad`` is compared, bit for bit, with
     ``all_reduce(g * (1 / N))`` (scale, then sum) and with ``all_reduce(g) / N`` (sum, then

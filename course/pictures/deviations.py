@@ -76,7 +76,7 @@ def _anonymous(v: Violation) -> str:
 
 def pending_sends(trace: Trace) -> list[Message]:
     """Blocking sends that were posted and never completed: the last send of each unfinished
-    rank that was stuck in ``dist.send`` (gloo's send waits for the peer's receive)."""
+    rank that was stuck in ``dist.send``."""
     pending = []
     for rank in trace.unfinished:
         sends = trace.of(rank, "send")
