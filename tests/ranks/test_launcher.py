@@ -12,6 +12,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -334,7 +335,17 @@ def test_children_of_ranks_die(tmp_path: object) -> None:
     assert all(_dead(p) for p in pids)
 
 
+@pytest.fixture
+def sigint_interrupts() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt here, as in a terminal or a kernel, even where the tests
+    were started with it ignored (a background job), which Python then keeps."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.ranks
+@pytest.mark.usefixtures("sigint_interrupts")
 def test_interrupt_kills_the_run(tmp_path: object) -> None:
     """Does interrupting the caller (KeyboardInterrupt) kill every rank, and the next run work?"""
     run(rank_and_sum, 2, 0)  # a warm forkserver: the ranks are up before the interrupt
@@ -413,9 +424,11 @@ def test_dead_forkserver_is_replaced() -> None:
 
 SCRIPT = textwrap.dedent(
     """
-    import os, sys
+    import os, signal, sys
     from course import ranks
     from course.ranks import forkserver
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal or a kernel
 
     def total():
         import torch, torch.distributed as dist
