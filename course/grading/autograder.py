@@ -13,15 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from course.grading.limits import SECONDS_ENV
 from course.grading.sandbox import UID_ENV
 from course.grading.slots import Lease
 from course.grading.warm import run_warm
 from course.instructor.commands import env
 
-__all__ = ["JUDGE_SHARE", "arguments", "autograde_process"]
-
-JUDGE_SHARE = 0.75  # of a submission's time cap, for the judge's checks (nbgrader has the rest)
+__all__ = ["arguments", "autograde_process"]
 
 
 def arguments(scratch: Path, assignment: str, student: str) -> list[str]:
@@ -41,8 +38,5 @@ def autograde_process(
     Raises TimeoutError when it runs past ``timeout`` seconds (it is killed first).
     """
     run_env = {**env(), UID_ENV: str(lease.uid)}  # the uid its sandboxed processes run as
-    # The judge's own time cap, inside this one: it fails the checks it could not finish and
-    # still writes a grade, where reaching ``timeout`` would leave the submission FAILED.
-    run_env[SECONDS_ENV] = f"{max(30.0, timeout * JUDGE_SHARE):g}"
     argv = arguments(scratch, assignment, student)
     return run_warm(scratch, argv, run_env, scratch / "autograde.log", timeout)

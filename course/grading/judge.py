@@ -232,6 +232,7 @@ def _make_judge() -> type:
                     passed, text = self._judge(sub, gid, limits)
                     cell.outputs = _outputs(passed, text)
                     self.log.info("%s: %s", gid, "passed" if passed else "failed")
+                self.log.info("the judge's own CPU time: %.1f s", limits.used())
             return nb, resources
 
         def _judge(self, sub: Submission, gid: str, limits: JudgeLimits) -> tuple[bool, str]:
