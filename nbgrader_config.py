@@ -38,7 +38,16 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE"}
 # are read from the notebook's text; each code check runs here, its ranks confined
 # (course.grading.rankbox: bubblewrap, an unprivileged uid, no network, no course sources),
 # and its verdict is computed here from the plain data they send back. Cells that grade
-# nothing are not run. There is no switch: the tests and `make demo` grade this way too.
-from course.grading.judge import autograde_preprocessors  # noqa: E402 - the config above must not depend on the course
+# nothing are not run. Which cells grade, and for how many points, the gradebook says
+# (course.grading.cells rebuilds the notebook's nbgrader metadata before nbgrader reads it,
+# and a grade cell the student deleted is put back). There is no switch: the tests and
+# `make demo` grade this way too.
+from course.grading.judge import autograde_preprocessors, sanitize_preprocessors  # noqa: E402 - the config above must not depend on the course
 
+c.Autograde.sanitize_preprocessors = sanitize_preprocessors()
 c.Autograde.autograde_preprocessors = autograde_preprocessors()
+
+# Student markdown stays inert wherever nbgrader renders it: the feedback page and the
+# formgrader's view of a submission (course.grading.inert: no script, no event handler).
+c.HTMLExporter.sanitize_html = True
+c.HTMLExporter.filters = {"markdown2html": "course.grading.inert.markdown2html"}

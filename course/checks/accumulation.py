@@ -18,7 +18,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course.checks.compare import MODEL_SEED, close, fresh_seed, near, rank_generators
+from course.checks.compare import (
+    MODEL_SEED,
+    close,
+    comparable,
+    fresh_seed,
+    near,
+    rank_generators,
+)
 from course.checks.ddp import on_ranks
 from course.checks.teaching import teaches, user_traceback
 from course.experiments.accumulation import counting_hook
@@ -131,7 +138,8 @@ def check_accumulation_values(
     """The step must move the weights exactly as one SGD step on the whole global batch."""
     for world_size, s, results in _accumulation_results(accumulation_step, world_sizes, k, seed):
         for r in results:
-            got, want = r["update"], r["large_update"]
+            want = r["large_update"]
+            got = comparable(r["update"], want, "weights")
             if close(got, want):
                 continue
             where = f"rank {r['rank']} of {world_size}, K = {k} micro-batches (seed {s})"

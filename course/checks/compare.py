@@ -12,6 +12,7 @@ __all__ = [
     "MODEL_SEED",
     "RTOL",
     "close",
+    "comparable",
     "fresh_seed",
     "local_grads",
     "mean_over_ranks",
@@ -57,13 +58,39 @@ def local_grads(
     return [[grads(x) for x in mine] for mine in batches]
 
 
+def comparable(got: object, want: torch.Tensor, what: str = "values") -> torch.Tensor:
+    """``got`` (what the ranks sent back) if it is a tensor of ``want``'s dtype; otherwise an
+    AssertionError that says what came back and what the model holds, before any arithmetic
+    (``torch.allclose`` of float64 and float32, or of bool and float, raises)."""
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(  # noqa: TRY004 - a verdict on the student's work, as every check raises
+            f"your code's {what} came back as {type(got).__name__}, not a tensor: "
+            "return (or leave in place) the tensors the exercise asks for"
+        )
+    if got.dtype != want.dtype:
+        mine, theirs = _dtype(got.dtype), _dtype(want.dtype)
+        raise AssertionError(
+            f"your function left {mine} {what}; the model is {theirs}: keep the model's dtype "
+            f"(a {mine} tensor or .to()/.double() in the step changes it)"
+        )
+    return got
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two gradients agree to float32 tolerance."""
+    """Whether ``a`` (the student's) agrees with ``b`` (the oracle's) to float32 tolerance.
+
+    A tensor of another dtype, or not a tensor, fails with its reason (:func:`comparable`)."""
+    a = comparable(a, b)
     return a.shape == b.shape and torch.allclose(a, b, rtol=RTOL, atol=ATOL)
 
 
 def ratio(got: torch.Tensor, want: torch.Tensor) -> float | None:
     """The constant factor ``got / want``, if there is one (else None)."""
+    got = comparable(got, want)
     mask = want.abs() > 1e-3
     if got.shape != want.shape or not mask.any():
         return None

@@ -141,7 +141,7 @@ def running_case(directory: str, rank: int, count: int) -> int | None:
         for line in read_rank_file(str(log_path(directory, rank, "progress"))).splitlines():
             entry = json.loads(line)
             current = entry.get("case", current if "done" not in entry else None)
-    except (FileNotFoundError, ValueError, AttributeError):
+    except (FileNotFoundError, ValueError, AttributeError, RecursionError):
         pass
     ok = isinstance(current, int) and not isinstance(current, bool) and 0 <= current < count
     return current if ok else None

@@ -12,9 +12,12 @@ itself, and nbgrader scores those outputs as usual (an error output: no points):
   send back plain data, from which the check computes its verdict here.
 
 Cells that grade nothing (measurements, widgets, benchmarks, the student's tries) are not
-run. Register it in ``nbgrader_config.py``::
+run. Which cells are grade cells, and their points, the gradebook says
+(:mod:`course.grading.cells`, first in the sanitizing pipeline). Register both in
+``nbgrader_config.py``::
 
-    from course.grading.judge import autograde_preprocessors
+    from course.grading.judge import autograde_preprocessors, sanitize_preprocessors
+    c.Autograde.sanitize_preprocessors = sanitize_preprocessors()
     c.Autograde.autograde_preprocessors = autograde_preprocessors()
 """
 
@@ -29,12 +32,19 @@ from typing import Any
 
 from course.checks.teaching import CheckFailed
 from course.grading.copies import course_solutions, near_copies
+from course.grading.limits import JudgeLimits, OverLimit
 from course.grading.quiz import quiz_call, quiz_verdict
 from course.grading.rankbox import RankBox
 from course.grading.student import StudentCode, cell_source, parse_cell
 from course.ranks.magics import bound_names
 
-__all__ = ["GraderError", "Submission", "autograde_preprocessors", "judge_cell"]
+__all__ = [
+    "GraderError",
+    "Submission",
+    "autograde_preprocessors",
+    "judge_cell",
+    "sanitize_preprocessors",
+]
 
 
 class GraderError(RuntimeError):
@@ -97,13 +107,48 @@ def _only_imports(source: str) -> bool:
     return tree is not None and all(isinstance(n, ast.Import | ast.ImportFrom) for n in tree.body)
 
 
-# What a check raises when the ranks' replies are not what it reads: the student's doing
-# (their code ran there), so the cell fails with the reason; anything else is the grader's.
-_BAD_REPLY = (TypeError, IndexError, KeyError, ValueError, AttributeError, ZeroDivisionError)
+# Where code runs that only the machine can make fail (starting ranks, confining them): an
+# error raised there is the grader's; an error anywhere else while a verdict is computed (the
+# check's own arithmetic on what the ranks sent, torch's, the parser's) is the reply's doing.
+COURSE = Path(__file__).resolve().parents[1]
+MACHINE = tuple(
+    str(COURSE / part)
+    for part in ("ranks/launcher.py", "ranks/forkserver.py", "ranks/supervisor.py",
+                 "ranks/confined.py", "ranks/worker.py", "grading/rankbox.py",
+                 "grading/sandbox.py", "grading/slots.py")
+)  # fmt: skip
+
+
+def machine_side(err: BaseException) -> bool:
+    """Was ``err`` raised in the machinery that runs ranks, not in computing a verdict?"""
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith(MACHINE):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def bad_reply(err: BaseException) -> str:
+    """What a student reads when the check could not compute with what their ranks sent."""
+    if isinstance(err, RecursionError):
+        what = "it is nested too deeply to read"
+    elif isinstance(err, MemoryError):
+        what = "it is too large to read"
+    else:
+        what = f"{type(err).__name__}: {str(err)[:300]}"
+    return (
+        "What your code's ranks sent back is not what this check reads, so it earns no points "
+        f"({what}). Return the values the exercise asks for: the same dtypes, shapes and "
+        "sizes as its inputs, with nothing of your own added."
+    )
 
 
 def judge_cell(sub: Submission, source: str) -> tuple[bool, str]:
-    """(passed, what the student reads) for one grade cell's (instructor's) source."""
+    """(passed, what the student reads) for one grade cell's (instructor's) source.
+
+    Any error while the verdict is computed fails this cell with its reason; only the
+    machine's own failures (:func:`machine_side`) propagate, to fail the submission."""
     call = quiz_call(source)
     try:
         if call is not None:
@@ -111,9 +156,10 @@ def judge_cell(sub: Submission, source: str) -> tuple[bool, str]:
         return True, _run_check(sub, source)
     except AssertionError as err:  # CheckFailed included: the verdict on the student's work
         return False, str(err)
-    except _BAD_REPLY as err:
-        what = f"{type(err).__name__}: {err}"[:300]
-        return False, f"What your code's ranks sent back is not what this check reads ({what})."
+    except Exception as err:
+        if machine_side(err):
+            raise
+        return False, bad_reply(err)
 
 
 def _run_check(sub: Submission, source: str) -> str:
@@ -181,17 +227,29 @@ def _make_judge() -> type:
             source = root / "source" / info["assignment"] / f"{info['notebook']}.ipynb"
             copies = near_copies([text for _, text in sub.student], course_solutions(source))
             nb.metadata["course"] = {"near_copies": copies}  # for the grade table
-            with RankBox(ddp=_trains_ddp(sub)):
+            with RankBox(ddp=_trains_ddp(sub)), JudgeLimits() as limits:
                 for gid, cell in sub.grade_cells:
-                    try:
-                        passed, text = judge_cell(sub, sub.sources[gid])
-                    except Exception as err:
-                        raise GraderError(
-                            f"grading cell {gid} failed: {type(err).__name__}: {err}"
-                        ) from err
+                    passed, text = self._judge(sub, gid, limits)
                     cell.outputs = _outputs(passed, text)
                     self.log.info("%s: %s", gid, "passed" if passed else "failed")
+                self.log.info("the judge's own CPU time: %.1f s", limits.used())
             return nb, resources
+
+        def _judge(self, sub: Submission, gid: str, limits: JudgeLimits) -> tuple[bool, str]:
+            """One grade cell's verdict within the judge's caps; the grader's own failure
+            (and only that) raises GraderError."""
+            spent = limits.spent()
+            if spent:
+                return False, spent
+            try:
+                with limits.judging():
+                    return judge_cell(sub, sub.sources[gid])
+            except OverLimit as over:
+                return False, str(over)
+            except Exception as err:
+                raise GraderError(
+                    f"grading cell {gid} failed: {type(err).__name__}: {err}"
+                ) from err
 
     Judge.__module__ = __name__
     return Judge
@@ -214,3 +272,14 @@ def autograde_preprocessors() -> list[type]:
     pipeline = list(Autograde.class_traits()["autograde_preprocessors"].default())
     pipeline[pipeline.index(Execute)] = __getattr__("Judge")
     return pipeline
+
+
+def sanitize_preprocessors() -> list[type]:
+    """nbgrader 0.9.6's sanitizing pipeline, after the gradebook has rebuilt the notebook's
+    nbgrader metadata (:class:`course.grading.cells.GradebookCells`)."""
+    from nbgrader.converters import Autograde
+
+    from course.grading import cells
+
+    pipeline = list(Autograde.class_traits()["sanitize_preprocessors"].default())
+    return [cells.__getattr__("GradebookCells"), *pipeline]

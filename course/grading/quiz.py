@@ -10,6 +10,8 @@ grader reads. The key comes from the grade cell's hidden part, as the gradebook 
 from __future__ import annotations
 
 import ast
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 from course.checks.answers import answer_verdict
@@ -53,23 +55,13 @@ def read_answer(cells: Cells, name: str) -> str:
     accepted: list[tuple[str, str]] = []
     other: list[str] = []
     for label, source in cells:
-        text = cell_source(source)
-        try:
-            tree = ast.parse(text or "")
-        except UNREADABLE as err:
-            if name in (text or ""):
-                line = getattr(err, "lineno", None) or "?"
-                other.append(f"cell {label} is not Python the grader can read (line {line})")
+        cell = _read_cell(source)
+        if cell.error is not None:
+            if name in source:
+                other.append(f"cell {label} is not Python the grader can read ({cell.error})")
             continue
-        literal = [n for n in tree.body if _literal(n, name)]
-        accepted += [(label, n.value.value) for n in literal]
-        allowed = {id(n.targets[0] if isinstance(n, ast.Assign) else n.target) for n in literal}
-        lines = (text or "").splitlines()
-        other += [
-            f"cell {label}, line {node.lineno}: {lines[node.lineno - 1].strip()[:80]}"
-            for node in _bindings(tree, name)
-            if id(node) not in allowed
-        ]
+        accepted += [(label, value) for value in cell.literals.get(name, ())]
+        other += [f"cell {label}, {where}" for where in cell.others.get(name, ())]
     if other:
         raise AssertionError(
             f"{name} is set in a way the grader does not read ({other[0]}): {_form(name)}."
@@ -82,32 +74,70 @@ def read_answer(cells: Cells, name: str) -> str:
     return accepted[-1][1]
 
 
-def _literal(node: ast.stmt, name: str) -> bool:
-    """``name = "..."`` (or ``name: str = "..."``) with a plain string literal."""
+@dataclass(frozen=True)
+class _Cell:
+    """What one cell's text binds, read once however many quiz items look at it."""
+
+    error: str | None  # why it is not Python the grader can read
+    literals: dict[str, tuple[str, ...]]  # name -> the string literals assigned at top level
+    others: dict[str, tuple[str, ...]]  # name -> "line N: ..." of every other binding
+
+
+@functools.lru_cache(maxsize=64)
+def _read_cell(source: str) -> _Cell:
+    """Parse a cell once (a cell of megabytes beside an answer costs one parse, not one per
+    item); the cache holds what each name is bound to."""
+    text = cell_source(source)
+    try:
+        tree = ast.parse(text or "")
+    except UNREADABLE as err:
+        return _Cell(f"line {getattr(err, 'lineno', None) or '?'}", {}, {})
+    literals: dict[str, list[str]] = {}
+    allowed = set()
+    for node in tree.body:
+        name = _literal(node)
+        if name is not None:
+            literals.setdefault(name, []).append(node.value.value)
+            allowed.add(id(node.targets[0] if isinstance(node, ast.Assign) else node.target))
+    lines = (text or "").splitlines()
+    others: dict[str, list[str]] = {}
+    for name, node in _bindings(tree):
+        if id(node) not in allowed:
+            line = f"line {node.lineno}: {lines[node.lineno - 1].strip()[:80]}"
+            others.setdefault(name, []).append(line)
+    return _Cell(
+        None,
+        {k: tuple(v) for k, v in literals.items()},
+        {k: tuple(v) for k, v in others.items()},
+    )
+
+
+def _literal(node: ast.stmt) -> str | None:
+    """The name of ``name = "..."`` (or ``name: str = "..."``) with a plain string literal."""
     if isinstance(node, ast.Assign):
         target, value = (node.targets[0] if len(node.targets) == 1 else None), node.value
     elif isinstance(node, ast.AnnAssign):
         target, value = node.target, node.value
     else:
-        return False
-    named = isinstance(target, ast.Name) and target.id == name
-    return named and isinstance(value, ast.Constant) and isinstance(value.value, str)
+        return None
+    named = isinstance(target, ast.Name)
+    literal = isinstance(value, ast.Constant) and isinstance(value.value, str)
+    return target.id if named and literal else None
 
 
-def _bindings(tree: ast.AST, name: str) -> list[ast.AST]:
-    """Every node that binds (or deletes, or declares global) ``name``, at any depth."""
+def _bindings(tree: ast.AST) -> list[tuple[str, ast.AST]]:
+    """(name, node) for every node that binds, deletes or declares global a name, at any depth."""
     named = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler)
     named += (ast.MatchAs, ast.MatchStar)
-    found = []
+    found: list[tuple[str, ast.AST]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
-            hit = node.id == name and not isinstance(node.ctx, ast.Load)
+            if not isinstance(node.ctx, ast.Load):
+                found.append((node.id, node))
         elif isinstance(node, ast.Global | ast.Nonlocal):
-            hit = name in node.names
+            found += [(n, node) for n in node.names]
         elif isinstance(node, ast.alias):
-            hit = (node.asname or node.name.split(".")[0]) == name
-        else:
-            hit = isinstance(node, named) and node.name == name
-        if hit:
-            found.append(node)
+            found.append((node.asname or node.name.split(".")[0], node))
+        elif isinstance(node, named) and isinstance(getattr(node, "name", None), str):
+            found.append((node.name, node))
     return found

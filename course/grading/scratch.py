@@ -163,7 +163,11 @@ def _attempts(
         code = autograde_process(scratch, assignment, student, timeout, lease)
         if code == 0 and (scratch / "autograded" / student / assignment).is_dir():
             return []
-        refusal = _refusal((scratch / "autograde.log").read_text(errors="replace"))
+        log = (scratch / "autograde.log").read_text(errors="replace")
+        reason = _not_gradable(log)
+        if reason:  # the course's own reading of the notebook refused it, and says why
+            raise Rejected(f"nbgrader cannot grade this notebook: {reason}")
+        refusal = _refusal(log)
         if refusal:  # the notebook itself: another attempt would be refused the same way
             raise Rejected(f"nbgrader cannot grade this notebook ({refusal}): {NOT_GRADABLE}")
         what = f"exited with {code}" if code else f"wrote no autograded/{student}/{assignment}"
@@ -186,6 +190,13 @@ def _feedback(scratch: Path, names: tuple[str, str]) -> dict[str, bytes]:
     except (OSError, TimeoutError, Rejected):
         return {}
     return pages if code == 0 else {}
+
+
+def _not_gradable(log: str) -> str | None:
+    """The reason :class:`course.grading.cells.NotGradable` gave, as nbgrader logged it."""
+    marker = "NotGradable: "
+    line = next((ln for ln in log.splitlines() if marker in ln), None)
+    return line.split(marker, 1)[1].strip()[:500] if line else None
 
 
 def _refusal(log: str) -> str | None:

@@ -45,7 +45,8 @@ def read_log(path: str | os.PathLike) -> tuple[list[Message], list[str]]:
             else:
                 m = _message(record["message"])
                 latest[m.op, m.order] = m
-        except (ValueError, KeyError, TypeError):  # a line cut short by a kill, or not a log's
+        # A line cut short by a kill, not a log's, or nested deep enough to exhaust the parser.
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue
     return sorted(latest.values(), key=lambda m: (m.op, m.order)), collectives
 
