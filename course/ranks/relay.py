@@ -34,7 +34,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Self
 
@@ -42,12 +42,13 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-__all__ = ["BACKEND", "Event", "Relay", "RelayError", "RelayGroup", "join"]
+__all__ = ["BACKEND", "Event", "Relay", "RelayError", "RelayGroup", "join", "mark"]
 
 BACKEND = "relay"
 MAX_FRAME = 64 * 2**20  # bytes of one request's payload
 MAX_HEADER = 64 * 2**10
 MAX_HELD = 256 * 2**20  # bytes of sent messages the relay holds for receivers, in all
+MAX_KEPT = 64 * 2**20  # bytes of messages a Relay(keep=True) records, in all
 _CARRIED = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64)
 _CARRIED += (torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 DTYPES = {str(t).removeprefix("torch."): t for t in _CARRIED}
@@ -63,9 +64,14 @@ class RelayError(RuntimeError):
 class Event:
     """One message or collective, as the relay saw it.
 
-    ``kind`` is ``send`` (``src`` to ``dst``; recorded when the relay received it) or a
-    collective (``src`` = ``dst`` = -1, ``nbytes`` the bytes each member contributed, in
-    group order). ``group`` is the tuple of global ranks of the group it ran in.
+    ``kind`` is ``send`` (``src`` to ``dst``, recorded when the relay received it), ``recv``
+    (the same message, recorded when the relay delivered it to ``dst``), ``mark`` (rank
+    ``src`` marked the ``tag``-th part of its run: see :func:`mark`) or a collective (``src``
+    = ``dst`` = -1, ``nbytes`` the bytes each member contributed, in group order). ``group``
+    is the tuple of global ranks it ran in; ``seq`` the position of the call among its
+    rank's requests (a collective: each member's, in group order), so a rank's events can
+    be put in the order it made them. With ``Relay(keep=True)`` a send or recv keeps its
+    ``data``, the bytes as sent.
     """
 
     kind: str
@@ -77,6 +83,8 @@ class Event:
     dtype: str = ""
     op: str = ""
     time: float = 0.0
+    seq: tuple[int, ...] = ()
+    data: bytes = field(default=b"", repr=False, compare=False)
 
 
 def _frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
@@ -118,6 +126,7 @@ class _Pending:
     since: float
     header: dict[str, Any]
     payload: bytes = b""
+    seq: int = 0
 
 
 @dataclass
@@ -131,8 +140,11 @@ class _Call:
 class Relay:
     """The router between ``world_size`` ranks: one socket pair per rank, a thread in here."""
 
-    def __init__(self, world_size: int, timeout: float) -> None:
-        self.world_size, self.timeout = world_size, timeout
+    def __init__(self, world_size: int, timeout: float, keep: bool = False) -> None:
+        """``keep``: record the bytes of every message (at most ``MAX_KEPT`` in all)."""
+        self.world_size, self.timeout, self.keep = world_size, timeout, keep
+        self._seq = [0] * world_size  # requests read from each rank so far
+        self._kept = 0
         pairs = [socket.socketpair() for _ in range(world_size)]
         self.ends = [theirs for _, theirs in pairs]  # hand end r to rank r, then close_ends()
         self._mine = [mine for mine, _ in pairs]
@@ -206,9 +218,10 @@ class Relay:
             raw = bytes(buf[_LEN.size : _LEN.size + hlen])
             payload = bytes(buf[_LEN.size + hlen : end])
             del buf[:end]
+            seq, self._seq[rank] = self._seq[rank], self._seq[rank] + 1
             try:
                 header = json.loads(raw)
-                self._handle(rank, header, payload)
+                self._handle(rank, header, payload, seq)
             except (RelayError, ValueError, TypeError, KeyError, RecursionError) as err:
                 req = header.get("req", -1) if isinstance(header, dict) else -1
                 self._reply(rank, {"req": req, "error": str(err)})
@@ -232,16 +245,21 @@ class Relay:
 
     # -- requests ------------------------------------------------------------------------
 
-    def _handle(self, rank: int, header: dict[str, Any], payload: bytes) -> None:
+    def _handle(self, rank: int, header: dict[str, Any], payload: bytes, seq: int) -> None:
         kind = header["kind"]
         group = self._group(header, rank)
         if kind == "send":
-            self._send(rank, group, header, payload)
+            self._send(rank, group, header, payload, seq)
         elif kind == "recv":
-            self._recvs.append(_Pending(rank, int(header["req"]), time.monotonic(), header))
+            since = time.monotonic()
+            self._recvs.append(_Pending(rank, int(header["req"]), since, header, seq=seq))
             self._match()
+        elif kind == "mark":
+            tag = int(header["tag"])
+            self.events.append(Event("mark", (rank,), rank, tag=tag, time=self._now(), seq=(seq,)))
+            self._reply(rank, {"req": int(header["req"]), "ok": True})
         elif kind in COLLECTIVES:
-            self._collective(rank, group, header, payload)
+            self._collective(rank, group, header, payload, seq)
         else:
             raise RelayError(f"the relay knows no call {kind!r}")
 
@@ -256,7 +274,9 @@ class Relay:
             raise RelayError(f"a group of ranks outside 0..{self.world_size - 1}: {members}")
         return members
 
-    def _send(self, rank: int, group: tuple[int, ...], header: dict, payload: bytes) -> None:
+    def _send(
+        self, rank: int, group: tuple[int, ...], header: dict, payload: bytes, seq: int
+    ) -> None:
         dst, tag = int(header["dst"]), int(header.get("tag", 0))
         if dst not in group or dst == rank:
             raise RelayError(f"rank {rank} sent to rank {dst}, which is not a peer in its group")
@@ -264,9 +284,7 @@ class Relay:
         if self._held + len(payload) > MAX_HELD:
             raise RelayError(f"over {MAX_HELD >> 20} MB sent that no rank has received")
         self._held += len(payload)
-        self.events.append(
-            Event("send", group, rank, dst, tag, (len(payload),), header["dtype"], "", self._now())
-        )
+        self._message("send", group, rank, dst, tag, header, payload, seq)
         self._mail.setdefault((group, rank, dst, tag), deque()).append((header, payload))
         self._reply(rank, {"req": int(header["req"]), "ok": True})
         self._match()
@@ -290,15 +308,34 @@ class Relay:
                 )
                 self._reply(pending.rank, {"req": pending.req, "error": why})
                 continue
+            self._message("recv", group, src, pending.rank, tag, h, payload, pending.seq)
             self._reply(pending.rank, {"req": pending.req, "ok": True, "src": src}, payload)
         self._recvs = waiting
 
-    def _collective(self, rank: int, group: tuple[int, ...], header: dict, payload: bytes) -> None:
+    def _message(
+        self, kind: str, group: tuple, src: int, dst: int, tag: int, header: dict, payload: bytes,
+        seq: int,
+    ) -> None:  # fmt: skip
+        """Record a send or a delivered receive."""
+        event = Event(kind, group, src, dst, tag, (len(payload),), header["dtype"], "", self._now())
+        self.events.append(replace(event, seq=(seq,), data=self._keep(payload)))
+
+    def _keep(self, payload: bytes) -> bytes:
+        """The bytes to keep in an event: all of them while ``keep`` and under the cap."""
+        if not self.keep or self._kept + len(payload) > MAX_KEPT:
+            return b""
+        self._kept += len(payload)
+        return payload
+
+    def _collective(
+        self, rank: int, group: tuple[int, ...], header: dict, payload: bytes, seq: int
+    ) -> None:
         _check_bytes(header, payload)
         n = self._count.get((group, rank), 0)
         self._count[(group, rank)] = n + 1
         call = self._calls.setdefault((group, n), _Call(group))
-        call.calls[rank] = _Pending(rank, int(header["req"]), time.monotonic(), header, payload)
+        since = time.monotonic()
+        call.calls[rank] = _Pending(rank, int(header["req"]), since, header, payload, seq)
         if len(call.calls) == len(group):
             del self._calls[(group, n)]
             self._complete(call)
@@ -320,18 +357,9 @@ class Relay:
             for p in order:
                 self._reply(p.rank, {"req": p.req, "error": str(err)})
             return
-        sizes = tuple(len(p.payload) for p in order)
-        op = first.get("op", "")
-        self.events.append(
-            Event(
-                first["kind"],
-                call.group,
-                nbytes=sizes,
-                dtype=first["dtype"],
-                op=op,
-                time=self._now(),
-            )
-        )
+        sizes, seqs = tuple(len(p.payload) for p in order), tuple(p.seq for p in order)
+        kind, dtype, op = first["kind"], first["dtype"], first.get("op", "")
+        self.events.append(Event(kind, call.group, -1, -1, 0, sizes, dtype, op, self._now(), seqs))
         for p, out in zip(order, results, strict=True):
             self._reply(p.rank, {"req": p.req, "ok": True}, out)
 
@@ -646,6 +674,16 @@ def _create(opts: Any, _backend_options: Any = None) -> RelayGroup:
     group = RelayGroup(_LINK, opts.group_rank, ranks, opts.timeout)
     group._set_group_name(opts.group_id)  # noqa: SLF001 - what the dispatcher looks groups up by
     return group
+
+
+def mark(tag: int) -> None:
+    """Mark, in the relay's record, that this rank starts the ``tag``-th part of its run (a
+    check's next case, say); a no-op on any other backend."""
+    if _LINK is None or dist.get_backend() != BACKEND:
+        return
+    rank = dist.get_rank()
+    header = {"kind": "mark", "group": [rank], "tag": tag}
+    _Work(_LINK.request(header, b"", lambda _h, _p: None)).wait()
 
 
 def join(sock: socket.socket, rank: int, world_size: int, timeout: float) -> None:

@@ -77,7 +77,11 @@ def test_every_route_goes_through_the_relay_and_is_recorded() -> None:
         (1, 2, (8,)),
         (2, 0, (8,)),
     ]
-    kinds = [e.kind for e in result.relayed if e.kind != "send"]
+    recvs = [e for e in result.relayed if e.kind == "recv"]
+    assert sorted((e.src, e.dst, e.nbytes) for e in recvs) == sorted(
+        (e.src, e.dst, e.nbytes) for e in sends
+    )
+    kinds = [e.kind for e in result.relayed if e.kind not in ("send", "recv")]
     assert kinds == ["allreduce", "allgather", "allgather", "reduce_scatter", "broadcast",
                      "allreduce", "allreduce", "allreduce", "barrier"]  # fmt: skip
     assert Event("allreduce", (0, 1), nbytes=(4, 4), dtype="float32", op="SUM") in [
