@@ -471,12 +471,21 @@ def _compute(kind: str, order: list[_Pending]) -> list[bytes]:  # noqa: C901 - o
 class _Link:
     """A rank's one socket to the relay: requests out, a thread matching replies in."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    def __init__(self, sock: socket.socket, fatal: Any = None) -> None:
+        """``fatal(error)``: how the rank fails when a call that torch's C++ waits on (DDP's
+        buckets) is refused: a Python exception cannot travel through its future."""
+        self.sock, self.fatal = sock, fatal
         self._lock = threading.Lock()
         self._next = 0
         self._waiting: dict[int, tuple[Future, Any]] = {}
+        self.native: set[int] = set()  # ids of futures handed to torch's C++
         threading.Thread(target=self._read, name="relay-link", daemon=True).start()
+
+    def _fail(self, fut: Future, error: RelayError) -> None:
+        if id(fut) in self.native and self.fatal is not None:
+            self.fatal(error)
+        else:
+            fut.set_exception(error)
 
     def request(self, header: dict[str, Any], payload: bytes, on_reply: Any) -> Future:
         fut: Future = Future()
@@ -494,13 +503,13 @@ class _Link:
                 if req == -1:  # the relay refused the link itself: every call fails
                     error = RelayError(header.get("error", "the relay closed the link"))
                     for waiting, _ in self._waiting.values():
-                        waiting.set_exception(error)
+                        self._fail(waiting, error)
                     continue
                 fut, on_reply = self._waiting.pop(req, (None, None))
                 if fut is None:  # an answer to a request this link never made
                     continue
                 if "error" in header:
-                    fut.set_exception(RelayError(header["error"]))
+                    self._fail(fut, RelayError(header["error"]))
                     continue
                 try:
                     fut.set_result(on_reply(header, payload))
@@ -516,9 +525,9 @@ class _Link:
 class _Work(dist._Work):  # noqa: SLF001 - the Work base that C++ callers (DDP) wait on
     """A call in flight: ``wait`` returns once the relay answered, or raises what it said."""
 
-    def __init__(self, fut: Future) -> None:
+    def __init__(self, fut: Future, link: _Link) -> None:
         super().__init__()
-        self._fut = fut
+        self._fut, self._link = fut, link
 
     def wait(self, timeout: timedelta | None = None) -> bool:  # noqa: ARG002 - torch's signature
         self._fut.wait()  # the relay's own deadline ends every wait
@@ -528,6 +537,7 @@ class _Work(dist._Work):  # noqa: SLF001 - the Work base that C++ callers (DDP) 
         return self._fut.done()
 
     def get_future(self) -> Future:
+        self._link.native.add(id(self._fut))  # torch's C++ waits on it, not Python
         return self._fut
 
 
@@ -578,7 +588,7 @@ class RelayGroup(dist.ProcessGroup):
         self, kind: str, tensor: torch.Tensor, targets: Sequence[torch.Tensor], **extra: Any
     ) -> Any:
         header = {"kind": kind, "group": self._ranks, **_describe(tensor), **extra}
-        return _Work(self._link.request(header, _raw(tensor.detach()), _fill(targets)))
+        return _Work(self._link.request(header, _raw(tensor.detach()), _fill(targets)), self._link)
 
     def _global(self, group_rank: int) -> int:
         return self._ranks[group_rank]
@@ -593,7 +603,7 @@ class RelayGroup(dist.ProcessGroup):
         (t,) = tensors
         header = {"kind": "recv", "group": self._ranks, **_describe(t)}
         header |= {"src": self._global(src), "tag": tag}
-        return _Work(self._link.request(header, b"", _fill([t])))
+        return _Work(self._link.request(header, b"", _fill([t])), self._link)
 
     # -- collectives: torch's signatures, options read where they mean something -----------
 
@@ -683,13 +693,16 @@ def mark(tag: int) -> None:
         return
     rank = dist.get_rank()
     header = {"kind": "mark", "group": [rank], "tag": tag}
-    _Work(_LINK.request(header, b"", lambda _h, _p: None)).wait()
+    _Work(_LINK.request(header, b"", lambda _h, _p: None), _LINK).wait()
 
 
-def join(sock: socket.socket, rank: int, world_size: int, timeout: float) -> None:
-    """Make the relay behind ``sock`` this rank's default process group."""
+def join(
+    sock: socket.socket, rank: int, world_size: int, timeout: float, fatal: Any = None
+) -> None:
+    """Make the relay behind ``sock`` this rank's default process group; ``fatal(error)``
+    ends the rank when a call torch's C++ waits on fails (see :class:`_Link`)."""
     global _LINK  # noqa: PLW0603 - one link per rank process, which torch's creator reads
-    _LINK = _Link(sock)
+    _LINK = _Link(sock, fatal)
     if BACKEND.upper() not in dist.Backend._plugins:  # noqa: SLF001 - registered once per process
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
     dist.init_process_group(

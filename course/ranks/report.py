@@ -68,7 +68,8 @@ def _observe(r: Any, outcome: tuple, reason: str, timeout: float) -> dict[str, A
         text = plain_gloo(info["text"])
         tb = format_traceback(info["frames"], text)
         comm = None
-        waits = in_dist or bool(_FROM_GLOO.search(info["text"]))  # DDP's waits have no dist frame
+        relayed = info["type"].endswith("RelayError")  # the relay ended the wait
+        waits = in_dist or relayed or bool(_FROM_GLOO.search(info["text"]))  # DDP's: no dist frame
         if waits and PEER_GONE.search(info["text"]):
             comm = "peer"
         elif waits and _TIMED_OUT.search(info["text"]):
@@ -76,7 +77,7 @@ def _observe(r: Any, outcome: tuple, reason: str, timeout: float) -> dict[str, A
         at = f" at {where}" if where else ""
         summary = text.splitlines()[-1] if text else info["type"]
         message = f"raised {summary}{at}"
-        waiter = "the relay" if info["type"].endswith("RelayError") else "gloo"
+        waiter = "the relay" if relayed else "gloo"
         return {"kind": "raised", "comm": comm, "message": message, "where": where, "tb": tb,
                 "waiter": waiter}  # fmt: skip
     if kind == "sys_exit":

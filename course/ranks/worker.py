@@ -78,7 +78,7 @@ def rank_main(
             sys.path[:] = sys_path
         torch.set_num_threads(1)
         if backend == "relay":  # every message goes through the caller, who records it
-            relay.join(link, rank, world_size, pg_timeout)
+            relay.join(link, rank, world_size, pg_timeout, _failing(send, threading.get_ident()))
             device = torch.device("cpu")
         else:
             store = dist.FileStore(os.path.join(run_dir, "store"), world_size)
@@ -170,6 +170,19 @@ def _watch(conn: Connection, send: _Sender, main_ident: int) -> None:
             _flush()
             frame = sys._current_frames().get(main_ident)  # noqa: SLF001 - the only way to read another thread's stack
             send(("stack", _stack(frame)))
+
+
+def _failing(send: _Sender, main_ident: int) -> Any:
+    """A refused call that torch's C++ waits on (DDP's buckets) fails the rank from here: it
+    reports the error where the main thread is, as if raised there, then waits to be ended."""
+
+    def fail(error: BaseException) -> None:
+        frame = sys._current_frames().get(main_ident)  # noqa: SLF001 - where the rank waits
+        report = _describe(error) | {"frames": _stack(frame)}
+        _flush()
+        send(("raised", report))
+
+    return fail
 
 
 def _kill_own_group() -> None:

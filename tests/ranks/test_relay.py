@@ -202,3 +202,21 @@ def test_a_wrong_backend_name_lists_the_three() -> None:
     """Does a wrong backend name list the three that exist?"""
     with pytest.raises(ValueError, match="'gloo' \\(CPU\\), 'relay'"):
         launch(every_route, 2, backend="rellay")
+
+
+def uneven_ddp() -> int:
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    for _ in range(2 + dist.get_rank()):  # rank 1 trains one step more: nobody joins its bucket
+        model(torch.randn(8, 4)).sum().backward()
+    return dist.get_rank()
+
+
+def test_ddp_left_waiting_is_blocked_not_crashed() -> None:
+    """Does a DDP rank whose bucket all-reduce no peer joins fail as blocked, where it waits,
+    on the relay's deadline (its C++ waits on the call, so the error cannot raise there)?"""
+    result = launch(uneven_ddp, 2, backend="relay", timeout=30, pg_timeout=2)
+    assert result.results[0] == 0 and list(result.failures) == [1], result.failures
+    failure = result.failures[1]
+    assert failure.kind == "blocked" and failure.where.startswith("test_relay.py line")
+    assert "until the relay gave up waiting: rank 0 had already finished" in failure.message
