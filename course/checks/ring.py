@@ -8,7 +8,9 @@ many tensors per launch (sizes divisible by N and not, smaller than N, a single 
 float32, float64, int32, int64; 1-D to 3-D shapes). The verdict is computed here, in the
 caller, from the tensors the ranks send back, against a float64 sum of the inputs made here:
 nothing the student's code or kernel state can change. The ring pattern is judged from a
-recorded run on encoded inputs (``course.ring.recorder``, ``course.ring.verdict.ring_violations``).
+recorded run on encoded inputs (``course.ring.verdict.ring_violations``): under grading, from
+the relay's own record of every message, on inputs whose encoding no rank knows
+(``course.ring.relayed``); in a notebook, from the recorder on the ranks (``course.ring.recorder``).
 ``check_ring_sums`` and ``check_ring_pattern`` are the two halves, for partial credit.
 Every launch has a deadline, so a deadlock or an endless loop fails within seconds.
 """
@@ -38,10 +40,13 @@ from course.checks.ring_cases import (
 from course.checks.ring_cases import inputs as make_inputs
 from course.checks.ring_hints import ring_hints
 from course.checks.teaching import failure_message, teaches
+from course.ranks import confined, relay
 from course.ranks.wording import count, world_sizes_text
 from course.ring.encoding import encoded_tensor
 from course.ring.logs import log_path, read_trace
 from course.ring.recorder import Recorder, scratch_dir
+from course.ring.relayed import SecretEncoding, relayed_trace
+from course.ring.trace import Trace
 from course.ring.verdict import ring_violations
 
 __all__ = ["RingReport", "check_ring_allreduce", "check_ring_pattern", "check_ring_sums"]
@@ -121,6 +126,7 @@ def _run_cases(
     out = []
     with open(log_path(directory, rank, "progress"), "a", buffering=1) as progress:
         for i, case in enumerate(cases):
+            relay.mark(i)  # under grading: where case i starts, in the relay's record
             progress.write(json.dumps({"case": i}) + "\n")
             out.append(_run_case(fn, case, mine[i], directory, i, rank))
             progress.write(json.dumps({"done": i}) + "\n")
@@ -135,6 +141,9 @@ def _run_case(
         with Recorder() as seen:  # the sums count only when no collective computed them
             returned = _call(fn, tensor)
         return tensor, returned, collectives_called(seen)
+    if mine is not None:  # under grading: the relay records, the caller decodes
+        tensor = mine.clone()
+        return tensor, _call(fn, tensor), []
     tensor = encoded_tensor(rank, case.shape[0], dist.get_world_size())
     with Recorder(log_path(directory, rank, f"case{i}")):
         returned = _call(fn, tensor)
@@ -165,17 +174,28 @@ def _check(
         cases = (sum_cases(world_size) if sums else []) + (
             pattern_cases(world_size) if pattern else []
         )
+        relayed = confined.current() is not None  # graded: the relay carries every message
+        secret = {i: SecretEncoding.draw(world_size) for i, c in enumerate(cases) if c.recorded}
         inputs = [
-            None if c.recorded else make_inputs(c, world_size, seed=fresh_seed(None)) for c in cases
+            _recorded_inputs(secret[i], c, world_size, relayed)
+            if c.recorded
+            else make_inputs(c, world_size, seed=fresh_seed(None))
+            for i, c in enumerate(cases)
         ]
         with scratch_dir() as directory:
-            results = _launch(fn, world_size, cases, inputs, directory)
+            result = _launch(fn, world_size, cases, inputs, directory)
             for i, case in enumerate(cases):
-                got = [r[i] for r in results]
+                got = [r[i] for r in result.results]
+                trace = _relayed(result, world_size, case, secret.get(i), i) if relayed else None
                 if case.recorded:
-                    _judge_pattern(world_size, case, directory, i)
+                    trace = trace or read_trace(
+                        directory, world_size, case.shape[0], 8, tag=f"case{i}"
+                    )
+                    _judge_pattern(world_size, case, trace)
                     n_patterns += 1
                 else:
+                    if trace:
+                        refuse_collectives("ring_allreduce", [trace_collectives(trace)])
                     _judge_sums(world_size, case, inputs[i], got)
                     n_sums += 1
                     shapes[case.shape] = None
@@ -187,13 +207,37 @@ def _launch(fn: Callable, world_size: int, cases: list[Case], inputs: list, dire
     from course.ranks import PerRank, launch
 
     mine = PerRank(  # each rank is sent its own inputs only
-        [None if c.recorded else inputs[i][r] for i, c in enumerate(cases)]
+        [None if inputs[i] is None else inputs[i][r] for i in range(len(cases))]
         for r in range(world_size)
     )
     result = launch(_run_cases, world_size, fn, cases, mine, directory, timeout=LAUNCH_TIMEOUT)
     if result.ok:
-        return result.results
+        return result
     raise AssertionError(_failure_message(world_size, cases, result.failures, directory))
+
+
+def _recorded_inputs(
+    secret: SecretEncoding, case: Case, world_size: int, relayed: bool
+) -> list[torch.Tensor] | None:
+    """A recorded case's inputs: made here, each rank's own, when the relay records; else the
+    ranks encode their own (the notebook's recorder decodes the fixed encoding)."""
+    if not relayed:
+        return None
+    return [secret.tensor(r, case.shape[0]) for r in range(world_size)]
+
+
+def _relayed(
+    result: Any, world_size: int, case: Case, secret: SecretEncoding | None, i: int
+) -> Trace:
+    """Case ``i`` as the relay saw it; a record that cannot be split into cases fails it."""
+    try:
+        return relayed_trace(
+            result.relayed, world_size, case.shape[0], secret or SecretEncoding.draw(world_size), i
+        )
+    except ValueError as err:
+        raise AssertionError(
+            f"ring_allreduce's run on {world_size} ranks cannot be read case by case: {err}"
+        ) from None
 
 
 def _failure_message(world_size: int, cases: list[Case], failures: dict, directory: str) -> str:
@@ -202,6 +246,11 @@ def _failure_message(world_size: int, cases: list[Case], failures: dict, directo
     case_index = min((i for i in running.values() if i is not None), default=None)
     doing = f" while summing {cases[case_index]}" if case_index is not None else ""
     return failure_message("ring_allreduce", world_size, failures, doing, RING_DEADLOCK)
+
+
+def trace_collectives(trace: Trace) -> list[str]:
+    """The data-moving collectives any rank called in a traced case."""
+    return sorted({name for _, name in trace.collectives} - {"barrier"})
 
 
 def _judge_sums(world_size: int, case: Case, inputs: list[torch.Tensor], got: list) -> None:
@@ -220,9 +269,8 @@ def _judge_sums(world_size: int, case: Case, inputs: list[torch.Tensor], got: li
         raise AssertionError("\n".join([head, "  " + problem, *hints]))
 
 
-def _judge_pattern(world_size: int, case: Case, directory: str, i: int) -> None:
+def _judge_pattern(world_size: int, case: Case, trace: Trace) -> None:
     """The recorded run is a ring: ``course.ring.verdict.ring_violations`` finds nothing."""
-    trace = read_trace(directory, world_size, case.shape[0], 8, tag=f"case{i}")
     found = ring_violations(trace)
     if not found:
         return

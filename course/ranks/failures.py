@@ -73,6 +73,7 @@ class RunResult:
     stderr: list[str]
     failures: dict[int, RankFailure] = field(default_factory=dict)
     elapsed: float = 0.0
+    relayed: tuple = ()  # backend="relay": every message and collective, as the caller saw it
 
     @property
     def ok(self) -> bool:

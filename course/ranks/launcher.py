@@ -42,6 +42,9 @@ How it works, and the trade-offs:
   failed rank is then found (by its stack) where it waits. The caller kills them all.
 * ``backend="gloo"`` (the default) runs every rank on the CPU; ``backend="nccl"`` puts rank r
   on ``cuda:r`` and is refused, with the reason, unless there is one CUDA device per rank.
+  ``backend="relay"`` (CPU) sends every message and collective through the caller
+  (:mod:`course.ranks.relay`), which records each in ``RunResult.relayed``: no rank can reach
+  another any other way through torch.distributed, and the record is the caller's own.
 * ``pg_timeout`` (default 10 s; for a ``timeout`` under 10 s, ``WALL_FACTOR`` times it, so
   the run's own deadline decides) is gloo's limit for any wait on a peer, start-up
   included: a deadlock fails after it, not after the whole deadline. The run's deadline is
@@ -178,12 +181,14 @@ def _check_world_size(world_size: Any) -> None:
 
 
 def _check_backend(backend: Any, world_size: int) -> None:
-    """Accept gloo (CPU, the default) or nccl with one CUDA device per rank; refuse clearly."""
-    if backend == "gloo":
+    """Accept gloo (CPU, the default), relay (CPU, every message through the caller) or nccl
+    with one CUDA device per rank; refuse clearly."""
+    if backend in ("gloo", "relay"):
         return
     if backend != "nccl":
         raise ValueError(
-            f"backend must be 'gloo' (CPU) or 'nccl' (one GPU per rank), not {backend!r}"
+            "backend must be 'gloo' (CPU), 'relay' (CPU, every message recorded by the caller) "
+            f"or 'nccl' (one GPU per rank), not {backend!r}"
         )
     import torch
 

@@ -68,7 +68,8 @@ def _observe(r: Any, outcome: tuple, reason: str, timeout: float) -> dict[str, A
         text = plain_gloo(info["text"])
         tb = format_traceback(info["frames"], text)
         comm = None
-        waits = in_dist or bool(_FROM_GLOO.search(info["text"]))  # DDP's waits have no dist frame
+        relayed = info["type"].endswith("RelayError")  # the relay ended the wait
+        waits = in_dist or relayed or bool(_FROM_GLOO.search(info["text"]))  # DDP's: no dist frame
         if waits and PEER_GONE.search(info["text"]):
             comm = "peer"
         elif waits and _TIMED_OUT.search(info["text"]):
@@ -76,7 +77,9 @@ def _observe(r: Any, outcome: tuple, reason: str, timeout: float) -> dict[str, A
         at = f" at {where}" if where else ""
         summary = text.splitlines()[-1] if text else info["type"]
         message = f"raised {summary}{at}"
-        return {"kind": "raised", "comm": comm, "message": message, "where": where, "tb": tb}
+        waiter = "the relay" if relayed else "gloo"
+        return {"kind": "raised", "comm": comm, "message": message, "where": where, "tb": tb,
+                "waiter": waiter}  # fmt: skip
     if kind == "sys_exit":
         where, _ = locate(outcome[2])
         message = f"called sys.exit({outcome[1]}) at {where}" if where else "called sys.exit()"
@@ -128,7 +131,7 @@ def _final_kind(  # noqa: PLR0911 - a decision table, one return per outcome
     kind, where = obs["kind"], obs["where"] or "an unknown place"
     waiting = ranks_text(causes) if causes else ""
     if kind == "raised" and obs["comm"]:
-        return _gave_up(obs["comm"], where, causes, deadlocked, done)
+        return _gave_up(obs["comm"], where, causes, deadlocked, done, obs["waiter"])
     if kind == "spin":
         late = f"after the {obs['timeout']:g} s deadline (an endless loop?)"
         return kind, f"was still running at {where}, outside any dist call, {late}"
@@ -144,18 +147,19 @@ def _final_kind(  # noqa: PLR0911 - a decision table, one return per outcome
 
 
 def _gave_up(
-    comm: str, where: str, causes: list[int], deadlocked: bool, done: list[int]
+    comm: str, where: str, causes: list[int], deadlocked: bool, done: list[int], waiter: str
 ) -> tuple[str, str]:
-    """A rank whose wait on a peer ended in an error from gloo: who it was waiting on."""
+    """A rank whose wait on a peer ended in an error from ``waiter`` (gloo, or the relay):
+    who it was waiting on."""
     if causes:
         return "blocked", f"was blocked in {where}, waiting on {ranks_text(causes)}, which failed"
     if comm == "timeout" and done:
         return "blocked", (
-            f"was blocked in {where} until gloo gave up waiting: {ranks_text(done)} had "
+            f"was blocked in {where} until {waiter} gave up waiting: {ranks_text(done)} had "
             "already finished and never made the matching call"
         )
     if comm == "timeout":
-        return "deadlock", f"deadlocked in {where}: gloo gave up waiting for its peer"
+        return "deadlock", f"deadlocked in {where}: {waiter} gave up waiting for its peer"
     if deadlocked:
         return "deadlock", f"deadlocked in {where}: its peer gave up first"
     return "blocked", f"was blocked in {where}, and its peer rank finished without answering"

@@ -18,6 +18,7 @@ import faulthandler
 import linecache
 import os
 import signal
+import socket
 import sys
 import threading
 import traceback
@@ -37,7 +38,7 @@ import cloudpickle  # noqa: E402 - after the thread limits above, on purpose
 import torch  # noqa: E402 - after the thread limits above, on purpose
 import torch.distributed as dist  # noqa: E402 - after the thread limits above, on purpose
 
-from course.ranks import messages  # noqa: E402 - after the thread limits above
+from course.ranks import messages, relay  # noqa: E402 - after the thread limits above
 from course.ranks import plain as plain_data  # noqa: E402 - after the thread limits above
 from course.ranks.failures import CELL_NAME as CELL  # noqa: E402 - after the thread limits above
 
@@ -55,6 +56,7 @@ def rank_main(
     pg_timeout: float,
     backend: str,
     plain: bool = False,
+    link: socket.socket | None = None,
 ) -> None:
     """Run one rank's job and report the outcome to the caller; never returns.
 
@@ -75,8 +77,12 @@ def rank_main(
         if sys_path is not None:
             sys.path[:] = sys_path
         torch.set_num_threads(1)
-        store = dist.FileStore(os.path.join(run_dir, "store"), world_size)
-        device = _init_process_group(rank, world_size, store, pg_timeout, backend)
+        if backend == "relay":  # every message goes through the caller, who records it
+            relay.join(link, rank, world_size, pg_timeout, _failing(send, threading.get_ident()))
+            device = torch.device("cpu")
+        else:
+            store = dist.FileStore(os.path.join(run_dir, "store"), world_size)
+            device = _init_process_group(rank, world_size, store, pg_timeout, backend)
         value = _execute(cloudpickle.loads(payload), rank, world_size, device)
         send(("ok", _dump_value(value, plain)))
     except SystemExit as exc:
@@ -164,6 +170,19 @@ def _watch(conn: Connection, send: _Sender, main_ident: int) -> None:
             _flush()
             frame = sys._current_frames().get(main_ident)  # noqa: SLF001 - the only way to read another thread's stack
             send(("stack", _stack(frame)))
+
+
+def _failing(send: _Sender, main_ident: int) -> Any:
+    """A refused call that torch's C++ waits on (DDP's buckets) fails the rank from here: it
+    reports the error where the main thread is, as if raised there, then waits to be ended."""
+
+    def fail(error: BaseException) -> None:
+        frame = sys._current_frames().get(main_ident)  # noqa: SLF001 - where the rank waits
+        report = _describe(error) | {"frames": _stack(frame)}
+        _flush()
+        send(("raised", report))
+
+    return fail
 
 
 def _kill_own_group() -> None:

@@ -18,14 +18,20 @@ def encoded_tensor(rank: int, numel: int, world_size: int) -> torch.Tensor:
     return (1 + torch.arange(numel, dtype=torch.float64) * scale) * float(1 << rank)
 
 
-def decode_tensor(payload: torch.Tensor, world_size: int) -> tuple[int | None, int | None]:
-    """``course.ring.trace.decode`` of a whole payload, vectorised: ``(offset, holds)`` or Nones."""
+def decode_tensor(
+    payload: torch.Tensor, world_size: int, bits: int | None = None
+) -> tuple[int | None, int | None]:
+    """``course.ring.trace.decode`` of a whole payload, vectorised: ``(offset, holds)`` or Nones.
+
+    ``bits`` (default ``world_size``): the width of the marks, for inputs whose ranks were
+    given other bits than their own numbers (``course.ring.relayed``).
+    """
     flat = payload.detach().reshape(-1)
     if flat.numel() == 0 or flat.is_complex() or flat.dtype == torch.bool:
         return None, None
     values = flat.to(torch.float64)
     first = values[0].item()
-    scale = 1 << world_size
+    scale = 1 << (world_size if bits is None else bits)
     if first == 0:
         return (None, 0) if not values.any() else (None, None)
     if first < 0 or first != int(first) or first >= 2**53:

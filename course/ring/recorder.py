@@ -92,12 +92,18 @@ class Recorder:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         if self.path is not None:
             self._file = open(self.path, "a", buffering=1)
-        self._patch(ProcessGroup, "send", self._wrap_send)
-        self._patch(ProcessGroup, "recv", self._wrap_recv)
-        self._patch(ProcessGroup, "recv_anysource", self._wrap_recv_anysource)
-        for method, name in COLLECTIVES.items():
-            if hasattr(ProcessGroup, method):
-                self._patch(ProcessGroup, method, functools.partial(self._wrap_coll, name))
+        # A Python backend (the relay) defines its own methods: patch those where it has them.
+        group = type(dist.group.WORLD)
+        owners = [ProcessGroup] + ([group] if group is not ProcessGroup else [])
+        for owner in owners:
+            mine = vars(owner) if owner is not ProcessGroup else dir(owner)
+            for method, wrap in (("send", self._wrap_send), ("recv", self._wrap_recv),
+                                 ("recv_anysource", self._wrap_recv_anysource)):  # fmt: skip
+                if method in mine:
+                    self._patch(owner, method, wrap)
+            for method, name in COLLECTIVES.items():
+                if method in mine:
+                    self._patch(owner, method, functools.partial(self._wrap_coll, name))
         with contextlib.suppress(ImportError):
             import torch.distributed._functional_collectives as fc
 

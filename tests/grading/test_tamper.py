@@ -167,11 +167,9 @@ def test_every_submission_is_graded_and_the_honest_ones_score_as_they_should(gra
 
 @pytest.mark.parametrize("attack", [*ATTACKS, *STRUCTURE, DAEMON, FORK_BOMB])
 def test_an_attack_gains_nothing(graded: dict, attack: str) -> None:
-    """Each attack scores what the honest wrong answer scores (the store keeps the sums only)."""
+    """Each attack scores what the honest wrong answer scores (the rendezvous store included:
+    on the relay each rank's store is its own)."""
     mine = graded["scores"].get(attack, {})  # none at all: rejected
-    if attack == "store":  # communicates without a message: right sums, never a ring
-        assert mine["ring_allreduce_pattern"] == 0
-        mine = {k: v for k, v in mine.items() if k != "ring_allreduce_sums"}
     assert sum(mine.values()) == 0, mine
 
 

@@ -1,0 +1,116 @@
+"""The ring's verdict under grading comes from the relay's record, on inputs no rank can forge.
+
+Each attack below gained points when the verdict read what the ranks recorded themselves;
+graded through the relay (every confined launch), each earns nothing, and an honest ring
+still passes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from course.checks import check_ring_pattern, check_ring_sums
+from course.grading import sandbox
+from course.grading.rankbox import RankBox
+from course.grading.student import StudentCode
+
+pytestmark = [
+    pytest.mark.ranks,
+    pytest.mark.slow,
+    pytest.mark.skipif(not sandbox.available(), reason="needs bubblewrap, setpriv and prlimit"),
+]
+
+HONEST = """
+import torch, torch.distributed as dist
+
+def ring_allreduce(tensor):
+    n, r = dist.get_world_size(), dist.get_rank()
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+    chunks = list(flat.tensor_split(n))
+    right, left = (r + 1) % n, (r - 1) % n
+    for phase in (0, 1):
+        for s in range(n - 1):
+            out, into = chunks[(r - s + phase) % n], chunks[(r - s - 1 + phase) % n]
+            buf = torch.empty_like(into)
+            sent = dist.isend(out.clone(), right)
+            dist.irecv(buf, left).wait()
+            sent.wait()
+            into.add_(buf) if phase == 0 else into.copy_(buf)
+    if flat.data_ptr() != tensor.data_ptr():
+        tensor.copy_(flat.view(tensor.shape))
+"""
+
+# gloo's own all-reduce, reached through the default group's backend object.
+GLOO_OBJECT = """
+import torch, torch.distributed as dist
+
+def ring_allreduce(tensor):
+    dist.group.WORLD._get_backend(torch.device("cpu")).allreduce([tensor]).wait()
+"""
+
+# The dispatcher's all-reduce, which no Python wrapper on the rank sees.
+DISPATCHER = """
+import torch, torch.distributed as dist
+
+def ring_allreduce(tensor):
+    op = torch.ops._c10d_functional
+    tensor.copy_(op.wait_tensor(op.all_reduce(tensor, "sum", dist.group.WORLD.group_name)))
+"""
+
+# No ring: the sum from a collective, then the messages a ring would send, made up from the
+# public encoding (rank q's input is 2**q * (1 + i * 2**N)) and sent round the ring.
+FORGED_RING = """
+import torch, torch.distributed as dist
+
+def ring_allreduce(tensor):
+    n, r = dist.get_world_size(), dist.get_rank()
+    scale = torch.arange(tensor.numel(), dtype=torch.float64) * float(1 << n)
+    inputs = [(1 + scale) * float(1 << q) for q in range(n)]
+    chunks = [list(x.tensor_split(n)) for x in inputs]
+    for s in range(2 * (n - 1)):
+        if s < n - 1:  # reduce-scatter: chunk r - s, holding ranks r - s .. r
+            k, into, held = (r - s) % n, (r - s - 1) % n, [(r - j) % n for j in range(s + 1)]
+        else:  # all-gather: whole chunks
+            t = s - (n - 1)
+            k, into, held = (r - t + 1) % n, (r - t) % n, range(n)
+        sent = dist.isend(sum(chunks[q][k] for q in held).clone(), (r + 1) % n)
+        dist.irecv(torch.empty_like(chunks[0][into]), (r - 1) % n).wait()
+        sent.wait()
+    tensor.copy_(sum(inputs).view(tensor.shape).to(tensor.dtype))
+"""
+
+
+def _code(source: str) -> StudentCode:
+    return StudentCode((("ring_allreduce", source),), "ring_allreduce")
+
+
+def test_an_honest_ring_passes_through_the_relay() -> None:
+    with RankBox():
+        assert "correct in-place sums" in str(check_ring_sums(_code(HONEST), world_sizes=(2, 3)))
+        assert "a ring pattern" in str(check_ring_pattern(_code(HONEST), world_sizes=(3, 4)))
+
+
+@pytest.mark.parametrize(
+    ("attack", "told"),
+    [
+        (GLOO_OBJECT, "No backend type associated with device type cpu"),
+        (DISPATCHER, "called dist.all_reduce, a collective"),
+    ],
+)
+def test_no_route_to_a_collective_earns_the_sums(attack: str, told: str) -> None:
+    """Do gloo's backend object and the dispatcher's op, which the ranks' own recorder did not
+    see, fail the sums (there is no gloo; the relay records the all-reduce)?"""
+    with RankBox(), pytest.raises(AssertionError, match=told):
+        check_ring_sums(_code(attack), world_sizes=(2,))
+
+
+def test_forged_ring_messages_earn_no_pattern() -> None:
+    """Do the messages a ring would send, computed from the public encoding instead of
+    received, fail the pattern under grading (its inputs' bits are secret), where they pass
+    on the notebook's path?"""
+    forged = StudentCode((("ring_allreduce", FORGED_RING),), "ring_allreduce")
+    namespace: dict = {}
+    exec(FORGED_RING, namespace)  # noqa: S102 - the attack, run where it still works
+    assert "a ring pattern" in str(check_ring_pattern(namespace["ring_allreduce"], (3,)))
+    with RankBox(), pytest.raises(AssertionError, match="not a sum of whole ranks' inputs"):
+        check_ring_pattern(forged, world_sizes=(3,))

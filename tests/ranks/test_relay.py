@@ -1,0 +1,222 @@
+"""The relay backend: every route to a collective ends in the caller, which records it."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from course.ranks import launch, relay
+from course.ranks.relay import Event
+
+pytestmark = [pytest.mark.ranks, pytest.mark.slow]
+
+
+def every_route() -> dict:
+    """Each way torch.distributed offers to a collective or a message, with its result."""
+    import torch.distributed._functional_collectives as fc
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out: dict = {"backend": dist.get_backend()}
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    out["all_reduce"] = t.tolist()
+    buf = torch.empty(2)
+    recv = dist.irecv(buf, (rank - 1) % n)  # receive posted before the send: no deadlock
+    dist.isend(torch.full((2,), float(rank)), (rank + 1) % n).wait()
+    recv.wait()
+    out["ring"] = buf.tolist()
+    pieces = [torch.empty(2) for _ in range(n)]
+    dist.all_gather(pieces, torch.full((2,), float(rank)))
+    out["all_gather"] = [p.tolist() for p in pieces]
+    flat = torch.empty(2 * n)
+    dist.all_gather_into_tensor(flat, torch.full((2,), float(rank)))
+    out["all_gather_into_tensor"] = flat.tolist()
+    mine = torch.empty(2)
+    dist.reduce_scatter_tensor(mine, torch.arange(2.0 * n) + rank)
+    out["reduce_scatter_tensor"] = mine.tolist()
+    root = torch.tensor([float(rank)])
+    dist.broadcast(root, n - 1)
+    out["broadcast"] = root.tolist()
+    pair = dist.new_group([0, 1])
+    if rank in (0, 1):
+        one = torch.ones(1)
+        dist.all_reduce(one, group=pair)
+        out["subgroup"] = one.tolist()
+    out["functional"] = fc.all_reduce(torch.ones(2), "sum", dist.group.WORLD).tolist()
+    op = torch.ops._c10d_functional  # noqa: SLF001 - the dispatcher's route, which skips dist.*
+    raw = op.wait_tensor(op.all_reduce(torch.ones(3), "sum", dist.group.WORLD.group_name))
+    out["dispatcher"] = raw.tolist()
+    dist.barrier()
+    return out
+
+
+def test_every_route_goes_through_the_relay_and_is_recorded() -> None:
+    """Do p2p, every collective, subgroups, functional and dispatcher collectives give gloo's
+    results on the relay, and does the caller's record hold each, with its bytes?"""
+    result = launch(every_route, 3, backend="relay", timeout=60)
+    assert result.ok, result.failures
+    for rank, out in enumerate(result.results):
+        assert out["backend"] == "relay"
+        assert out["all_reduce"] == [6.0] * 4
+        assert out["ring"] == [float((rank - 1) % 3)] * 2
+        assert out["all_gather"] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+        assert out["all_gather_into_tensor"] == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]
+        whole = sum(torch.arange(6.0) + r for r in range(3))
+        assert out["reduce_scatter_tensor"] == whole[2 * rank : 2 * rank + 2].tolist()
+        assert out["broadcast"] == [2.0]
+        assert out.get("subgroup") == ([2.0] if rank < 2 else None)
+        assert out["functional"] == [3.0, 3.0] and out["dispatcher"] == [3.0] * 3
+    sends = [e for e in result.relayed if e.kind == "send"]
+    assert sorted((e.src, e.dst, e.nbytes) for e in sends) == [
+        (0, 1, (8,)),
+        (1, 2, (8,)),
+        (2, 0, (8,)),
+    ]
+    recvs = [e for e in result.relayed if e.kind == "recv"]
+    assert sorted((e.src, e.dst, e.nbytes) for e in recvs) == sorted(
+        (e.src, e.dst, e.nbytes) for e in sends
+    )
+    kinds = [e.kind for e in result.relayed if e.kind not in ("send", "recv")]
+    assert kinds == ["allreduce", "allgather", "allgather", "reduce_scatter", "broadcast",
+                     "allreduce", "allreduce", "allreduce", "barrier"]  # fmt: skip
+    assert Event("allreduce", (0, 1), nbytes=(4, 4), dtype="float32", op="SUM") in [
+        Event(e.kind, e.group, nbytes=e.nbytes, dtype=e.dtype, op=e.op) for e in result.relayed
+    ]
+
+
+def ddp_grads() -> list[float]:
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    torch.manual_seed(dist.get_rank())
+    model(torch.randn(8, 4)).sum().backward()
+    return model.module.weight.grad.view(-1).tolist()
+
+
+def test_ddp_on_the_relay_averages_as_on_gloo() -> None:
+    """Does DDP (its C++ reducer calls the group itself) train on the relay, bit for bit as on
+    gloo, and are its bucket all-reduces in the record?"""
+    on_relay = launch(ddp_grads, 2, backend="relay", timeout=60)
+    on_gloo = launch(ddp_grads, 2, timeout=60)
+    assert on_relay.ok and on_gloo.ok, (on_relay.failures, on_gloo.failures)
+    assert on_relay.results == on_gloo.results
+    assert [e.kind for e in on_relay.relayed].count("allreduce") == 1  # one bucket, one step
+
+
+def waits_forever() -> None:
+    peer = (dist.get_rank() + 1) % dist.get_world_size()
+    dist.recv(torch.empty(1), peer)
+
+
+def test_a_deadlock_ends_on_the_relays_deadline() -> None:
+    """Do two ranks that both receive first fail after the relay's timeout, as a deadlock in
+    their own line, with who was waited for?"""
+    result = launch(waits_forever, 2, backend="relay", timeout=30, pg_timeout=2)
+    assert {f.kind for f in result.failures.values()} == {"deadlock"}, result.failures
+    first = result.failures[0]
+    assert first.where.startswith("dist.recv at test_relay.py")
+    assert "the relay gave up waiting for its peer" in first.message
+    assert "rank 0 waited for a message from rank 1 that never came" in first.traceback
+    assert result.relayed == ()
+
+
+def mismatched() -> None:
+    t = torch.ones(2)
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, 0)
+
+
+def test_ranks_that_call_different_collectives_are_told() -> None:
+    """Do an all-reduce on one rank and a broadcast on the other fail both, saying so?"""
+    result = launch(mismatched, 2, backend="relay", timeout=30, pg_timeout=5)
+    assert len(result.failures) == 2
+    for failure in result.failures.values():
+        assert "ranks called different collectives (rank 0: allreduce, rank 1: broadcast)" in (
+            failure.message
+        )
+
+
+def forges_frames() -> str:
+    """Write to the relay's socket directly: a send whose 3 bytes claim to be 4 floats."""
+    link = relay._LINK  # noqa: SLF001 - the rank's own link, as hostile code would find it
+    assert link is not None
+    sock: socket.socket = link.sock
+    head = b'{"kind":"send","group":[0,1],"dst":1,"dtype":"float32","shape":[4],"req":999}'
+    with link._lock:  # noqa: SLF001 - a whole frame, not interleaved with the rank's own
+        sock.sendall(struct.pack(">II", len(head), 3) + head + b"abc")  # 3 bytes for 16
+    t = torch.ones(2)
+    dist.all_reduce(t)  # the relay is still up, and still sums
+    return str(t.tolist())
+
+
+def test_a_forged_frame_fails_that_call_not_the_relay() -> None:
+    """Does a frame whose bytes do not match its shape get refused, the relay carry on, and
+    nothing unrecorded reach the peer?"""
+    result = launch(forges_frames, 2, backend="relay", timeout=30, pg_timeout=5)
+    assert result.ok, result.failures
+    assert result.results == ["[2.0, 2.0]"] * 2
+    assert [e.kind for e in result.relayed] == ["allreduce"]
+
+
+def reaches_for_gloo() -> str:
+    """Is there a gloo backend, or a store shared with a peer, to reach past the relay?"""
+    group = dist.group.WORLD
+    found = []
+    for device in ("cpu", "cuda"):
+        with contextlib.suppress(RuntimeError, AttributeError):
+            found.append(type(group._get_backend(torch.device(device))).__name__)  # noqa: SLF001 - where gloo's object would be
+    store = dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the rendezvous store
+    store.set(f"from-{dist.get_rank()}", "x")
+    dist.barrier()
+    peer = 1 - dist.get_rank()
+    try:
+        store.wait([f"from-{peer}"], __import__("datetime").timedelta(seconds=0.5))
+        found.append("a shared store")
+    except (RuntimeError, dist.DistStoreError):
+        pass
+    return ",".join(found) or "nothing"
+
+
+def test_no_other_backend_or_store_joins_the_ranks() -> None:
+    """On the relay, is there no gloo backend to call and no store a peer also sees?"""
+    result = launch(reaches_for_gloo, 2, backend="relay", timeout=30)
+    assert result.ok, result.failures
+    assert "ProcessGroupGloo" not in "".join(result.results)
+    assert all("a shared store" not in r for r in result.results), result.results
+
+
+def test_gloo_runs_unchanged_and_records_nothing() -> None:
+    """Is the default backend still gloo, with no relay record?"""
+    result = launch(every_route, 3, timeout=60)
+    assert result.ok, result.failures
+    assert result.results[0]["backend"] == "gloo" and result.relayed == ()
+
+
+def test_a_wrong_backend_name_lists_the_three() -> None:
+    """Does a wrong backend name list the three that exist?"""
+    with pytest.raises(ValueError, match="'gloo' \\(CPU\\), 'relay'"):
+        launch(every_route, 2, backend="rellay")
+
+
+def uneven_ddp() -> int:
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    for _ in range(2 + dist.get_rank()):  # rank 1 trains one step more: nobody joins its bucket
+        model(torch.randn(8, 4)).sum().backward()
+    return dist.get_rank()
+
+
+def test_ddp_left_waiting_is_blocked_not_crashed() -> None:
+    """Does a DDP rank whose bucket all-reduce no peer joins fail as blocked, where it waits,
+    on the relay's deadline (its C++ waits on the call, so the error cannot raise there)?"""
+    result = launch(uneven_ddp, 2, backend="relay", timeout=30, pg_timeout=2)
+    assert result.results[0] == 0 and list(result.failures) == [1], result.failures
+    failure = result.failures[1]
+    assert failure.kind == "blocked" and failure.where.startswith("test_relay.py line")
+    assert "until the relay gave up waiting: rank 0 had already finished" in failure.message
