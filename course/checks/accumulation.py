@@ -3,7 +3,9 @@
 The student's step runs only on fresh rank processes. The check makes every rank's
 micro-batches from a fresh seed and sends each rank its own only (the model's initial weights
 come from ``MODEL_SEED``); it records the collectives of the step
-(``course.ring.recorder.Recorder``) and counts DDP's bucket all-reduces with a comm hook. The
+(``course.ring.recorder.Recorder``) and counts DDP's bucket all-reduces with a comm hook, on
+the rank; under grading those counts give way to the relay's record of the step (every
+collective the rank took part in, DDP's own included: ``course.ring.relayed``). The
 sampler's indices are checked in ``course.checks.sampler``, the uneven-data loop in
 ``course.checks.uneven``.
 """
@@ -26,11 +28,12 @@ from course.checks.compare import (
     near,
     rank_generators,
 )
-from course.checks.ddp import on_ranks
-from course.checks.teaching import teaches, user_traceback
+from course.checks.ddp import TIMEOUT
+from course.checks.teaching import on_recorded_ranks, teaches, user_traceback
 from course.experiments.accumulation import counting_hook
-from course.ranks import PerRank
+from course.ranks import PerRank, relay
 from course.ring.recorder import Recorder
+from course.ring.relayed import collectives_in
 
 __all__ = [
     "accumulation_trial",
@@ -87,6 +90,7 @@ def accumulation_trial(step: Any, micro: MicroBatches) -> dict[str, Any]:
     forwards: list[int] = []
     model.register_forward_pre_hook(lambda *_: forwards.append(1))
     result: dict[str, Any] = {"rank": rank, "problem": None}
+    relay.mark(0)  # under grading, the relay counts from here: the student's step alone
     with Recorder() as rec:
         try:
             step(ddp, opt, [tuple(pair) for pair in micro])
@@ -97,6 +101,7 @@ def accumulation_trial(step: Any, micro: MicroBatches) -> dict[str, Any]:
             "accumulation_step never ran the model: implement it above (a forward and a "
             "backward per micro-batch, then one optimizer step)."
         )
+    relay.mark(1)
     names = [c.name for c in rec.collectives]
     return result | {"syncs": len(syncs), "collectives": names, "update": _params(model) - before}
 
@@ -116,16 +121,34 @@ def _accumulation_results(step: Any, world_sizes: Sequence[int], k: int, seed: i
     for world_size in world_sizes:
         s = fresh_seed(seed)
         micro = _micro_batches(world_size, k, s)
-        results = on_ranks(
-            "accumulation_step", accumulation_trial, world_size, step, PerRank(micro)
+        results, relayed = on_recorded_ranks(
+            "accumulation_step",
+            accumulation_trial,
+            world_size,
+            step,
+            PerRank(micro),
+            timeout=TIMEOUT,
         )
         large = _large_update(micro)
         for r in results:
             if r["problem"]:
                 raise AssertionError(f"On rank {r['rank']} of {world_size}: {r['problem']}")
             r["large_update"] = large
+            if relayed:  # graded: what was communicated is the relay's record, not the rank's
+                _count_relayed(r, relayed)
         out.append((world_size, s, results))
     return out
+
+
+def _count_relayed(r: dict[str, Any], relayed: tuple) -> None:
+    """Replace what rank ``r`` counted of its step with the relay's record of it: every
+    collective it took part in (DDP's included), and no more syncs than all-reduces."""
+    try:
+        seen = collectives_in(relayed, r["rank"], 0)
+    except ValueError as err:
+        raise AssertionError(f"accumulation_step's run cannot be read: {err}") from None
+    r["collectives"] = seen
+    r["syncs"] = min(r["syncs"], seen.count("all_reduce"))
 
 
 @teaches

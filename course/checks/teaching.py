@@ -175,6 +175,22 @@ def on_ranks(
         raise CheckFailed(f"{name} could not be sent to the ranks: {err}") from None
 
 
+def on_recorded_ranks(
+    name: str, fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 30.0
+) -> tuple[list[Any], tuple]:
+    """:func:`on_ranks`, with the relay's record of the run (empty off the relay: in a
+    notebook, where ranks talk over gloo)."""
+    from course.ranks import launch
+
+    try:
+        result = launch(fn, world_size, *args, timeout=timeout)
+    except TypeError as err:  # the launcher could not pickle the student's code
+        raise CheckFailed(f"{name} could not be sent to the ranks: {err}") from None
+    if result.failures:
+        raise CheckFailed(failure_message(name, world_size, result.failures))
+    return result.results, result.relayed
+
+
 def user_traceback(exc: BaseException) -> str:
     """The traceback of an exception raised by student code, without the course's frames."""
     from course.ranks.report import format_traceback

@@ -26,7 +26,7 @@ from course.ranks.relay import DTYPES, Event
 from course.ring.encoding import decode_tensor
 from course.ring.trace import Message, Trace
 
-__all__ = ["BITS", "SecretEncoding", "relayed_trace"]
+__all__ = ["BITS", "SecretEncoding", "collectives_in", "relayed_trace"]
 
 BITS = 20  # the bits a rank's mark is drawn from: exact in float64 up to 8192 elements
 MAX_NUMEL = (1 << (53 - 2 * BITS)) - 1
@@ -96,6 +96,17 @@ def relayed_trace(
                 if lo <= seq < hi:
                     collectives.append((member, NAMES[e.kind]))
     return Trace(world_size, numel, 8, tuple(messages), tuple(dict.fromkeys(collectives)))
+
+
+def collectives_in(events: Sequence[Event], rank: int, part: int) -> list[str]:
+    """The collectives (torch.distributed's names) ``rank`` took part in during part ``part``
+    of a run, in order, from the relay's record; ValueError as for :func:`relayed_trace`."""
+    lo, hi = _span(events, rank, part)
+    return [
+        NAMES[e.kind]
+        for e in events
+        if e.kind in NAMES and rank in e.group and lo <= e.seq[e.group.index(rank)] < hi
+    ]
 
 
 def _span(events: Sequence[Event], rank: int, part: int) -> tuple[int, float]:

@@ -1,15 +1,16 @@
-"""The ring's verdict under grading comes from the relay's record, on inputs no rank can forge.
+"""Under grading, verdicts on communication come from the relay's record, not the ranks'.
 
-Each attack below gained points when the verdict read what the ranks recorded themselves;
-graded through the relay (every confined launch), each earns nothing, and an honest ring
-still passes.
+The ring's pattern (on inputs no rank can forge) and the accumulation step's count of
+collectives: each attack below gained points when the verdict read what the ranks recorded
+or counted themselves; graded through the relay (every confined launch), each earns
+nothing, and honest code still passes.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from course.checks import check_ring_pattern, check_ring_sums
+from course.checks import check_accumulation_syncs, check_ring_pattern, check_ring_sums
 from course.grading import sandbox
 from course.grading.rankbox import RankBox
 from course.grading.student import StudentCode
@@ -114,3 +115,51 @@ def test_forged_ring_messages_earn_no_pattern() -> None:
     assert "a ring pattern" in str(check_ring_pattern(namespace["ring_allreduce"], (3,)))
     with RankBox(), pytest.raises(AssertionError, match="not a sum of whole ranks' inputs"):
         check_ring_pattern(forged, world_sizes=(3,))
+
+
+HONEST_STEP = """
+import contextlib, torch
+from torch import nn
+
+def accumulation_step(ddp, optimizer, micro_batches):
+    k = len(micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        with ddp.no_sync() if i < k - 1 else contextlib.nullcontext():
+            (nn.functional.mse_loss(ddp(x), y) / k).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+# All-reduces after every micro-batch through the dispatcher's op, which neither the rank's
+# recorder nor DDP's comm hook sees: K times the communication, counted as DDP's one sync.
+HIDDEN_SYNCS = """
+import contextlib, torch, torch.distributed as dist
+from torch import nn
+
+def accumulation_step(ddp, optimizer, micro_batches):
+    k, op = len(micro_batches), torch.ops._c10d_functional
+    for i, (x, y) in enumerate(micro_batches):
+        with ddp.no_sync() if i < k - 1 else contextlib.nullcontext():
+            (nn.functional.mse_loss(ddp(x), y) / k).backward()
+        if i < k - 1:  # talks after every micro-batch (the result is not even used)
+            for p in ddp.parameters():
+                op.wait_tensor(op.all_reduce(p.grad.clone(), "sum", dist.group.WORLD.group_name))
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def _step(source: str) -> StudentCode:
+    return StudentCode((("accumulation_step", source),), "accumulation_step")
+
+
+def test_communication_hidden_from_the_ranks_count_fails_the_syncs() -> None:
+    """Do all-reduces the rank's own count does not see (the dispatcher's) fail the syncs
+    check under grading, where they pass it on the notebook's path; does an honest step pass?"""
+    namespace: dict = {}
+    exec(HIDDEN_SYNCS, namespace)  # noqa: S102 - the attack, run where it still works
+    assert "once per step" in check_accumulation_syncs(namespace["accumulation_step"])
+    with RankBox():
+        assert "once per step" in check_accumulation_syncs(_step(HONEST_STEP))
+        with pytest.raises(AssertionError, match="collective call\\(s\\) of its own"):
+            check_accumulation_syncs(_step(HIDDEN_SYNCS))
