@@ -40,7 +40,7 @@ def test_nccl_without_enough_gpus_is_refused_before_any_rank_starts() -> None:
 
 def test_an_unknown_backend_is_refused() -> None:
     """Does a misspelt backend name fail at once with the choices?"""
-    with pytest.raises(ValueError, match="'gloo' \\(CPU\\) or 'nccl'"):
+    with pytest.raises(ValueError, match=r"'gloo' \(CPU\), 'relay' .* or 'nccl'"):
         run_source("pass", 2, backend="mpi")
 
 
