@@ -10,6 +10,11 @@ as the uid in ``COURSE_SANDBOX_UID`` (one per submission graded at a time, so th
 limit, counted per uid, is its own), with a size-capped scratch folder as the only place it
 may write. Its ranks keep the grader's pids, so the launcher stops them as usual, and what
 they send back is plain data (:mod:`course.ranks.confined`).
+
+The scratch folder is root's (``0711``): the ranks write their own working folder in it,
+``work/``, and the run folders the launcher makes in ``runs/`` (root's too), so no folder in
+which the grader, as root, creates or chowns anything can be written by the sandbox uid (a
+rank cannot swap a run folder for a link between its creation and its chown).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import ClassVar, Self
 
 import psutil
 
-from course.grading.sandbox import Limits, confine, sandbox_uid
+from course.grading.sandbox import Limits, confine, give_to_sandbox, sandbox_uid
 from course.grading.slots import owned_by
 from course.ranks.confined import confined_launches
 from course.ranks.forkserver import Server
@@ -59,19 +64,23 @@ class RankBox:
         scratch.mkdir()
         if _mount_tmpfs(scratch):
             self._stack.callback(subprocess.run, ["umount", "-l", str(scratch)], check=False)
-        self._share(str(scratch))
-        # The confined uid may pass through to scratch, not list what else is here.
-        os.chmod(private, 0o711)  # noqa: S103 - execute-only for others, on purpose
+        work, runs = scratch / "work", scratch / "runs"
+        work.mkdir()
+        runs.mkdir()
+        self._share(str(work))
+        # The confined uid may pass through these, not list or change what is in them.
+        for folder in (private, scratch, runs):
+            os.chmod(folder, 0o711)  # noqa: S103 - execute-only for others, on purpose
         wrapper = private / "python"
         hide = [str(p) for p in HIDDEN]
-        argv = confine([sys.executable], rw=[str(scratch)], cwd=str(scratch), limits=LIMITS,
+        argv = confine([sys.executable], rw=[str(scratch)], cwd=str(work), limits=LIMITS,
                        uid=self.uid, pid_namespace=False, hide=hide)  # fmt: skip
         wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(argv)} "$@"\n')
         wrapper.chmod(0o700)
         preload = ("course.ranks.nodump", "course.checks", "course.grading.student")
         self.server = (Server if self.ddp else _P2PServer)(str(wrapper), preload=preload)
         self._stack.callback(self.server.stop)
-        launches = confined_launches(self.server, str(scratch), self._share, self._cleanup)
+        launches = confined_launches(self.server, str(runs), self._share, self._cleanup)
         self._stack.enter_context(launches)
         return self
 
@@ -82,8 +91,7 @@ class RankBox:
 
     def _share(self, path: str) -> None:
         """Hand a folder to the confined uid (when we are root; else it is ours already)."""
-        if os.geteuid() == 0:
-            os.chown(path, self.uid, self.uid)
+        give_to_sandbox(path, self.uid)
 
     def _cleanup(self) -> None:
         """After a launch, kill every process of our uid but the forkserver (its ranks, and
@@ -108,5 +116,5 @@ def _mount_tmpfs(path: Path) -> bool:
     """Make ``path`` a size-capped tmpfs (root only); False where that is not allowed."""
     if os.geteuid() != 0 or not shutil.which("mount"):
         return False
-    cmd = ["mount", "-t", "tmpfs", "-o", f"size={SCRATCH_SIZE},mode=0700", "tmpfs", str(path)]
+    cmd = ["mount", "-t", "tmpfs", "-o", f"size={SCRATCH_SIZE},mode=0711", "tmpfs", str(path)]
     return subprocess.run(cmd, capture_output=True, check=False).returncode == 0

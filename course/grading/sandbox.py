@@ -37,6 +37,7 @@ __all__ = [
     "SandboxUnavailable",
     "available",
     "confine",
+    "give_to_sandbox",
     "sandbox_uid",
 ]
 
@@ -179,14 +180,20 @@ def _sandbox_env(extra: dict[str, str] | None) -> dict[str, str]:
 
 
 def give_to_sandbox(path: str, uid: int | None = None) -> None:
-    """Let the sandbox uid write ``path`` (and what is in it): chown when running as root."""
+    """Let the sandbox uid write the folder ``path``: fchown when running as root.
+
+    Never through a link: the folder is opened with ``O_NOFOLLOW | O_DIRECTORY`` and the
+    descriptor is chowned, so a link swapped in at ``path`` fails with ``OSError`` (ELOOP or
+    ENOTDIR) instead of handing its target to the sandbox.
+    """
     if os.geteuid() != 0:
         return
     uid = sandbox_uid() if uid is None else uid
-    for root, dirs, files in os.walk(path):
-        for name in [*dirs, *files]:
-            os.lchown(os.path.join(root, name), uid, uid)
-    os.chown(path, uid, uid)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchown(fd, uid, uid)
+    finally:
+        os.close(fd)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,6 +6,13 @@ global server per interpreter, preloads only at its first start, and re-imports 
 ``forkserver.ForkServer``'s attributes (``_forkserver_pid``, ``_forkserver_alive_fd``,
 ``_forkserver_address``) and a ``popen_forkserver.Popen`` whose ``_launch`` sends no
 preparation data: stable from Python 3.8 to 3.13 (this project runs 3.11).
+
+A server started through another executable (a sandbox wrapper, for grading) is started
+once through it and never again behind its back: multiprocessing's own ``ensure_running``
+would restart a dead server, and this process's resource tracker, with the plain
+interpreter, unconfined. Its children get ``/dev/null`` where multiprocessing hands them
+the resource tracker's pipe, so no confined process can write to a tracker outside the
+sandbox (a ``REGISTER`` line there makes it unlink a file of the writer's choosing).
 """
 
 from __future__ import annotations
@@ -16,11 +23,12 @@ import io
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
+from multiprocessing import forkserver, popen_forkserver, reduction, resource_tracker, spawn, util
 from multiprocessing.context import set_spawning_popen
 from multiprocessing.process import BaseProcess
 from typing import ClassVar
@@ -67,7 +75,7 @@ class Server:
                 self._discard()
             if self._server is None:
                 sweep_stale_run_dirs()
-                self._server = forkserver.ForkServer()
+                self._server = _ForkServer(confined=self._executable is not None)
                 self._server.set_forkserver_preload(self._preload)
                 self._start(self._server)
             self._used = time.monotonic()
@@ -108,15 +116,18 @@ class Server:
             _reap(pid)
             return
 
-    def _start(self, server: forkserver.ForkServer) -> None:
+    def _start(self, server: _ForkServer) -> None:
         """Start ``server``, through our executable if we have one (multiprocessing's hook)."""
         if self._executable is None:
-            server.ensure_running()
+            server.start()
             return
+        # This process's own tracker, never through the wrapper: a confined one would be
+        # killed with the submission's processes, then restarted unconfined by the stdlib.
+        resource_tracker.ensure_running()
         usual = spawn.get_executable()
         spawn.set_executable(self._executable)
         try:
-            server.ensure_running()
+            server.start()
         finally:
             spawn.set_executable(usual)
 
@@ -146,6 +157,48 @@ class Server:
         address = server and server._forkserver_address  # noqa: SLF001 - multiprocessing internals, see the module docstring
         if isinstance(address, str) and os.path.exists(address):
             os.unlink(address)
+
+
+class _ForkServer(forkserver.ForkServer):
+    """multiprocessing's ForkServer, started only by :meth:`start`: a server that died is
+    replaced by :class:`Server` (through its executable), never by the stdlib's restart."""
+
+    def __init__(self, confined: bool) -> None:
+        super().__init__()
+        self._confined = confined
+
+    def start(self) -> None:
+        """Start the server process (once)."""
+        super().ensure_running()
+
+    def ensure_running(self) -> None:
+        """Called by every ``connect_to_new_process``: never starts anything."""
+        if self._forkserver_pid is None:
+            raise ConnectionError("the forkserver was stopped")
+
+    def connect_to_new_process(self, fds: list[int]) -> tuple[int, int]:
+        """Ask the server for a child; a confined one's children get no tracker pipe."""
+        if not self._confined:
+            return super().connect_to_new_process(fds)
+        self.ensure_running()
+        if len(fds) + 4 >= forkserver.MAXFDS_TO_SEND:
+            raise ValueError("too many fds")
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(self._forkserver_address)
+            parent_r, child_w = os.pipe()
+            child_r, parent_w = os.pipe()
+            no_tracker = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                allfds = [child_r, child_w, self._forkserver_alive_fd, no_tracker, *fds]
+                reduction.sendfds(client, allfds)
+            except BaseException:
+                os.close(parent_r)
+                os.close(parent_w)
+                raise
+            finally:
+                for fd in (child_r, child_w, no_tracker):
+                    os.close(fd)
+            return parent_r, parent_w
 
 
 def _reap(pid: int | None, timeout: float = 5.0) -> None:

@@ -1,0 +1,145 @@
+"""Is each submission kept in its own box? Attacks from a graded rank on the grading machine."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from course.grading import sandbox
+from course.grading.rankbox import RankBox
+from course.grading.slots import lease_uid
+from course.ranks import confined, launch
+
+pytestmark = [
+    pytest.mark.ranks,
+    pytest.mark.skipif(
+        not sandbox.available() or os.geteuid() != 0,
+        reason="graded ranks run confined with bubblewrap as another uid: needs bwrap and root",
+    ),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+# Graded ranks see only Python and the course package: send this module's functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+# A grader that runs two launches, each rank writing a REGISTER line on the descriptor
+# multiprocessing calls its resource tracker's: a tracker that reads it unlinks the named
+# shared memory when it exits, as whoever runs it.
+TRACKER_ATTACK = """
+import sys
+from course.grading.rankbox import RankBox
+from course.grading.slots import lease_uid
+from course.ranks import launch
+
+def register(name):
+    from multiprocessing import resource_tracker
+    import os
+    try:
+        fd = resource_tracker._resource_tracker._fd
+        os.write(fd, f"REGISTER:{name}:shared_memory\\n".encode())
+    except OSError as err:
+        return str(err)
+    return "written"
+
+with RankBox():  # the uid is $COURSE_SANDBOX_UID's alone: cleaned after each launch
+    for _ in range(3):
+        result = launch(register, 1, sys.argv[1], timeout=60)
+        assert result.ok, result.failures
+print("launched")
+"""
+
+
+def test_a_rank_cannot_make_a_resource_tracker_outside_unlink_a_file() -> None:
+    """A REGISTER line written by a rank on its tracker descriptor reaches no tracker outside
+    the sandbox: root's shared memory of that name is still there once the grader exits."""
+    name = f"course-victim-{secrets.token_hex(4)}"
+    victim = Path("/dev/shm") / name
+    victim.write_text("root's")
+    victim.chmod(0o600)
+    try:
+        with lease_uid() as lease:
+            env = {**os.environ, sandbox.UID_ENV: str(lease.uid)}
+            done = subprocess.run(
+                [sys.executable, "-c", TRACKER_ATTACK, "/" + name],
+                capture_output=True, text=True, timeout=240, check=False, cwd=REPO, env=env,
+            )  # fmt: skip
+        assert "launched" in done.stdout, done.stderr[-3000:]
+        assert victim.exists(), "a tracker outside the sandbox unlinked it"
+    finally:
+        victim.unlink(missing_ok=True)
+
+
+def _tracker_descriptor() -> str:
+    import stat
+    from multiprocessing import resource_tracker
+
+    fd = resource_tracker._resource_tracker._fd  # noqa: SLF001 - what the attack writes to
+    return "pipe" if stat.S_ISFIFO(os.fstat(fd).st_mode) else os.readlink(f"/proc/self/fd/{fd}")
+
+
+def test_no_rank_holds_a_pipe_to_a_resource_tracker() -> None:
+    """Every launch, not only the first, hands ranks /dev/null as their tracker."""
+    with RankBox(uid=sandbox.SANDBOX_UID):
+        seen = [launch(_tracker_descriptor, 1, timeout=30).results[0] for _ in range(3)]
+    assert seen == ["/dev/null"] * 3
+
+
+def _swap_run_folder(victim: str) -> list[str]:
+    """Replace this run's folder (and put a new entry beside it) with a link to ``victim``."""
+    run = os.path.dirname(os.readlink("/proc/self/fd/1"))
+    tried = []
+    for attempt in (
+        lambda: os.rename(run, run + "-moved"),
+        lambda: os.symlink(victim, run + "-next"),
+        lambda: os.mkdir(os.path.join(os.path.dirname(run), "mine")),
+    ):
+        try:
+            attempt()
+            tried.append("done")
+        except OSError as err:
+            tried.append(type(err).__name__)
+    return tried
+
+
+def test_a_rank_cannot_touch_the_folder_its_run_folders_are_made_in() -> None:
+    """Run folders are made in a folder of root's: a rank can neither move its own nor add
+    a link beside it for the next launch's folder to be swapped for."""
+    with RankBox(uid=sandbox.SANDBOX_UID):
+        result = launch(_swap_run_folder, 1, "/etc/shadow", timeout=30)
+    assert result.ok, result.failures
+    assert result.results[0] == ["PermissionError"] * 3
+
+
+def test_a_run_folder_swapped_for_a_link_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Even if a link took a run folder's place before it is handed over, root does not
+    chown the link's target to the sandbox uid."""
+    victim = tmp_path / "root-only"
+    victim.write_text("root's")
+    victim.chmod(0o600)
+    made = tempfile.mkdtemp
+
+    def raced(*args: object, **kwargs: object) -> str:
+        path = made(*args, **kwargs)
+        os.rmdir(path)
+        os.symlink(victim, path)  # what a racing rank does between mkdtemp and chown
+        return path
+
+    monkeypatch.setattr(tempfile, "mkdtemp", raced)
+    box = RankBox(uid=sandbox.SANDBOX_UID)
+    share = box._share  # noqa: SLF001 - the share a RankBox passes on to its launches
+    links = r"Too many levels of symbolic links|Not a directory"
+    with (
+        confined.confined_launches(None, str(tmp_path), share),
+        pytest.raises(OSError, match=links),
+    ):
+        confined.rank_dir("course-ranks-")
+    assert victim.stat().st_uid == 0
