@@ -4,8 +4,8 @@
         check_ring_sums(StudentCode(cells, "ring_allreduce"))
 
 The forkserver is a fresh Python started inside :func:`course.grading.sandbox.confine`
-(no network, a read-only view of Python and the ``course`` package with the course's own
-reference implementations blanked, none of the course's sources, gradebook or submissions),
+(no network, a read-only view of Python and the ``course`` package with the instructor's
+modules and their bytecode left out, none of the course's sources, gradebook or submissions),
 as the uid in ``COURSE_SANDBOX_UID`` (one per submission graded at a time, so the process
 limit, counted per uid, is its own), with a size-capped scratch folder as the only place it
 may write. Its ranks keep the grader's pids, so the launcher stops them as usual, and what
@@ -40,8 +40,9 @@ from course.ranks.forkserver import Server
 __all__ = ["HIDDEN", "RankBox"]
 
 COURSE = Path(__file__).resolve().parents[1]
-# The instructor's working solutions (the student install has none): empty on graded ranks.
-HIDDEN = (COURSE / "instructor" / "reference.py",)
+# The instructor's modules (the reference ring, the quiz bank) and their bytecode: the
+# student install has none, and on graded ranks the folder is empty.
+HIDDEN = (COURSE / "instructor",)
 LIMITS = Limits(file_size=64 * 2**20, tmp_size=64 * 2**20)
 SCRATCH_SIZE = "256m"  # the scratch folder's size cap, when it can be a tmpfs (as root)
 

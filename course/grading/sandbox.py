@@ -6,8 +6,8 @@ from a forkserver that :func:`confine` starts inside bubblewrap
 
 * its own network namespace (only its own loopback: no internet, no host ports);
 * a read-only view of the system, the Python install and the ``course`` package only
-  (``hide`` blanks files in it): ``source/``, ``gradebook.db`` and other students' folders
-  are not in its file system;
+  (``hide`` blanks files in it and empties folders): ``source/``, ``gradebook.db`` and
+  other students' folders are not in its file system;
 * write access to the folders it is given and a private ``/tmp`` (tmpfs, size-capped);
 * its own PID namespace, unless asked to keep the caller's pids;
 * an unprivileged uid and resource limits (prlimit): address space per process, number of
@@ -131,7 +131,8 @@ def confine(
     """Return the argv that runs ``cmd`` confined (bwrap + prlimit + setpriv), as ``uid``.
 
     ``uid`` defaults to :func:`sandbox_uid` (``$COURSE_SANDBOX_UID``, else ``nobody``);
-    ``hide`` files cannot be read inside; without ``pid_namespace`` the confined processes
+    ``hide`` files cannot be read inside (a folder in it is empty: no module, no bytecode
+    of one, no name of either); without ``pid_namespace`` the confined processes
     keep the caller's pids (a forkserver's children are then killable by the pid it reports).
     """
     uid = sandbox_uid() if uid is None else uid
@@ -155,8 +156,10 @@ def confine(
             argv += ["--symlink", os.readlink(p), p]
     for p in rw_paths:
         argv += ["--bind", p, p]
-    for p in hide:
-        argv += ["--ro-bind", "/dev/null", os.path.realpath(p)]
+    for p in map(os.path.realpath, hide):  # a folder: empty, with its bytecode and all
+        argv += (
+            ["--tmpfs", p, "--remount-ro", p] if os.path.isdir(p) else ["--ro-bind", "/dev/null", p]
+        )
     argv += ["--chdir", os.path.realpath(cwd) if cwd else "/tmp", "--clearenv"]
     for key, value in _sandbox_env(env).items():
         argv += ["--setenv", key, value]

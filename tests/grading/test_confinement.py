@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import py_compile
 import secrets
 import subprocess
 import sys
@@ -143,3 +145,41 @@ def test_a_run_folder_swapped_for_a_link_is_not_followed(
     ):
         confined.rank_dir("course-ranks-")
     assert victim.stat().st_uid == 0
+
+
+def _load_the_reference(folder: str) -> dict:
+    """What of the instructor's folder a rank can read, and whether the reference ring's
+    bytecode loads as a module there."""
+    import importlib.util
+    from importlib.machinery import SourcelessFileLoader
+
+    readable = []
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError), open(os.path.join(root, name), "rb") as f:
+                if f.read(1):
+                    readable.append(name)
+    pyc = importlib.util.cache_from_source(os.path.join(folder, "reference.py"))
+    try:
+        loader = SourcelessFileLoader("stolen_reference", pyc)
+        spec = importlib.util.spec_from_loader("stolen_reference", loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        loaded = "ring_allreduce" in vars(module)
+    except (ImportError, OSError) as err:
+        loaded = type(err).__name__
+    return {"readable": sorted(readable), "loaded": loaded}
+
+
+def test_the_instructor_modules_and_their_bytecode_are_not_on_graded_ranks() -> None:
+    """A ring that loads the reference's compiled bytecode finds none, nor any other
+    instructor module or its bytecode."""
+    import course.instructor
+
+    folder = Path(course.instructor.__file__).parent
+    pyc = py_compile.compile(str(folder / "reference.py"), doraise=True)  # as any import leaves
+    assert Path(pyc).stat().st_size > 0
+    with RankBox(uid=sandbox.SANDBOX_UID):
+        result = launch(_load_the_reference, 1, str(folder), timeout=30)
+    assert result.ok, result.failures
+    assert result.results[0] == {"readable": [], "loaded": "FileNotFoundError"}
