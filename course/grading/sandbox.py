@@ -46,7 +46,9 @@ SANDBOX_UID = 65534  # nobody: the uid when COURSE_SANDBOX_UID is unset
 # Class runs: worker slot i grades as uid 62000 + i. These uids must belong to no account:
 # every process they own is killed after each submission (course.grading.slots).
 SLOT_UID_BASE = 62000
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
+# What marks a course checkout's root (never in the sandbox's view, wherever it lives).
+COURSE_MARKERS = ("source", "gradebook.db", "submitted", "autograded", "nbgrader_config.py")
 ENV_KEEP = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "NBGRADER_EXECUTION", "OMP_NUM_THREADS")
 
 
@@ -88,9 +90,30 @@ def _ro_paths() -> list[str]:
     paths += [sys.base_prefix, sys.prefix, str(Path(course.__file__).parent)]
     # Other sys.path entries (editable installs) but never the cwd or a course checkout root.
     for entry in sys.path:
-        if entry and os.path.isdir(entry) and not os.path.exists(os.path.join(entry, "source")):
+        if entry and os.path.isdir(entry) and not _is_course_root(entry):
             paths.append(entry)
-    return _outermost(paths)
+    return sorted({os.path.realpath(p) for p in paths})
+
+
+def _is_course_root(path: str) -> bool:
+    """Does ``path`` hold a course's instructor side (``source/``, a gradebook...)?"""
+    return any(os.path.lexists(os.path.join(path, name)) for name in COURSE_MARKERS)
+
+
+def _course_roots(cwd: str | None) -> list[str]:
+    """The course checkouts this grader runs from: the one around the ``course`` package, and
+    the one the grader's (or the sandbox's) working folder is in, wherever they live."""
+    import course
+
+    starts = [Path(course.__file__).resolve().parent, Path.cwd().resolve()]
+    starts += [Path(cwd).resolve()] if cwd else []
+    roots = {str(d) for start in starts for d in (start, *start.parents) if _is_course_root(str(d))}
+    return sorted(roots - {"/"})
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Is ``path`` strictly inside ``folder``?"""
+    return path.startswith(folder.rstrip("/") + "/")
 
 
 def _outermost(paths: Sequence[str]) -> list[str]:
@@ -98,17 +121,36 @@ def _outermost(paths: Sequence[str]) -> list[str]:
     real = sorted({os.path.realpath(p) for p in paths})
     kept: list[str] = []
     for p in real:
-        if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in kept):
+        if not any(p == k or _inside(p, k) for k in kept):
             kept.append(p)
     return kept
 
 
-def _dirs_args(paths: Sequence[str]) -> list[str]:
-    """Create every parent of ``paths`` world-traversable (bwrap makes them 0700)."""
+def _view_args(ro_paths: Sequence[str], cwd: str | None) -> list[str]:
+    """Bind ``ro_paths`` read-only, with every course checkout they cover emptied, then what
+    of ``ro_paths`` lies inside one (its virtualenv, the ``course`` package) bound again."""
+    outer = _outermost(ro_paths)
+    masks = _outermost([m for m in _course_roots(cwd) if any(_inside(m, p) for p in outer)])
+    args: list[str] = []
+    for p in outer:
+        args += ["--ro-bind", p, p]
+    for mask in masks:
+        again = _outermost([p for p in ro_paths if _inside(p, mask)])
+        args += ["--tmpfs", mask, *_dirs_args(again, below=mask)]
+        for p in again:
+            args += ["--ro-bind", p, p]
+        args += ["--remount-ro", mask]
+    return args
+
+
+def _dirs_args(paths: Sequence[str], below: str = "/") -> list[str]:
+    """Create every parent of ``paths`` (inside ``below``) world-traversable (bwrap makes
+    them 0700)."""
     parents: set[str] = set()
     for p in paths:
         for parent in Path(p).parents:
-            if str(parent) not in ("/", "", "/tmp"):  # /tmp is the sandbox's own tmpfs
+            # /tmp is the sandbox's own tmpfs
+            if str(parent) not in ("/", "", "/tmp") and _inside(str(parent), below):
                 parents.add(str(parent))
     args: list[str] = []
     for parent in sorted(parents, key=lambda s: s.count("/")):
@@ -149,8 +191,7 @@ def confine(
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", str(limits.tmp_size), "--perms", "1777", "--tmpfs", "/tmp"]
     argv += _dirs_args(ro_paths + rw_paths + ([cwd] if cwd else []))
-    for p in ro_paths:
-        argv += ["--ro-bind", p, p]
+    argv += _view_args(ro_paths, cwd)
     for p in SYSTEM_DIRS:  # merged-/usr systems: /bin -> usr/bin, /lib64 -> usr/lib64
         if os.path.islink(p):
             argv += ["--symlink", os.readlink(p), p]

@@ -183,3 +183,55 @@ def test_the_instructor_modules_and_their_bytecode_are_not_on_graded_ranks() -> 
         result = launch(_load_the_reference, 1, str(folder), timeout=30)
     assert result.ok, result.failures
     assert result.results[0] == {"readable": [], "loaded": "FileNotFoundError"}
+
+
+# Run in the sandbox from a course checked out elsewhere: what of the checkout is in view?
+VIEW_PROBE = """
+import json, os, sys
+root = sys.argv[1]
+print(json.dumps({
+    "listing": sorted(os.listdir(root)),
+    "package": os.path.exists(os.path.join(root, "course", "checks", "__init__.py")),
+    "instructor": os.listdir(os.path.join(root, "course", "instructor")),
+}))
+"""
+JUDGE_FROM_CHECKOUT = """
+import subprocess, sys
+import course
+from course.grading import sandbox
+assert course.__file__.startswith(sys.argv[1]), course.__file__
+argv = sandbox.confine([sys.executable, "-c", sys.argv[2], sys.argv[1]], uid=sandbox.SANDBOX_UID,
+                       hide=[sys.argv[1] + "/course/instructor"])
+done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+print(done.stdout if done.returncode == 0 else done.stderr)
+sys.exit(done.returncode)
+"""
+
+
+@pytest.mark.parametrize("parent", ["/opt", "/usr/local"])
+def test_a_course_checked_out_under_a_system_folder_is_out_of_view(parent: str) -> None:
+    """With the course checked out under /opt or /usr/local, a confined process sees its
+    ``course`` package (the instructor's folder empty) and nothing else of the checkout:
+    no ``source/``, gradebook or submissions."""
+    import json
+    import shutil
+
+    root = Path(tempfile.mkdtemp(prefix="course-checkout-", dir=parent))
+    root.chmod(0o755)  # as a checkout is
+    try:
+        shutil.copytree(REPO / "course", root / "course", ignore=shutil.ignore_patterns("*.pyc"))
+        for folder in ("source/a", "submitted/bob/a"):
+            (root / folder).mkdir(parents=True)
+            (root / folder / "a.ipynb").write_text('{"key": "b"}')
+        (root / "gradebook.db").write_text("secret grades")
+        (root / "nbgrader_config.py").write_text("c = get_config()\n")
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        done = subprocess.run(
+            [sys.executable, "-c", JUDGE_FROM_CHECKOUT, str(root), VIEW_PROBE],
+            capture_output=True, text=True, timeout=120, check=False, cwd=root, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        seen = json.loads(done.stdout)
+    finally:
+        shutil.rmtree(root)
+    assert seen == {"listing": ["course"], "package": True, "instructor": []}
