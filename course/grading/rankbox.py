@@ -8,8 +8,10 @@ The forkserver is a fresh Python started inside :func:`course.grading.sandbox.co
 modules and their bytecode left out, none of the course's sources, gradebook or submissions),
 as the uid in ``COURSE_SANDBOX_UID`` (one per submission graded at a time, so the process
 limit, counted per uid, is its own), with a size-capped scratch folder as the only place it
-may write. Its ranks keep the grader's pids, so the launcher stops them as usual, and what
-they send back is plain data (:mod:`course.ranks.confined`).
+may write. It and its ranks have a PID namespace of their own (no other process is in their
+view: not the grader's, not another submission's); the launcher translates the pids the
+forkserver reports into its own, so it stops them as usual, and what they send back is plain
+data (:mod:`course.ranks.confined`).
 
 The scratch folder is root's (``0711``): the ranks write their own working folder in it,
 ``work/``, and the run folders the launcher makes in ``runs/`` (root's too), so no folder in
@@ -75,11 +77,12 @@ class RankBox:
         wrapper = private / "python"
         hide = [str(p) for p in HIDDEN]
         argv = confine([sys.executable], rw=[str(scratch)], cwd=str(work), limits=LIMITS,
-                       uid=self.uid, pid_namespace=False, hide=hide)  # fmt: skip
+                       uid=self.uid, hide=hide)  # fmt: skip
         wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(argv)} "$@"\n')
         wrapper.chmod(0o700)
         preload = ("course.ranks.nodump", "course.checks", "course.grading.student")
-        self.server = (Server if self.ddp else _P2PServer)(str(wrapper), preload=preload)
+        server = Server if self.ddp else _P2PServer
+        self.server = server(str(wrapper), preload=preload, own_pids=True)
         self._stack.callback(self.server.stop)
         launches = confined_launches(self.server, str(runs), self._share, self._cleanup)
         self._stack.enter_context(launches)
@@ -99,10 +102,10 @@ class RankBox:
         anything they started in a session of its own): only when the uid is ours alone."""
         if not self.exclusive or os.geteuid() != 0:
             return
-        keep = self.server.pid()  # bwrap's pid: the forkserver is its child
+        keep = self.server.server_pid()
         for proc in owned_by(self.uid):
             with contextlib.suppress(psutil.Error):
-                if keep not in (proc.ppid(), proc.pid):
+                if proc.pid != keep:
                     proc.kill()
 
 

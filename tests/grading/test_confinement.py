@@ -9,6 +9,7 @@ import secrets
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import cloudpickle
@@ -17,7 +18,7 @@ import pytest
 from course.grading import sandbox
 from course.grading.rankbox import RankBox
 from course.grading.slots import lease_uid
-from course.ranks import confined, launch
+from course.ranks import confined, forkserver, launch
 
 pytestmark = [
     pytest.mark.ranks,
@@ -235,3 +236,66 @@ def test_a_course_checked_out_under_a_system_folder_is_out_of_view(parent: str) 
     finally:
         shutil.rmtree(root)
     assert seen == {"listing": ["course"], "package": True, "instructor": []}
+
+
+def _processes_in_view() -> list[str]:
+    seen = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as f:
+                seen.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+    return seen
+
+
+def test_a_rank_sees_no_process_outside_its_submission() -> None:
+    """Graded ranks have a PID namespace of their own: no command line of the grader or of
+    a submission graded beside them is in their view."""
+    marker = f"course-neighbour-{secrets.token_hex(4)}"
+    neighbour = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", marker])
+    try:
+        with RankBox(uid=sandbox.SANDBOX_UID):
+            result = launch(_processes_in_view, 2, timeout=30)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert result.ok, result.failures
+    for seen in result.results:
+        assert seen, "no process at all: /proc is not the namespace's"
+        assert not [line for line in seen if marker in line or "pytest" in line]
+
+
+def _stop_the_forkserver() -> int:
+    import signal
+
+    os.kill(os.getppid(), signal.SIGSTOP)
+    return os.getppid()
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def _cwd() -> str:
+    return os.getcwd()
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_that_stops_its_forkserver_fails_the_next_launch_quickly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The launch after a rank SIGSTOPped its forkserver fails within its deadline (not
+    never), the one after runs on a fresh forkserver, and the scratch tmpfs is unmounted."""
+    with RankBox(uid=sandbox.SANDBOX_UID):
+        cwd = launch(_cwd, 1, timeout=60).results[0]  # warm: a cold start imports torch
+        scratch = cwd[: cwd.index("/scratch") + len("/scratch")]
+        assert launch(_stop_the_forkserver, 1, timeout=30).ok
+        monkeypatch.setattr(forkserver, "START_WAIT", 5.0, raising=False)
+        start = time.monotonic()
+        stalled = launch(_pid, 2, timeout=30)
+        assert time.monotonic() - start < 5.0 + 10
+        assert not stalled.ok
+        assert "could not be started" in stalled.failures[0].message
+        monkeypatch.undo()
+        assert launch(_pid, 2, timeout=60).ok  # a fresh forkserver
+    with open("/proc/mounts") as f:
+        assert f" {scratch} " not in f.read()
