@@ -16,7 +16,9 @@ data (:mod:`course.ranks.confined`).
 The scratch folder is root's (``0711``): the ranks write their own working folder in it,
 ``work/``, and the run folders the launcher makes in ``runs/`` (root's too), so no folder in
 which the grader, as root, creates or chowns anything can be written by the sandbox uid (a
-rank cannot swap a run folder for a link between its creation and its chown).
+rank cannot swap a run folder for a link between its creation and its chown). Every process
+of the box is in its cgroups (:mod:`course.grading.cgroups`: memory, processes and CPU share
+for the submission as a whole), all killed when the box ends.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import ClassVar, Self
 
 import psutil
 
+from course.grading.cgroups import Cgroups
 from course.grading.sandbox import Limits, confine, give_to_sandbox, sandbox_uid
 from course.grading.slots import owned_by
 from course.ranks.confined import confined_launches
@@ -74,11 +77,14 @@ class RankBox:
         # The confined uid may pass through these, not list or change what is in them.
         for folder in (private, scratch, runs):
             os.chmod(folder, 0o711)  # noqa: S103 - execute-only for others, on purpose
+        # Killed as a whole when the box ends (course.grading.cgroups), whatever hid in it.
+        self.cgroups = self._stack.enter_context(Cgroups())
+        join = "".join(f"echo $$ > {shlex.quote(f)} || exit 70\n" for f in self.cgroups.procs)
         wrapper = private / "python"
         hide = [str(p) for p in HIDDEN]
         argv = confine([sys.executable], rw=[str(scratch)], cwd=str(work), limits=LIMITS,
                        uid=self.uid, hide=hide)  # fmt: skip
-        wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(argv)} "$@"\n')
+        wrapper.write_text(f'#!/bin/sh\n{join}exec {shlex.join(argv)} "$@"\n')
         wrapper.chmod(0o700)
         preload = ("course.ranks.nodump", "course.checks", "course.grading.student")
         server = Server if self.ddp else _P2PServer

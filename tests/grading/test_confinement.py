@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 import cloudpickle
+import psutil
 import pytest
 
-from course.grading import sandbox
+from course.grading import cgroups, sandbox
 from course.grading.rankbox import RankBox
 from course.grading.slots import lease_uid
 from course.ranks import confined, forkserver, launch
@@ -199,7 +200,7 @@ print(json.dumps({
 JUDGE_FROM_CHECKOUT = """
 import subprocess, sys
 import course
-from course.grading import sandbox
+from course.grading import cgroups, sandbox
 assert course.__file__.startswith(sys.argv[1]), course.__file__
 argv = sandbox.confine([sys.executable, "-c", sys.argv[2], sys.argv[1]], uid=sandbox.SANDBOX_UID,
                        hide=[sys.argv[1] + "/course/instructor"])
@@ -299,3 +300,59 @@ def test_a_rank_that_stops_its_forkserver_fails_the_next_launch_quickly(
         assert launch(_pid, 2, timeout=60).ok  # a fresh forkserver
     with open("/proc/mounts") as f:
         assert f" {scratch} " not in f.read()
+
+
+def _hide_a_daemon() -> str:
+    """Start a daemon in a session of its own that holds 64 MB of System V shared memory and
+    ends its main thread with a raw exit syscall (it then looks like a zombie)."""
+    import ctypes
+    import threading
+
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.shmget(0, 64 * 2**20, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
+            threading.Thread(target=time.sleep, args=(600,)).start()
+            libc.syscall(60, 0)  # SYS_exit: this thread only; the process lives on
+        os._exit(0)
+    os.wait()
+    time.sleep(0.5)
+    return os.readlink("/proc/self/ns/ipc")
+
+
+def _left_of(uid: int) -> list[int]:
+    """Every process of ``uid``, zombies included."""
+    return [
+        p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and uid in p.info["uids"]
+    ]
+
+
+def _ipc_namespaces() -> set[str]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            found.add(os.readlink(f"/proc/{entry}/ns/ipc"))
+    return found
+
+
+@pytest.mark.skipif(cgroups.unavailable() is not None, reason=str(cgroups.unavailable()))
+def test_nothing_a_submission_started_outlives_it() -> None:
+    """A daemon that hid (a new session, a zombie-looking main thread) is in the box's
+    cgroups with the rest, is killed with them when the box ends, and its IPC namespace
+    (with its shared memory) is gone."""
+    with lease_uid() as lease:
+        with RankBox(uid=lease.uid) as box:
+            namespace = launch(_hide_a_daemon, 1, timeout=60).results[0]
+            assert namespace in _ipc_namespaces()
+            assert set(_left_of(lease.uid)) <= box.cgroups.pids()
+            assert len(_left_of(lease.uid)) >= 2  # the forkserver and the daemon
+            written = {Path(p).name for p in box.cgroups.limits}
+            assert {"pids.max"} <= written and written & {"memory.max", "memory.limit_in_bytes"}
+        end = time.monotonic() + 5.0  # SIGKILLed: gone once the kernel has torn them down
+        while _left_of(lease.uid) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert _left_of(lease.uid) == []
+        assert namespace not in _ipc_namespaces()
+        assert box.cgroups.pids() == set()
+        assert not any(path.exists() for path in box.cgroups.dirs)
