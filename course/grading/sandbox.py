@@ -5,9 +5,12 @@ from a forkserver that :func:`confine` starts inside bubblewrap
 (https://github.com/containers/bubblewrap) with:
 
 * its own network namespace (only its own loopback: no internet, no host ports);
-* a read-only view of the system, the Python install and the ``course`` package only
-  (``hide`` blanks files in it and empties folders): ``source/``, ``gradebook.db`` and
-  other students' folders are not in its file system;
+* a read-only view of the system (``/usr``, ``/etc``, ``/lib``: not ``/opt``), the Python
+  install and the ``course`` package only (``hide`` blanks files in it and empties
+  folders): a course checkout any of these cover (the one the ``course`` package or the
+  working folder is in, found by its ``source/``, ``gradebook.db``...) is empty there but
+  for its virtualenv and ``course`` package, so ``source/``, ``gradebook.db`` and other
+  students' folders are not in its file system, wherever the course is checked out;
 * write access to the folders it is given and a private ``/tmp`` (tmpfs, size-capped);
 * its own PID namespace, unless asked to keep the caller's pids;
 * an unprivileged uid and resource limits (prlimit): address space per process, number of
