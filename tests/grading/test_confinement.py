@@ -33,13 +33,12 @@ REPO = Path(__file__).resolve().parents[2]
 # Graded ranks see only Python and the course package: send this module's functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-# A grader that runs two launches, each rank writing a REGISTER line on the descriptor
+# A grader that runs three launches, each rank writing a REGISTER line on the descriptor
 # multiprocessing calls its resource tracker's: a tracker that reads it unlinks the named
 # shared memory when it exits, as whoever runs it.
 TRACKER_ATTACK = """
 import sys
 from course.grading.rankbox import RankBox
-from course.grading.slots import lease_uid
 from course.ranks import launch
 
 def register(name):
@@ -200,7 +199,7 @@ print(json.dumps({
 JUDGE_FROM_CHECKOUT = """
 import subprocess, sys
 import course
-from course.grading import cgroups, sandbox
+from course.grading import sandbox
 assert course.__file__.startswith(sys.argv[1]), course.__file__
 argv = sandbox.confine([sys.executable, "-c", sys.argv[2], sys.argv[1]], uid=sandbox.SANDBOX_UID,
                        hide=[sys.argv[1] + "/course/instructor"])
@@ -356,3 +355,46 @@ def test_nothing_a_submission_started_outlives_it() -> None:
         assert namespace not in _ipc_namespaces()
         assert box.cgroups.pids() == set()
         assert not any(path.exists() for path in box.cgroups.dirs)
+
+
+STOPS_ITS_FORKSERVER = """
+import os, signal
+import torch
+import torch.distributed as dist
+
+def ring_allreduce(tensor):
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    sent = tensor.clone()
+    got = {peer: torch.empty_like(tensor) for peer in range(world_size) if peer != rank}
+    waits = [dist.isend(sent, peer) for peer in got] + [dist.irecv(t, p) for p, t in got.items()]
+    for work in waits:
+        work.wait()
+    for t in got.values():
+        tensor.add_(t)
+    if rank == 0:
+        os.kill(os.getppid(), signal.SIGSTOP)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_submission_that_stops_its_forkserver_is_graded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Graded through the judge: the cell whose ranks stopped their forkserver fails with a
+    reason, in bounded time, and the grader does not fail."""
+    from types import SimpleNamespace
+
+    from course.grading.judge import judge_cell
+    from course.grading.student import StudentCode
+
+    setup = "import torch\nfrom course.checks import check_ring_sums"
+    cells = (("setup", setup), ("ring_allreduce", STOPS_ITS_FORKSERVER))
+    sub = SimpleNamespace(setup=[setup], student=list(cells))
+    sub.code = lambda name: StudentCode(cells, name)
+    with RankBox(uid=sandbox.SANDBOX_UID):
+        assert launch(_pid, 1, timeout=60).ok  # warm: a cold start imports torch
+        monkeypatch.setattr(forkserver, "START_WAIT", 5.0, raising=False)
+        start = time.monotonic()
+        passed, text = judge_cell(sub, "print(check_ring_sums(ring_allreduce, world_sizes=(2, 3)))")
+        elapsed = time.monotonic() - start
+    assert not passed, text
+    assert "could not be started" in text
+    assert elapsed < 120, elapsed
