@@ -4,12 +4,21 @@
         check_ring_sums(StudentCode(cells, "ring_allreduce"))
 
 The forkserver is a fresh Python started inside :func:`course.grading.sandbox.confine`
-(no network, a read-only view of Python and the ``course`` package with the course's own
-reference implementations blanked, none of the course's sources, gradebook or submissions),
+(no network, a read-only view of Python and the ``course`` package with the instructor's
+modules and their bytecode left out, none of the course's sources, gradebook or submissions),
 as the uid in ``COURSE_SANDBOX_UID`` (one per submission graded at a time, so the process
 limit, counted per uid, is its own), with a size-capped scratch folder as the only place it
-may write. Its ranks keep the grader's pids, so the launcher stops them as usual, and what
-they send back is plain data (:mod:`course.ranks.confined`).
+may write. It and its ranks have a PID namespace of their own (no other process is in their
+view: not the grader's, not another submission's); the launcher translates the pids the
+forkserver reports into its own, so it stops them as usual, and what they send back is plain
+data (:mod:`course.ranks.confined`).
+
+The scratch folder is root's (``0711``): the ranks write their own working folder in it,
+``work/``, and the run folders the launcher makes in ``runs/`` (root's too), so no folder in
+which the grader, as root, creates or chowns anything can be written by the sandbox uid (a
+rank cannot swap a run folder for a link between its creation and its chown). Every process
+of the box is in its cgroups (:mod:`course.grading.cgroups`: memory, processes and CPU share
+for the submission as a whole), all killed when the box ends.
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ from typing import ClassVar, Self
 
 import psutil
 
-from course.grading.sandbox import Limits, confine, sandbox_uid
+from course.grading.cgroups import Cgroups
+from course.grading.sandbox import Limits, confine, give_to_sandbox, sandbox_uid
 from course.grading.slots import owned_by
 from course.ranks.confined import confined_launches
 from course.ranks.forkserver import Server
@@ -35,8 +45,9 @@ from course.ranks.forkserver import Server
 __all__ = ["HIDDEN", "RankBox"]
 
 COURSE = Path(__file__).resolve().parents[1]
-# The instructor's working solutions (the student install has none): empty on graded ranks.
-HIDDEN = (COURSE / "instructor" / "reference.py",)
+# The instructor's modules (the reference ring, the quiz bank) and their bytecode: the
+# student install has none, and on graded ranks the folder is empty.
+HIDDEN = (COURSE / "instructor",)
 LIMITS = Limits(file_size=64 * 2**20, tmp_size=64 * 2**20)
 SCRATCH_SIZE = "256m"  # the scratch folder's size cap, when it can be a tmpfs (as root)
 
@@ -59,19 +70,27 @@ class RankBox:
         scratch.mkdir()
         if _mount_tmpfs(scratch):
             self._stack.callback(subprocess.run, ["umount", "-l", str(scratch)], check=False)
-        self._share(str(scratch))
-        # The confined uid may pass through to scratch, not list what else is here.
-        os.chmod(private, 0o711)  # noqa: S103 - execute-only for others, on purpose
+        work, runs = scratch / "work", scratch / "runs"
+        work.mkdir()
+        runs.mkdir()
+        self._share(str(work))
+        # The confined uid may pass through these, not list or change what is in them.
+        for folder in (private, scratch, runs):
+            os.chmod(folder, 0o711)  # noqa: S103 - execute-only for others, on purpose
+        # Killed as a whole when the box ends (course.grading.cgroups), whatever hid in it.
+        self.cgroups = self._stack.enter_context(Cgroups())
+        join = "".join(f"echo $$ > {shlex.quote(f)} || exit 70\n" for f in self.cgroups.procs)
         wrapper = private / "python"
         hide = [str(p) for p in HIDDEN]
-        argv = confine([sys.executable], rw=[str(scratch)], cwd=str(scratch), limits=LIMITS,
-                       uid=self.uid, pid_namespace=False, hide=hide)  # fmt: skip
-        wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(argv)} "$@"\n')
+        argv = confine([sys.executable], rw=[str(scratch)], cwd=str(work), limits=LIMITS,
+                       uid=self.uid, hide=hide)  # fmt: skip
+        wrapper.write_text(f'#!/bin/sh\n{join}exec {shlex.join(argv)} "$@"\n')
         wrapper.chmod(0o700)
         preload = ("course.ranks.nodump", "course.checks", "course.grading.student")
-        self.server = (Server if self.ddp else _P2PServer)(str(wrapper), preload=preload)
+        server = Server if self.ddp else _P2PServer
+        self.server = server(str(wrapper), preload=preload, own_pids=True)
         self._stack.callback(self.server.stop)
-        launches = confined_launches(self.server, str(scratch), self._share, self._cleanup)
+        launches = confined_launches(self.server, str(runs), self._share, self._cleanup)
         self._stack.enter_context(launches)
         return self
 
@@ -82,18 +101,17 @@ class RankBox:
 
     def _share(self, path: str) -> None:
         """Hand a folder to the confined uid (when we are root; else it is ours already)."""
-        if os.geteuid() == 0:
-            os.chown(path, self.uid, self.uid)
+        give_to_sandbox(path, self.uid)
 
     def _cleanup(self) -> None:
         """After a launch, kill every process of our uid but the forkserver (its ranks, and
         anything they started in a session of its own): only when the uid is ours alone."""
         if not self.exclusive or os.geteuid() != 0:
             return
-        keep = self.server.pid()  # bwrap's pid: the forkserver is its child
+        keep = self.server.server_pid()
         for proc in owned_by(self.uid):
             with contextlib.suppress(psutil.Error):
-                if keep not in (proc.ppid(), proc.pid):
+                if proc.pid != keep:
                     proc.kill()
 
 
@@ -108,5 +126,5 @@ def _mount_tmpfs(path: Path) -> bool:
     """Make ``path`` a size-capped tmpfs (root only); False where that is not allowed."""
     if os.geteuid() != 0 or not shutil.which("mount"):
         return False
-    cmd = ["mount", "-t", "tmpfs", "-o", f"size={SCRATCH_SIZE},mode=0700", "tmpfs", str(path)]
+    cmd = ["mount", "-t", "tmpfs", "-o", f"size={SCRATCH_SIZE},mode=0711", "tmpfs", str(path)]
     return subprocess.run(cmd, capture_output=True, check=False).returncode == 0

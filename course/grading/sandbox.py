@@ -5,9 +5,12 @@ from a forkserver that :func:`confine` starts inside bubblewrap
 (https://github.com/containers/bubblewrap) with:
 
 * its own network namespace (only its own loopback: no internet, no host ports);
-* a read-only view of the system, the Python install and the ``course`` package only
-  (``hide`` blanks files in it): ``source/``, ``gradebook.db`` and other students' folders
-  are not in its file system;
+* a read-only view of the system (``/usr``, ``/etc``, ``/lib``: not ``/opt``), the Python
+  install and the ``course`` package only (``hide`` blanks files in it and empties
+  folders): a course checkout any of these cover (the one the ``course`` package or the
+  working folder is in, found by its ``source/``, ``gradebook.db``...) is empty there but
+  for its virtualenv and ``course`` package, so ``source/``, ``gradebook.db`` and other
+  students' folders are not in its file system, wherever the course is checked out;
 * write access to the folders it is given and a private ``/tmp`` (tmpfs, size-capped);
 * its own PID namespace, unless asked to keep the caller's pids;
 * an unprivileged uid and resource limits (prlimit): address space per process, number of
@@ -37,6 +40,7 @@ __all__ = [
     "SandboxUnavailable",
     "available",
     "confine",
+    "give_to_sandbox",
     "sandbox_uid",
 ]
 
@@ -45,7 +49,9 @@ SANDBOX_UID = 65534  # nobody: the uid when COURSE_SANDBOX_UID is unset
 # Class runs: worker slot i grades as uid 62000 + i. These uids must belong to no account:
 # every process they own is killed after each submission (course.grading.slots).
 SLOT_UID_BASE = 62000
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
+# What marks a course checkout's root (never in the sandbox's view, wherever it lives).
+COURSE_MARKERS = ("source", "gradebook.db", "submitted", "autograded", "nbgrader_config.py")
 ENV_KEEP = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "NBGRADER_EXECUTION", "OMP_NUM_THREADS")
 
 
@@ -87,9 +93,30 @@ def _ro_paths() -> list[str]:
     paths += [sys.base_prefix, sys.prefix, str(Path(course.__file__).parent)]
     # Other sys.path entries (editable installs) but never the cwd or a course checkout root.
     for entry in sys.path:
-        if entry and os.path.isdir(entry) and not os.path.exists(os.path.join(entry, "source")):
+        if entry and os.path.isdir(entry) and not _is_course_root(entry):
             paths.append(entry)
-    return _outermost(paths)
+    return sorted({os.path.realpath(p) for p in paths})
+
+
+def _is_course_root(path: str) -> bool:
+    """Does ``path`` hold a course's instructor side (``source/``, a gradebook...)?"""
+    return any(os.path.lexists(os.path.join(path, name)) for name in COURSE_MARKERS)
+
+
+def _course_roots(cwd: str | None) -> list[str]:
+    """The course checkouts this grader runs from: the one around the ``course`` package, and
+    the one the grader's (or the sandbox's) working folder is in, wherever they live."""
+    import course
+
+    starts = [Path(course.__file__).resolve().parent, Path.cwd().resolve()]
+    starts += [Path(cwd).resolve()] if cwd else []
+    roots = {str(d) for start in starts for d in (start, *start.parents) if _is_course_root(str(d))}
+    return sorted(roots - {"/"})
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Is ``path`` strictly inside ``folder``?"""
+    return path.startswith(folder.rstrip("/") + "/")
 
 
 def _outermost(paths: Sequence[str]) -> list[str]:
@@ -97,17 +124,36 @@ def _outermost(paths: Sequence[str]) -> list[str]:
     real = sorted({os.path.realpath(p) for p in paths})
     kept: list[str] = []
     for p in real:
-        if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in kept):
+        if not any(p == k or _inside(p, k) for k in kept):
             kept.append(p)
     return kept
 
 
-def _dirs_args(paths: Sequence[str]) -> list[str]:
-    """Create every parent of ``paths`` world-traversable (bwrap makes them 0700)."""
+def _view_args(ro_paths: Sequence[str], cwd: str | None) -> list[str]:
+    """Bind ``ro_paths`` read-only, with every course checkout they cover emptied, then what
+    of ``ro_paths`` lies inside one (its virtualenv, the ``course`` package) bound again."""
+    outer = _outermost(ro_paths)
+    masks = _outermost([m for m in _course_roots(cwd) if any(_inside(m, p) for p in outer)])
+    args: list[str] = []
+    for p in outer:
+        args += ["--ro-bind", p, p]
+    for mask in masks:
+        again = _outermost([p for p in ro_paths if _inside(p, mask)])
+        args += ["--tmpfs", mask, *_dirs_args(again, below=mask)]
+        for p in again:
+            args += ["--ro-bind", p, p]
+        args += ["--remount-ro", mask]
+    return args
+
+
+def _dirs_args(paths: Sequence[str], below: str = "/") -> list[str]:
+    """Create every parent of ``paths`` (inside ``below``) world-traversable (bwrap makes
+    them 0700)."""
     parents: set[str] = set()
     for p in paths:
         for parent in Path(p).parents:
-            if str(parent) not in ("/", "", "/tmp"):  # /tmp is the sandbox's own tmpfs
+            # /tmp is the sandbox's own tmpfs
+            if str(parent) not in ("/", "", "/tmp") and _inside(str(parent), below):
                 parents.add(str(parent))
     args: list[str] = []
     for parent in sorted(parents, key=lambda s: s.count("/")):
@@ -130,7 +176,8 @@ def confine(
     """Return the argv that runs ``cmd`` confined (bwrap + prlimit + setpriv), as ``uid``.
 
     ``uid`` defaults to :func:`sandbox_uid` (``$COURSE_SANDBOX_UID``, else ``nobody``);
-    ``hide`` files cannot be read inside; without ``pid_namespace`` the confined processes
+    ``hide`` files cannot be read inside (a folder in it is empty: no module, no bytecode
+    of one, no name of either); without ``pid_namespace`` the confined processes
     keep the caller's pids (a forkserver's children are then killable by the pid it reports).
     """
     uid = sandbox_uid() if uid is None else uid
@@ -147,15 +194,16 @@ def confine(
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", str(limits.tmp_size), "--perms", "1777", "--tmpfs", "/tmp"]
     argv += _dirs_args(ro_paths + rw_paths + ([cwd] if cwd else []))
-    for p in ro_paths:
-        argv += ["--ro-bind", p, p]
+    argv += _view_args(ro_paths, cwd)
     for p in SYSTEM_DIRS:  # merged-/usr systems: /bin -> usr/bin, /lib64 -> usr/lib64
         if os.path.islink(p):
             argv += ["--symlink", os.readlink(p), p]
     for p in rw_paths:
         argv += ["--bind", p, p]
-    for p in hide:
-        argv += ["--ro-bind", "/dev/null", os.path.realpath(p)]
+    for p in map(os.path.realpath, hide):  # a folder: empty, with its bytecode and all
+        argv += (
+            ["--tmpfs", p, "--remount-ro", p] if os.path.isdir(p) else ["--ro-bind", "/dev/null", p]
+        )
     argv += ["--chdir", os.path.realpath(cwd) if cwd else "/tmp", "--clearenv"]
     for key, value in _sandbox_env(env).items():
         argv += ["--setenv", key, value]
@@ -179,14 +227,20 @@ def _sandbox_env(extra: dict[str, str] | None) -> dict[str, str]:
 
 
 def give_to_sandbox(path: str, uid: int | None = None) -> None:
-    """Let the sandbox uid write ``path`` (and what is in it): chown when running as root."""
+    """Let the sandbox uid write the folder ``path``: fchown when running as root.
+
+    Never through a link: the folder is opened with ``O_NOFOLLOW | O_DIRECTORY`` and the
+    descriptor is chowned, so a link swapped in at ``path`` fails with ``OSError`` (ELOOP or
+    ENOTDIR) instead of handing its target to the sandbox.
+    """
     if os.geteuid() != 0:
         return
     uid = sandbox_uid() if uid is None else uid
-    for root, dirs, files in os.walk(path):
-        for name in [*dirs, *files]:
-            os.lchown(os.path.join(root, name), uid, uid)
-    os.chown(path, uid, uid)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchown(fd, uid, uid)
+    finally:
+        os.close(fd)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

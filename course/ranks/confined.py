@@ -69,7 +69,11 @@ class PerRank(list):
 
 
 def rank_dir(prefix: str) -> str:
-    """A fresh directory the ranks may write (in the confinement's run root, if any)."""
+    """A fresh directory the ranks may write (in the confinement's run root, if any).
+
+    The run root is a folder the ranks cannot write (:mod:`course.grading.rankbox`), and
+    ``share`` hands the new folder over without following a link.
+    """
     box = current()
     path = tempfile.mkdtemp(prefix=prefix, dir=box.run_root if box else None)
     if box:

@@ -6,6 +6,19 @@ global server per interpreter, preloads only at its first start, and re-imports 
 ``forkserver.ForkServer``'s attributes (``_forkserver_pid``, ``_forkserver_alive_fd``,
 ``_forkserver_address``) and a ``popen_forkserver.Popen`` whose ``_launch`` sends no
 preparation data: stable from Python 3.8 to 3.13 (this project runs 3.11).
+
+A server started through another executable (a sandbox wrapper, for grading) is started
+once through it and never again behind its back: multiprocessing's own ``ensure_running``
+would restart a dead server, and this process's resource tracker, with the plain
+interpreter, unconfined. Its children get ``/dev/null`` where multiprocessing hands them
+the resource tracker's pipe, so no confined process can write to a tracker outside the
+sandbox (a ``REGISTER`` line there makes it unlink a file of the writer's choosing).
+
+Every wait on a server has a deadline (``START_WAIT``): a server that was stopped (SIGSTOP)
+or a child that reads nothing makes the launch raise :class:`RankStartError`, never hang.
+A server whose processes have a PID namespace of their own (``own_pids``) reports its
+children's pids in that namespace: they are translated to this process's pids (the
+kernel's ``NSpid``), so the launcher signals and measures the right processes.
 """
 
 from __future__ import annotations
@@ -14,13 +27,16 @@ import contextlib
 import glob
 import io
 import os
+import select
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
+from multiprocessing import forkserver, popen_forkserver, reduction, resource_tracker, spawn, util
+from multiprocessing.connection import wait
 from multiprocessing.context import set_spawning_popen
 from multiprocessing.process import BaseProcess
 from typing import ClassVar
@@ -31,13 +47,24 @@ __all__ = [
     "IDLE_SHUTDOWN",
     "RUN_DIR_PREFIX",
     "SERVER",
+    "START_WAIT",
     "RankProcess",
+    "RankStartError",
     "Server",
     "kill",
     "sweep_stale_run_dirs",
 ]
 
 RUN_DIR_PREFIX = "course-ranks-"  # + the caller's pid: whose run left it, if one did
+# Seconds a server may take to fork a rank (a cold one imports torch first), and a rank to
+# take its job: a server stopped by code it ran fails the launch after this, not never.
+START_WAIT = 60.0
+# In a PID namespace of its own, bubblewrap is pid 1 and the command it runs (the server) 2.
+SERVER_NS_PID = 2
+
+
+class RankStartError(OSError):
+    """A rank could not be started: its server stopped answering, or is gone."""
 
 
 class Server:
@@ -51,14 +78,17 @@ class Server:
         executable: str | None = None,
         preload: tuple[str, ...] = (),
         idle_shutdown: float | None = None,
+        own_pids: bool = False,
     ) -> None:
         """``executable`` runs the server's Python (a wrapper that confines it, say); with
-        ``idle_shutdown`` the server stops once no run has used it for that many seconds."""
+        ``idle_shutdown`` the server stops once no run has used it for that many seconds;
+        ``own_pids``: the executable gives the server a PID namespace (bubblewrap's)."""
         self._lock = threading.Lock()
         self._server: forkserver.ForkServer | None = None
         self._executable, self._preload = executable, [*self.PRELOAD, *preload]
         self._idle_shutdown, self._users, self._used = idle_shutdown, 0, time.monotonic()
         self._reaper: threading.Thread | None = None
+        self._own_pids = own_pids
 
     def get(self) -> forkserver.ForkServer:
         """The running forkserver, starting a fresh one if there is none or it died."""
@@ -67,7 +97,7 @@ class Server:
                 self._discard()
             if self._server is None:
                 sweep_stale_run_dirs()
-                self._server = forkserver.ForkServer()
+                self._server = _ForkServer(confined=self._executable is not None)
                 self._server.set_forkserver_preload(self._preload)
                 self._start(self._server)
             self._used = time.monotonic()
@@ -108,21 +138,49 @@ class Server:
             _reap(pid)
             return
 
-    def _start(self, server: forkserver.ForkServer) -> None:
+    def _start(self, server: _ForkServer) -> None:
         """Start ``server``, through our executable if we have one (multiprocessing's hook)."""
         if self._executable is None:
-            server.ensure_running()
+            server.start()
             return
+        # This process's own tracker, never through the wrapper: a confined one would be
+        # killed with the submission's processes, then restarted unconfined by the stdlib.
+        resource_tracker.ensure_running()
         usual = spawn.get_executable()
         spawn.set_executable(self._executable)
         try:
-            server.ensure_running()
+            server.start()
         finally:
             spawn.set_executable(usual)
 
     def pid(self) -> int | None:
         """The forkserver's pid, if one was started."""
         return self._server._forkserver_pid if self._server else None  # noqa: SLF001 - multiprocessing internals, see the module docstring
+
+    def host_pid(self, pid: int) -> int:
+        """This process's pid of the server's child ``pid`` (as the server reported it)."""
+        if not self._own_pids:
+            return pid
+        outer = self.pid()
+        if outer is None:
+            raise RankStartError("the forkserver was stopped")
+        return _host_pid(outer, pid)
+
+    def server_pid(self) -> int | None:
+        """This process's pid of the server's Python itself (None if it is gone)."""
+        try:
+            return self.host_pid(SERVER_NS_PID) if self._own_pids else self.pid()
+        except RankStartError:
+            return None
+
+    def kill(self) -> None:
+        """Stop a server that stopped answering: SIGKILL (its namespace dies with it)."""
+        with self._lock:
+            if self._server is not None:
+                pid = self._server._forkserver_pid  # noqa: SLF001 - multiprocessing internals, see the module docstring
+                self._discard()
+                kill(os.kill, pid)
+                _reap(pid, 1.0)
 
     def stop(self) -> None:
         """Ask the forkserver to exit (closing its "alive" pipe) and reap it."""
@@ -146,6 +204,79 @@ class Server:
         address = server and server._forkserver_address  # noqa: SLF001 - multiprocessing internals, see the module docstring
         if isinstance(address, str) and os.path.exists(address):
             os.unlink(address)
+
+
+class _ForkServer(forkserver.ForkServer):
+    """multiprocessing's ForkServer, started only by :meth:`start`: a server that died is
+    replaced by :class:`Server` (through its executable), never by the stdlib's restart."""
+
+    def __init__(self, confined: bool) -> None:
+        super().__init__()
+        self._confined = confined
+
+    def start(self) -> None:
+        """Start the server process (once)."""
+        super().ensure_running()
+
+    def ensure_running(self) -> None:
+        """Called by every ``connect_to_new_process``: never starts anything."""
+        if self._forkserver_pid is None:
+            raise ConnectionError("the forkserver was stopped")
+
+    def connect_to_new_process(self, fds: list[int]) -> tuple[int, int]:
+        """Ask the server for a child; a confined one's children get no tracker pipe."""
+        if not self._confined:
+            return super().connect_to_new_process(fds)
+        self.ensure_running()
+        if len(fds) + 4 >= forkserver.MAXFDS_TO_SEND:
+            raise ValueError("too many fds")
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(self._forkserver_address)
+            parent_r, child_w = os.pipe()
+            child_r, parent_w = os.pipe()
+            no_tracker = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                allfds = [child_r, child_w, self._forkserver_alive_fd, no_tracker, *fds]
+                reduction.sendfds(client, allfds)
+            except BaseException:
+                os.close(parent_r)
+                os.close(parent_w)
+                raise
+            finally:
+                for fd in (child_r, child_w, no_tracker):
+                    os.close(fd)
+            return parent_r, parent_w
+
+
+def _host_pid(outer: int, ns_pid: int) -> int:
+    """The pid of process ``ns_pid`` of the PID namespace whose init is ``outer``'s child."""
+    try:
+        init = psutil.Process(outer).children()[0]
+        namespace = os.readlink(f"/proc/{init.pid}/ns/pid")
+        inside = init.children(recursive=True)
+    except (psutil.Error, IndexError, OSError) as err:
+        raise RankStartError("the forkserver's sandbox is gone") from err
+    for proc in inside:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{proc.pid}/ns/pid") == namespace:
+                with open(f"/proc/{proc.pid}/status") as f:
+                    nspid = next(line for line in f if line.startswith("NSpid:")).split()
+                if int(nspid[-1]) == ns_pid:
+                    return proc.pid
+    raise RankStartError(f"no process {ns_pid} in the forkserver's sandbox")
+
+
+def _write_within(fd: int, data: memoryview, seconds: float) -> None:
+    """Write all of ``data`` to the pipe ``fd``, or raise RankStartError after ``seconds``."""
+    os.set_blocking(fd, False)
+    end = time.monotonic() + seconds
+    while data:
+        try:
+            data = data[os.write(fd, data) :]
+        except BlockingIOError:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([], [fd], [], left)[1]:
+                raise RankStartError(f"a rank took no job in {seconds:.0f} s") from None
 
 
 def _reap(pid: int | None, timeout: float = 5.0) -> None:
@@ -197,9 +328,13 @@ class _Popen(popen_forkserver.Popen):
         self.sentinel, w = server.get().connect_to_new_process(self._fds)
         _parent_w = os.dup(w)  # keeps the child's parent_sentinel open while we live
         self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
-        with open(w, "wb", closefd=True) as f:
-            f.write(buf.getbuffer())
-        self.pid = forkserver.read_signed(self.sentinel)
+        try:  # the server sends the pid as soon as it forked: before the child reads its job
+            if not wait([self.sentinel], START_WAIT):
+                raise RankStartError(f"the forkserver started no rank in {START_WAIT:.0f} s")
+            self.pid = server.host_pid(forkserver.read_signed(self.sentinel))
+            _write_within(w, buf.getbuffer(), START_WAIT)
+        finally:
+            os.close(w)
 
 
 class RankProcess(BaseProcess):

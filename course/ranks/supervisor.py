@@ -19,8 +19,8 @@ from multiprocessing.connection import Connection, wait
 
 from course.ranks import confined, messages
 from course.ranks.clock import RunClock
-from course.ranks.failures import RanksInterrupted, RunResult
-from course.ranks.forkserver import RUN_DIR_PREFIX, SERVER, RankProcess, kill
+from course.ranks.failures import RankFailure, RanksInterrupted, RunResult
+from course.ranks.forkserver import RUN_DIR_PREFIX, SERVER, RankProcess, RankStartError, kill
 from course.ranks.relay import Relay
 from course.ranks.report import build_result
 
@@ -81,8 +81,14 @@ class Supervisor:
         relay = self.relay or contextlib.nullcontext()
         try:
             relay.__enter__()
-            for rank in range(self.world_size):
-                self.ranks.append(self._start(rank))
+            try:
+                for rank in range(self.world_size):
+                    self.ranks.append(self._start(rank))
+            except (RankStartError, EOFError, ConnectionError) as err:
+                if not self.box:
+                    raise
+                self.box.server.kill()  # stopped or killed by code it ran: the next one is fresh
+                return self._unstarted(err, time.monotonic() - start)
             if self.relay:
                 self.relay.close_ends()  # the ranks hold them now
             reason = self._supervise(RunClock([r.proc.pid for r in self.ranks]))
@@ -102,6 +108,16 @@ class Supervisor:
         )
         result.relayed = tuple(self.relay.events) if self.relay else ()
         return result
+
+    def _unstarted(self, err: BaseException, elapsed: float) -> RunResult:
+        """The result of a confined launch whose ranks could not all be started."""
+        message = (
+            f"the ranks could not be started ({type(err).__name__}: {err}): the sandbox's "
+            "forkserver was stopped or killed, by code this submission ran before"
+        )
+        n = self.world_size
+        failures = {r: RankFailure(r, "raised", message) for r in range(n)}
+        return RunResult(n, [None] * n, [""] * n, [""] * n, failures, elapsed)
 
     def _start(self, rank: int) -> _Rank:
         parent, child = Pipe()

@@ -38,7 +38,7 @@ def _where_am_i() -> dict:
         reference = "imported"
     except ImportError as err:
         reference = str(err)
-    path = Path(importlib.import_module("course.instructor").__file__).parent / "reference.py"
+    path = Path(importlib.import_module("course").__file__).parent / "instructor" / "reference.py"
     try:
         text = path.read_text()
     except OSError as err:
