@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from course.checks.compare import fresh_seed
-from course.checks.ring import LAUNCH_TIMEOUT, SHOWN
+from course.checks.ring import LAUNCH_TIMEOUT, SHOWN, trace_collectives
 from course.checks.ring_cases import (
     Case,
     collectives_called,
@@ -33,12 +33,15 @@ from course.checks.ring_cases import (
     sum_cases,
 )
 from course.checks.teaching import failure_message, teaches
+from course.ranks import confined, relay
 from course.ranks.wording import count, world_sizes_text
 from course.ring.halves import Half, half_violations
 from course.ring.halves_record import encoded_args
 from course.ring.logs import log_path, read_trace
 from course.ring.recorder import Recorder, scratch_dir
+from course.ring.relayed import SecretEncoding, relayed_trace
 from course.ring.schedule import chunk_bounds
+from course.ring.trace import Trace
 
 __all__ = ["check_all_gather", "check_halves_pattern", "check_reduce_scatter"]
 
@@ -91,8 +94,11 @@ def _run_cases(half: Half, fn: Callable, cases: list[Case], mine: list, director
     out = []
     with open(log_path(directory, rank, "progress"), "a", buffering=1) as progress:
         for i, case in enumerate(cases):
+            relay.mark(i)  # under grading: where case i starts, in the relay's record
             progress.write(json.dumps({"case": i}) + "\n")
-            if case.recorded:
+            if case.recorded and mine[i] is not None:  # graded: the relay records
+                got, called = _call(half, fn, *mine[i]), []
+            elif case.recorded:
                 args = encoded_args(half, rank, world_size, case.shape[0])
                 with Recorder(log_path(directory, rank, f"case{i}")):
                     got, called = _call(half, fn, *args), []
@@ -136,19 +142,54 @@ def _run_all(half: Half, fn: Callable, world_sizes: Sequence[int], *, sums: bool
             f"expected your {name} function, got {type(fn).__name__}"
         )
     checked = 0
+    relayed = confined.current() is not None  # graded: the relay carries every message
     for world_size in world_sizes:
         cases = _cases(world_size, sums)
+        secret = [SecretEncoding.draw(world_size) for _ in cases]
         inputs = [_case_inputs(half, c, world_size, fresh_seed(None)) for c in cases]
         with scratch_dir() as directory:
-            results = _launch(half, fn, world_size, cases, inputs, directory)
+            mine = [
+                _secret_args(half, secret[i], c, world_size) if c.recorded and relayed else None
+                for i, c in enumerate(cases)
+            ]
+            result = _launch(half, fn, world_size, cases, inputs, mine, directory)
             for i, case in enumerate(cases):
-                got = [r[i] for r in results]
+                got = [r[i] for r in result.results]
+                trace = _relayed(name, result, world_size, case, secret[i], i) if relayed else None
                 if case.recorded:
-                    _judge_pattern(half, world_size, case, directory, i)
+                    trace = trace or read_trace(
+                        directory, world_size, case.shape[0], 8, tag=f"case{i}"
+                    )
+                    _judge_pattern(half, world_size, case, trace)
                 else:
+                    if trace:
+                        refuse_collectives(name, [trace_collectives(trace)])
                     _judge(half, world_size, case, inputs[i], got)
                 checked += 1
     return checked
+
+
+def _secret_args(
+    half: Half, secret: SecretEncoding, case: Case, world_size: int
+) -> list[tuple[torch.Tensor, ...]]:
+    """Each rank's arguments for a recorded case under grading, marked with secret bits:
+    ``(tensor,)`` for a reduce-scatter, ``(shard, out)`` for an all-gather."""
+    numel = case.shape[0]
+    if half == "reduce-scatter":
+        return [(secret.tensor(r, numel),) for r in range(world_size)]
+    whole = sum(secret.tensor(r, numel) for r in range(world_size))
+    bounds = chunk_bounds(numel, world_size)
+    return [(whole[lo:hi].clone(), torch.zeros(numel, dtype=torch.float64)) for lo, hi in bounds]
+
+
+def _relayed(
+    name: str, result: Any, world_size: int, case: Case, secret: SecretEncoding, i: int
+) -> Trace:
+    """Case ``i`` as the relay saw it; a record that cannot be split into cases fails it."""
+    try:
+        return relayed_trace(result.relayed, world_size, case.shape[0], secret, i)
+    except ValueError as err:
+        raise AssertionError(f"{name}'s run on {world_size} ranks cannot be read: {err}") from None
 
 
 def _case_inputs(half: Half, case: Case, world_size: int, seed: int) -> Any:
@@ -160,12 +201,19 @@ def _case_inputs(half: Half, case: Case, world_size: int, seed: int) -> Any:
 
 
 def _launch(
-    half: Half, fn: Callable, world_size: int, cases: list, inputs: list, directory: str
-) -> list:
+    half: Half,
+    fn: Callable,
+    world_size: int,
+    cases: list,
+    inputs: list,
+    secret: list,
+    directory: str,
+) -> Any:
     from course.ranks import PerRank, launch
 
     mine = PerRank(  # each rank is sent its own inputs only
-        [None if c.recorded else _plain_args(half, r, world_size, c, inputs[i])
+        [(secret[i][r] if secret[i] is not None else None) if c.recorded
+         else _plain_args(half, r, world_size, c, inputs[i])
          for i, c in enumerate(cases)]
         for r in range(world_size)
     )  # fmt: skip
@@ -173,7 +221,7 @@ def _launch(
         _run_cases, world_size, half, fn, cases, mine, directory, timeout=LAUNCH_TIMEOUT
     )
     if result.ok:
-        return result.results
+        return result
     running = [running_case(directory, r, len(cases)) for r in range(world_size)]
     index = min((i for i in running if i is not None), default=None)
     during = f" on {cases[index]}" if index is not None else ""
@@ -232,8 +280,7 @@ def _hints(half: Half, tensor: Any, rank: int, world_size: int) -> list[str]:
     return []
 
 
-def _judge_pattern(half: Half, world_size: int, case: Case, directory: str, i: int) -> None:
-    trace = read_trace(directory, world_size, case.shape[0], 8, tag=f"case{i}")
+def _judge_pattern(half: Half, world_size: int, case: Case, trace: Trace) -> None:
     found = half_violations(trace, half)
     if not found:
         return

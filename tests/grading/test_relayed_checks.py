@@ -1,16 +1,21 @@
 """Under grading, verdicts on communication come from the relay's record, not the ranks'.
 
-The ring's pattern (on inputs no rank can forge) and the accumulation step's count of
-collectives: each attack below gained points when the verdict read what the ranks recorded
-or counted themselves; graded through the relay (every confined launch), each earns
-nothing, and honest code still passes.
+The ring's and its halves' patterns (on inputs no rank can forge) and the accumulation
+step's count of collectives: each attack below gained points when the verdict read what the
+ranks recorded or counted themselves; graded through the relay (every confined launch),
+each earns nothing, and honest code still passes.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from course.checks import check_accumulation_syncs, check_ring_pattern, check_ring_sums
+from course.checks import (
+    check_accumulation_syncs,
+    check_halves_pattern,
+    check_ring_pattern,
+    check_ring_sums,
+)
 from course.grading import sandbox
 from course.grading.rankbox import RankBox
 from course.grading.student import StudentCode
@@ -163,3 +168,66 @@ def test_communication_hidden_from_the_ranks_count_fails_the_syncs() -> None:
         assert "once per step" in check_accumulation_syncs(_step(HONEST_STEP))
         with pytest.raises(AssertionError, match="collective call\\(s\\) of its own"):
             check_accumulation_syncs(_step(HIDDEN_SYNCS))
+
+
+HALVES = """
+import torch, torch.distributed as dist
+
+def reduce_scatter(tensor):
+    n, r = dist.get_world_size(), dist.get_rank()
+    chunks = list(tensor.view(-1).tensor_split(n))
+    for s in range(n - 1):
+        out, into = chunks[(r - s - 1) % n], chunks[(r - s - 2) % n]
+        buf = torch.empty_like(into)
+        sent = dist.isend(out.clone(), (r + 1) % n)
+        dist.irecv(buf, (r - 1) % n).wait()
+        sent.wait()
+        into.add_(buf)
+    return chunks[r]
+
+def all_gather(shard, out):
+    n, r = dist.get_world_size(), dist.get_rank()
+    chunks = list(out.view(-1).tensor_split(n))
+    chunks[r].copy_(shard)
+    for s in range(n - 1):
+        sent = dist.isend(chunks[(r - s) % n].clone(), (r + 1) % n)
+        dist.irecv(chunks[(r - s - 1) % n], (r - 1) % n).wait()
+        sent.wait()
+"""
+
+# A reduce-scatter that receives nothing it uses: each step's chunk made up from the public
+# encoding (rank q's input is 2**q * (1 + i * 2**N)), the shard computed the same way.
+FORGED_REDUCE_SCATTER = (
+    HALVES.replace("def reduce_scatter(tensor):", "def _honest(tensor):")
+    + """
+
+def reduce_scatter(tensor):
+    n, r = dist.get_world_size(), dist.get_rank()
+    scale = torch.arange(tensor.numel(), dtype=torch.float64) * float(1 << n)
+    inputs = [list(((1 + scale) * float(1 << q)).tensor_split(n)) for q in range(n)]
+    for s in range(n - 1):
+        k, into = (r - s - 1) % n, (r - s - 2) % n
+        sent = dist.isend(sum(inputs[(r - j) % n][k] for j in range(s + 1)), (r + 1) % n)
+        dist.irecv(torch.empty_like(inputs[0][into]), (r - 1) % n).wait()
+        sent.wait()
+    return sum(inputs[q][r] for q in range(n))
+"""
+)
+
+
+def _halves(source: str) -> tuple[StudentCode, StudentCode]:
+    cells = (("halves", source),)
+    return StudentCode(cells, "reduce_scatter"), StudentCode(cells, "all_gather")
+
+
+def test_a_forged_reduce_scatter_earns_no_pattern() -> None:
+    """Does a reduce-scatter whose messages are made up from the public encoding pass the
+    halves' pattern on the notebook's path but fail it under grading; do honest halves pass?"""
+    namespace: dict = {}
+    exec(FORGED_REDUCE_SCATTER, namespace)  # noqa: S102 - the attack, run where it still works
+    passed = check_halves_pattern(namespace["reduce_scatter"], namespace["all_gather"], (3,))
+    assert "each half a ring" in passed
+    with RankBox():
+        assert "each half a ring" in check_halves_pattern(*_halves(HALVES), world_sizes=(3, 4))
+        with pytest.raises(AssertionError, match="not a sum of inputs"):
+            check_halves_pattern(*_halves(FORGED_REDUCE_SCATTER), world_sizes=(3,))
