@@ -24,9 +24,12 @@ import ast
 import builtins
 import contextlib
 import io
+import sys
 from pathlib import Path
 from typing import Any
 
+from course import checks
+from course.checks.refusals import Refusal
 from course.checks.teaching import CheckFailed
 from course.grading.copies import course_solutions, near_copies
 from course.grading.quiz import quiz_call, quiz_verdict
@@ -154,14 +157,39 @@ POINT_TO_POINT = frozenset({
 })  # fmt: skip
 
 
-def _trains_ddp(sub: Submission) -> bool:
-    """Might a grade cell's check train with DDP (any check not known to be point-to-point)?"""
+def _checks_called(sub: Submission) -> set[str]:
+    """The ``check_*`` names the grade cells (the instructor's, from the gradebook) use."""
     called = set()
     for gid, _cell in sub.grade_cells:
         tree = parse_cell(sub.sources[gid])
         names = ast.walk(tree) if tree is not None else ()
         called |= {n.id for n in names if isinstance(n, ast.Name) and n.id.startswith("check_")}
-    return not called <= POINT_TO_POINT
+    return called
+
+
+def _trains_ddp(sub: Submission) -> bool:
+    """Might a grade cell's check train with DDP (any check not known to be point-to-point)?"""
+    return not _checks_called(sub) <= POINT_TO_POINT
+
+
+def rank_imports(sub: Submission) -> tuple[str, ...]:
+    """What every rank of ``sub`` would import on its own: the modules of the instructor's
+    setup cells (a ``from a import b`` may name the submodule ``a.b``) and those of the
+    built-ins the called checks refuse. Its forkserver imports them once instead (a name
+    that is no module fails to import there, harmlessly); nothing here is the student's."""
+    modules = []
+    for setup in sub.setup:
+        tree = parse_cell(setup)
+        for node in tree.body if tree is not None else ():
+            if isinstance(node, ast.Import):
+                modules += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    for name in sorted(_checks_called(sub)):
+        module = sys.modules.get(getattr(getattr(checks, name, None), "__module__", ""))
+        refusals = [r for r in vars(module).values() if isinstance(r, Refusal)] if module else []
+        modules += [target.partition(":")[0] for r in refusals for target in r.names]
+    return tuple(dict.fromkeys(modules))
 
 
 def _make_judge() -> type:
@@ -181,7 +209,7 @@ def _make_judge() -> type:
             source = root / "source" / info["assignment"] / f"{info['notebook']}.ipynb"
             copies = near_copies([text for _, text in sub.student], course_solutions(source))
             nb.metadata["course"] = {"near_copies": copies}  # for the grade table
-            with RankBox(ddp=_trains_ddp(sub)):
+            with RankBox(ddp=_trains_ddp(sub), preload=rank_imports(sub)):
                 for gid, cell in sub.grade_cells:
                     try:
                         passed, text = judge_cell(sub, sub.sources[gid])

@@ -44,11 +44,16 @@ SCRATCH_SIZE = "256m"  # the scratch folder's size cap, when it can be a tmpfs (
 class RankBox:
     """A confined forkserver and its scratch folder, for the duration of a ``with``."""
 
-    def __init__(self, uid: int | None = None, ddp: bool = True) -> None:
+    def __init__(
+        self, uid: int | None = None, ddp: bool = True, preload: tuple[str, ...] = ()
+    ) -> None:
         """``uid``: default ``COURSE_SANDBOX_UID``, which is then this submission's alone;
-        ``ddp``: the checks train with DDP (its forkserver then imports ``torch._dynamo``)."""
+        ``ddp``: the checks train with DDP (its forkserver then imports ``torch._dynamo``);
+        ``preload``: more modules the forkserver imports once, so that no rank forked from it
+        imports them again (the instructor's setup imports, the built-ins the checks refuse)."""
         self.uid = sandbox_uid() if uid is None else uid
         self.ddp = ddp
+        self.preload = tuple(preload)
         self.exclusive = uid is None and "COURSE_SANDBOX_UID" in os.environ
         self._stack = contextlib.ExitStack()
 
@@ -68,7 +73,7 @@ class RankBox:
                        uid=self.uid, pid_namespace=False, hide=hide)  # fmt: skip
         wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(argv)} "$@"\n')
         wrapper.chmod(0o700)
-        preload = ("course.ranks.nodump", "course.checks", "course.grading.student")
+        preload = ("course.ranks.nodump", "course.checks", "course.grading.student", *self.preload)
         self.server = (Server if self.ddp else _P2PServer)(str(wrapper), preload=preload)
         self._stack.callback(self.server.stop)
         launches = confined_launches(self.server, str(scratch), self._share, self._cleanup)

@@ -123,6 +123,18 @@ def test_student_code_is_defined_on_the_rank_only() -> None:
     assert "double is not implemented yet" in StudentCode(stub, "double").stub_message()
 
 
+def _imported(name: str) -> bool:
+    return name in sys.modules
+
+
+def test_a_preloaded_module_is_imported_once_for_every_rank() -> None:
+    with RankBox():
+        assert launch(_imported, 1, "tabnanny", timeout=30).results == [False]
+    with RankBox(preload=("tabnanny", "course.checks.check_answer")):  # the second: no module
+        result = launch(_imported, 2, "tabnanny", timeout=30)
+    assert result.ok and result.results == [True, True]
+
+
 def _apply(fn: object) -> int:
     return fn(3)
 
