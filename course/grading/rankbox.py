@@ -76,6 +76,7 @@ class RankBox:
         preload = ("course.ranks.nodump", "course.checks", "course.grading.student", *self.preload)
         self.server = (Server if self.ddp else _P2PServer)(str(wrapper), preload=preload)
         self._stack.callback(self.server.stop)
+        self._stack.callback(self._kill_server)  # first: stop() then only reaps
         launches = confined_launches(self.server, str(scratch), self._share, self._cleanup)
         self._stack.enter_context(launches)
         return self
@@ -89,6 +90,16 @@ class RankBox:
         """Hand a folder to the confined uid (when we are root; else it is ours already)."""
         if os.geteuid() == 0:
             os.chown(path, self.uid, self.uid)
+
+    def _kill_server(self) -> None:
+        """SIGKILL what bwrap runs (the forkserver): nothing in it is kept, and the orderly
+        exit of an interpreter that imported torch costs a second of every submission. bwrap
+        then exits on its own, and the server's stop() reaps it."""
+        bwrap = self.server.pid()
+        with contextlib.suppress(psutil.Error, ValueError):
+            for proc in psutil.Process(bwrap).children(recursive=True) if bwrap else ():
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
 
     def _cleanup(self) -> None:
         """After a launch, kill every process of our uid but the forkserver (its ranks, and

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import cloudpickle
+import psutil
 import pytest
 
 from course.grading import sandbox
@@ -133,6 +135,17 @@ def test_a_preloaded_module_is_imported_once_for_every_rank() -> None:
     with RankBox(preload=("tabnanny", "course.checks.check_answer")):  # the second: no module
         result = launch(_imported, 2, "tabnanny", timeout=30)
     assert result.ok and result.results == [True, True]
+
+
+def test_closing_a_box_kills_its_forkserver_at_once() -> None:
+    box = RankBox()
+    with box:
+        assert launch(_imported, 1, "torch", timeout=30).results == [True]
+        server = psutil.Process(box.server.pid()).children(recursive=True)
+        started = time.monotonic()
+    took = time.monotonic() - started
+    assert server and not [p for p in server if p.is_running() and p.status() != "zombie"]
+    assert took < 0.5, f"{took:.2f} s: the forkserver (torch imported) was left to exit itself"
 
 
 def _apply(fn: object) -> int:
