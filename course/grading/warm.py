@@ -22,7 +22,7 @@ from pathlib import Path
 
 from course.ranks.forkserver import RankProcess, Server
 
-__all__ = ["PRELOAD", "GraderProcess", "run_warm"]
+__all__ = ["PRELOAD", "GraderProcess", "run_warm", "warm_up"]
 
 # What an nbgrader autograde with the judge imports; the forkserver imports it once.
 PRELOAD = (
@@ -49,6 +49,13 @@ def _server() -> Server:
         if _SERVER is None:
             _SERVER = Server(preload=PRELOAD)
         return _SERVER
+
+
+def warm_up() -> None:
+    """Start the forkserver's imports now (in the background), before the first submission
+    needs them: the coordinator's own work before grading (inspecting, reading) then
+    overlaps them."""
+    _server().get()
 
 
 class GraderProcess(RankProcess):
