@@ -25,6 +25,8 @@ import builtins
 import contextlib
 import io
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +194,44 @@ def rank_imports(sub: Submission) -> tuple[str, ...]:
     return tuple(dict.fromkeys(modules))
 
 
+def box_options(sub: Submission) -> dict[str, Any]:
+    """How the submission's :class:`RankBox` is made: DDP or not, what it preloads."""
+    return {"ddp": _trains_ddp(sub), "preload": rank_imports(sub)}
+
+
+def start_rank_box(db_url: str, assignment: str, student: str, root: str) -> None:
+    """Start the confined forkserver the Judge will take for ``student``'s notebook of
+    ``assignment`` now, before nbgrader's own start-up, which its imports then overlap (the
+    Judge starts another if the notebook it gets asks for a different one)."""
+    import nbformat
+    from nbgrader.api import Gradebook
+    from sqlalchemy.exc import SAWarning
+
+    from course.grading.rankbox import start_early
+
+    path = Path(root) / "submitted" / student / assignment / f"{assignment}.ipynb"
+    try:
+        nb = nbformat.read(path, as_version=4)
+        with warnings.catch_warnings(action="ignore", category=SAWarning), Gradebook(db_url) as gb:
+            sub = Submission(nb, gb.find_notebook(assignment, assignment))
+    except Exception:  # noqa: BLE001 - nbgrader reads it again, and says what is wrong
+        return
+    start_early(**box_options(sub))
+
+
+@contextlib.contextmanager
+def rank_box_started(db_url: str, assignment: str, student: str, root: str) -> Iterator[None]:
+    """Within: the forkserver of :func:`start_rank_box` is started; stopped after, if the
+    Judge never took it."""
+    from course.grading.rankbox import discard_early
+
+    start_rank_box(db_url, assignment, student, root)
+    try:
+        yield
+    finally:
+        discard_early()
+
+
 def _make_judge() -> type:
     """Build :class:`Judge` on first use: nbgrader is too heavy to import in every kernel."""
     from nbgrader.api import Gradebook
@@ -209,7 +249,7 @@ def _make_judge() -> type:
             source = root / "source" / info["assignment"] / f"{info['notebook']}.ipynb"
             copies = near_copies([text for _, text in sub.student], course_solutions(source))
             nb.metadata["course"] = {"near_copies": copies}  # for the grade table
-            with RankBox(ddp=_trains_ddp(sub), preload=rank_imports(sub)):
+            with RankBox(**box_options(sub)):
                 for gid, cell in sub.grade_cells:
                     try:
                         passed, text = judge_cell(sub, sub.sources[gid])

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import psutil
 
@@ -32,7 +32,7 @@ from course.grading.slots import owned_by
 from course.ranks.confined import confined_launches
 from course.ranks.forkserver import Server
 
-__all__ = ["HIDDEN", "RankBox"]
+__all__ = ["HIDDEN", "RankBox", "discard_early", "start_early"]
 
 COURSE = Path(__file__).resolve().parents[1]
 # The instructor's working solutions (the student install has none): empty on graded ranks.
@@ -58,6 +58,23 @@ class RankBox:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> Self:
+        early = next((box for box in _EARLY if box.options() == self.options()), None)
+        if early is not None:  # started by start_early: take over its server and its cleanup
+            _EARLY.remove(early)
+            self._stack, self.server = early._stack, early.server  # noqa: SLF001 - the same class's
+            self._scratch = early._scratch  # noqa: SLF001 - the same class's
+        else:
+            self._start()
+        launches = confined_launches(self.server, self._scratch, self._share, self._cleanup)
+        self._stack.enter_context(launches)
+        return self
+
+    def options(self) -> tuple:
+        """What makes two boxes' forkservers the same: uid, DDP or not, preload."""
+        return (self.uid, self.ddp, self.preload, self.exclusive)
+
+    def _start(self) -> None:
+        """Make the scratch folder and the wrapper, and start the forkserver's imports."""
         private = Path(tempfile.mkdtemp(prefix="course-grader-"))  # the wrapper lives here
         self._stack.callback(shutil.rmtree, private, ignore_errors=True)
         scratch = private / "scratch"
@@ -77,9 +94,8 @@ class RankBox:
         self.server = (Server if self.ddp else _P2PServer)(str(wrapper), preload=preload)
         self._stack.callback(self.server.stop)
         self._stack.callback(self._kill_server)  # first: stop() then only reaps
-        launches = confined_launches(self.server, str(scratch), self._share, self._cleanup)
-        self._stack.enter_context(launches)
-        return self
+        self._scratch = str(scratch)
+        self.server.get()  # its imports run from now on, while the caller goes on
 
     def __exit__(
         self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
@@ -111,6 +127,24 @@ class RankBox:
             with contextlib.suppress(psutil.Error):
                 if keep not in (proc.ppid(), proc.pid):
                     proc.kill()
+
+
+_EARLY: list[RankBox] = []  # started ahead by start_early, not yet taken over
+
+
+def start_early(**options: Any) -> None:
+    """Start the forkserver of ``RankBox(**options)`` now, in the background: the next
+    ``with RankBox(**options)`` of this process takes it over, its imports done or under way
+    (a grader starts it before nbgrader's own start-up, which the imports then overlap)."""
+    box = RankBox(**options)
+    box._start()  # noqa: SLF001 - the same class's
+    _EARLY.append(box)
+
+
+def discard_early() -> None:
+    """Stop every forkserver started early that no box took over."""
+    while _EARLY:
+        _EARLY.pop()._stack.close()  # noqa: SLF001 - the same class's
 
 
 class _P2PServer(Server):

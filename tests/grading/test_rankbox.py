@@ -14,7 +14,7 @@ import pytest
 
 from course.grading import sandbox
 from course.grading.judge import judge_cell
-from course.grading.rankbox import RankBox
+from course.grading.rankbox import _EARLY, RankBox, discard_early, start_early
 from course.grading.student import StudentCode
 from course.ranks import PerRank, launch
 
@@ -146,6 +146,20 @@ def test_closing_a_box_kills_its_forkserver_at_once() -> None:
     took = time.monotonic() - started
     assert server and not [p for p in server if p.is_running() and p.status() != "zombie"]
     assert took < 0.5, f"{took:.2f} s: the forkserver (torch imported) was left to exit itself"
+
+
+def test_a_box_started_early_is_taken_over_by_the_next_box_alike() -> None:
+    start_early(preload=("tabnanny",))
+    early = _EARLY[0].server.pid()
+    with RankBox() as other:  # not alike (no preload): starts its own
+        assert other.server.pid() != early
+    with RankBox(preload=("tabnanny",)) as box:
+        assert box.server.pid() == early and not _EARLY
+        assert launch(_imported, 1, "tabnanny", timeout=30).results == [True]
+    start_early(ddp=False)
+    left = psutil.Process(_EARLY[0].server.pid())
+    discard_early()
+    assert not _EARLY and not left.is_running()
 
 
 def _apply(fn: object) -> int:
