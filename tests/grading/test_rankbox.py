@@ -142,10 +142,12 @@ def test_closing_a_box_kills_its_forkserver_at_once() -> None:
     with box:
         assert launch(_imported, 1, "torch", timeout=30).results == [True]
         server = psutil.Process(box.server.pid()).children(recursive=True)
+        for proc in server:  # stopped: it could not exit by itself, only be killed
+            proc.suspend()
         started = time.monotonic()
     took = time.monotonic() - started
     assert server and not [p for p in server if p.is_running() and p.status() != "zombie"]
-    assert took < 0.5, f"{took:.2f} s: the forkserver (torch imported) was left to exit itself"
+    assert took < 2.5, f"{took:.2f} s: the forkserver was waited for, not killed"
 
 
 def test_a_box_started_early_is_taken_over_by_the_next_box_alike() -> None:
