@@ -5,12 +5,17 @@
 The process is nbgrader's own command line, run in the scratch course (its
 ``nbgrader_config.py`` puts the judge in place of a kernel), its log in ``autograde.log``.
 It is forked warm (:mod:`course.grading.warm`: nbgrader, the judge and torch already
-imported), gets SIGKILL if the worker that started it dies (a killed Dask worker leaves no
-grader behind), and is killed with its process group when the time cap is reached.
+imported), starts the submission's confined forkserver before nbgrader's own start-up (its
+imports overlap it; the judge takes it over), gets SIGKILL if the worker that started it dies
+(a killed Dask worker leaves no grader behind), and is killed with its process group when the
+time cap is reached.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 from course.grading.sandbox import UID_ENV
@@ -30,6 +35,16 @@ def arguments(scratch: Path, assignment: str, student: str) -> list[str]:
     ]  # fmt: skip
 
 
+@contextlib.contextmanager
+def _rank_box(db_url: str, assignment: str, student: str, root: str) -> Iterator[None]:
+    """In the grading child: the judge's forkserver, started ahead (the coordinator that
+    imports this module never imports the judge, nor torch)."""
+    from course.grading.judge import rank_box_started
+
+    with rank_box_started(db_url, assignment, student, root):
+        yield
+
+
 def autograde_process(
     scratch: Path, assignment: str, student: str, timeout: float, lease: Lease
 ) -> int:
@@ -39,4 +54,7 @@ def autograde_process(
     """
     run_env = {**env(), UID_ENV: str(lease.uid)}  # the uid its sandboxed processes run as
     argv = arguments(scratch, assignment, student)
-    return run_warm(scratch, argv, run_env, scratch / "autograde.log", timeout)
+    # The confined forkserver starts (importing torch) while nbgrader starts up.
+    db_url = f"sqlite:///{scratch / 'gradebook.db'}"
+    box = functools.partial(_rank_box, db_url, assignment, student, str(scratch))
+    return run_warm(scratch, argv, run_env, scratch / "autograde.log", timeout, around=box)

@@ -31,6 +31,7 @@ from course.grading.executors import Executor, LocalPool, executor_for
 from course.grading.intake import Rejected, inspect, read_inert
 from course.grading.results import WRITING, merge
 from course.grading.scratch import course_task, trimmed_gradebook
+from course.grading.warm import warm_up
 from course.instructor.commands import open_gradebook
 
 __all__ = ["Outcome", "autograde_class", "main", "submission_digest"]
@@ -95,13 +96,15 @@ def autograde_class(
     ``executor`` grades the tasks (default: a local pool of ``workers``).
     """
     root = Path(root).resolve()
+    executor = executor or LocalPool(workers)
+    if isinstance(executor, LocalPool):
+        warm_up()  # its graders fork from a forkserver of this process: start it now
     todo = [
         s for s in _candidates(root / "submitted", assignment) if students is None or s in students
     ]
     manifest = _Manifest(root / "autograded" / MANIFEST, assignment)
     outcomes, queue = _plan(root / "submitted", assignment, todo, manifest.entries)
     kept = sum(o.status == "skipped" for o in outcomes.values())
-    executor = executor or LocalPool(workers)
     progress(f"{assignment}: {len(queue)} to grade on {executor}, {kept} unchanged since last run")
     report = _Reporter(outcomes, manifest, len(queue), progress, assignment)
     for outcome in outcomes.values():

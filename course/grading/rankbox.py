@@ -32,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import psutil
 
@@ -42,7 +42,7 @@ from course.grading.slots import owned_by
 from course.ranks.confined import confined_launches
 from course.ranks.forkserver import Server
 
-__all__ = ["HIDDEN", "RankBox"]
+__all__ = ["HIDDEN", "RankBox", "discard_early", "start_early"]
 
 COURSE = Path(__file__).resolve().parents[1]
 # The instructor's modules (the reference ring, the quiz bank) and their bytecode: the
@@ -55,15 +55,37 @@ SCRATCH_SIZE = "256m"  # the scratch folder's size cap, when it can be a tmpfs (
 class RankBox:
     """A confined forkserver and its scratch folder, for the duration of a ``with``."""
 
-    def __init__(self, uid: int | None = None, ddp: bool = True) -> None:
+    def __init__(
+        self, uid: int | None = None, ddp: bool = True, preload: tuple[str, ...] = ()
+    ) -> None:
         """``uid``: default ``COURSE_SANDBOX_UID``, which is then this submission's alone;
-        ``ddp``: the checks train with DDP (its forkserver then imports ``torch._dynamo``)."""
+        ``ddp``: the checks train with DDP (its forkserver then imports ``torch._dynamo``);
+        ``preload``: more modules the forkserver imports once, so that no rank forked from it
+        imports them again (the instructor's setup imports, the built-ins the checks refuse)."""
         self.uid = sandbox_uid() if uid is None else uid
         self.ddp = ddp
+        self.preload = tuple(preload)
         self.exclusive = uid is None and "COURSE_SANDBOX_UID" in os.environ
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> Self:
+        early = next((box for box in _EARLY if box.options() == self.options()), None)
+        if early is not None:  # started by start_early: take over its server and its cleanup
+            _EARLY.remove(early)
+            self._stack, self.server = early._stack, early.server  # noqa: SLF001 - the same class's
+            self._runs, self.cgroups = early._runs, early.cgroups  # noqa: SLF001 - the same class's
+        else:
+            self._start()
+        launches = confined_launches(self.server, self._runs, self._share, self._cleanup)
+        self._stack.enter_context(launches)
+        return self
+
+    def options(self) -> tuple:
+        """What makes two boxes' forkservers the same: uid, DDP or not, preload."""
+        return (self.uid, self.ddp, self.preload, self.exclusive)
+
+    def _start(self) -> None:
+        """Make the scratch folder and the wrapper, and start the forkserver's imports."""
         private = Path(tempfile.mkdtemp(prefix="course-grader-"))  # the wrapper lives here
         self._stack.callback(shutil.rmtree, private, ignore_errors=True)
         scratch = private / "scratch"
@@ -86,13 +108,13 @@ class RankBox:
                        uid=self.uid, hide=hide)  # fmt: skip
         wrapper.write_text(f'#!/bin/sh\n{join}exec {shlex.join(argv)} "$@"\n')
         wrapper.chmod(0o700)
-        preload = ("course.ranks.nodump", "course.checks", "course.grading.student")
+        preload = ("course.ranks.nodump", "course.checks", "course.grading.student", *self.preload)
         server = Server if self.ddp else _P2PServer
         self.server = server(str(wrapper), preload=preload, own_pids=True)
         self._stack.callback(self.server.stop)
-        launches = confined_launches(self.server, str(runs), self._share, self._cleanup)
-        self._stack.enter_context(launches)
-        return self
+        self._stack.callback(self._kill_server)  # first: stop() then only reaps
+        self._runs = str(runs)
+        self.server.get()  # its imports run from now on, while the caller goes on
 
     def __exit__(
         self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
@@ -102,6 +124,16 @@ class RankBox:
     def _share(self, path: str) -> None:
         """Hand a folder to the confined uid (when we are root; else it is ours already)."""
         give_to_sandbox(path, self.uid)
+
+    def _kill_server(self) -> None:
+        """SIGKILL what bwrap runs (the forkserver): nothing in it is kept, and the orderly
+        exit of an interpreter that imported torch costs a second of every submission. bwrap
+        then exits on its own, and the server's stop() reaps it."""
+        bwrap = self.server.pid()
+        with contextlib.suppress(psutil.Error, ValueError):
+            for proc in psutil.Process(bwrap).children(recursive=True) if bwrap else ():
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
 
     def _cleanup(self) -> None:
         """After a launch, kill every process of our uid but the forkserver (its ranks, and
@@ -113,6 +145,24 @@ class RankBox:
             with contextlib.suppress(psutil.Error):
                 if proc.pid != keep:
                     proc.kill()
+
+
+_EARLY: list[RankBox] = []  # started ahead by start_early, not yet taken over
+
+
+def start_early(**options: Any) -> None:
+    """Start the forkserver of ``RankBox(**options)`` now, in the background: the next
+    ``with RankBox(**options)`` of this process takes it over, its imports done or under way
+    (a grader starts it before nbgrader's own start-up, which the imports then overlap)."""
+    box = RankBox(**options)
+    box._start()  # noqa: SLF001 - the same class's
+    _EARLY.append(box)
+
+
+def discard_early() -> None:
+    """Stop every forkserver started early that no box took over."""
+    while _EARLY:
+        _EARLY.pop()._stack.close()  # noqa: SLF001 - the same class's
 
 
 class _P2PServer(Server):

@@ -18,11 +18,12 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from course.ranks.forkserver import RankProcess, Server
 
-__all__ = ["PRELOAD", "GraderProcess", "run_warm"]
+__all__ = ["PRELOAD", "GraderProcess", "run_warm", "warm_up"]
 
 # What an nbgrader autograde with the judge imports; the forkserver imports it once.
 PRELOAD = (
@@ -51,6 +52,13 @@ def _server() -> Server:
         return _SERVER
 
 
+def warm_up() -> None:
+    """Start the forkserver's imports now (in the background), before the first submission
+    needs them: the coordinator's own work before grading (inspecting, reading) then
+    overlaps them."""
+    _server().get()
+
+
 class GraderProcess(RankProcess):
     """One ``nbgrader autograde``, forked from the warm forkserver."""
 
@@ -58,8 +66,15 @@ class GraderProcess(RankProcess):
         autograde_main(*self._args)
 
 
-def autograde_main(cwd: str, argv: list[str], env: dict[str, str], log: str) -> None:
-    """The child: its own session, dies with the forkserver, logs to ``log``, runs nbgrader."""
+def autograde_main(
+    cwd: str,
+    argv: list[str],
+    env: dict[str, str],
+    log: str,
+    around: Callable[[], contextlib.AbstractContextManager] | None = None,
+) -> None:
+    """The child: its own session, dies with the forkserver, logs to ``log``, runs nbgrader
+    (within ``around()``, if given: what it starts ahead of nbgrader, and stops after)."""
     os.setsid()  # its own process group: the time cap kills it as a whole
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -76,7 +91,8 @@ def autograde_main(cwd: str, argv: list[str], env: dict[str, str], log: str) -> 
     from nbgrader.apps.nbgraderapp import main
 
     try:
-        main()
+        with around() if around else contextlib.nullcontext():
+            main()
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     except BaseException:  # noqa: BLE001 - reported in the log; the exit code says it failed
@@ -91,12 +107,21 @@ def autograde_main(cwd: str, argv: list[str], env: dict[str, str], log: str) -> 
     os._exit(code)
 
 
-def run_warm(cwd: Path, argv: list[str], env: dict[str, str], log: Path, timeout: float) -> int:
+def run_warm(
+    cwd: Path,
+    argv: list[str],
+    env: dict[str, str],
+    log: Path,
+    timeout: float,
+    around: Callable[[], contextlib.AbstractContextManager] | None = None,
+) -> int:
     """Run ``nbgrader <argv>`` forked warm in ``cwd``; its exit code.
 
-    Raises TimeoutError when it runs past ``timeout`` seconds (its group is killed first).
+    ``around`` (picklable) is entered in the child around nbgrader's run. Raises
+    TimeoutError when it runs past ``timeout`` seconds (its group is killed first).
     """
-    proc = GraderProcess(args=(str(cwd), list(argv), dict(env), str(log)), name="autograde")
+    args = (str(cwd), list(argv), dict(env), str(log), around)
+    proc = GraderProcess(args=args, name="autograde")
     proc.server = _server()
     proc.start()
     proc.join(timeout)

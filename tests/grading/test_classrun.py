@@ -19,7 +19,7 @@ import psutil
 import pytest
 from nbgrader.api import Gradebook, MissingEntry
 
-from course.grading import slots
+from course.grading import slots, warm
 from course.grading.classrun import Outcome, autograde_class, submission_digest
 from course.instructor import pipeline
 
@@ -37,6 +37,12 @@ def grading(test: Callable[..., None]) -> Callable[..., None]:
     for mark in (pytest.mark.nbgrader, pytest.mark.slow, pytest.mark.ranks):
         test = mark(test)
     return pytest.mark.timeout(600)(test)
+
+
+def test_warming_up_starts_the_graders_forkserver() -> None:
+    warm.warm_up()
+    pid = warm._SERVER.pid()  # noqa: SLF001 - the process the graders fork from
+    assert pid and psutil.pid_exists(pid)
 
 
 def test_digest_changes_with_content(tmp_path: Path) -> None:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import cloudpickle
+import psutil
 import pytest
 
 from course.grading import sandbox
 from course.grading.judge import judge_cell
-from course.grading.rankbox import RankBox
+from course.grading.rankbox import _EARLY, RankBox, discard_early, start_early
 from course.grading.student import StudentCode
 from course.ranks import PerRank, launch
 
@@ -121,6 +123,45 @@ def test_student_code_is_defined_on_the_rank_only() -> None:
     assert StudentCode(cells, "double").stub_message() is None
     stub = (("mine", 'def double(t):\n    """Double it."""\n    # YOUR CODE HERE\n'),)
     assert "double is not implemented yet" in StudentCode(stub, "double").stub_message()
+
+
+def _imported(name: str) -> bool:
+    return name in sys.modules
+
+
+def test_a_preloaded_module_is_imported_once_for_every_rank() -> None:
+    with RankBox():
+        assert launch(_imported, 1, "tabnanny", timeout=30).results == [False]
+    with RankBox(preload=("tabnanny", "course.checks.check_answer")):  # the second: no module
+        result = launch(_imported, 2, "tabnanny", timeout=30)
+    assert result.ok and result.results == [True, True]
+
+
+def test_closing_a_box_kills_its_forkserver_at_once() -> None:
+    box = RankBox()
+    with box:
+        assert launch(_imported, 1, "torch", timeout=30).results == [True]
+        server = psutil.Process(box.server.pid()).children(recursive=True)
+        for proc in server:  # stopped: it could not exit by itself, only be killed
+            proc.suspend()
+        started = time.monotonic()
+    took = time.monotonic() - started
+    assert server and not [p for p in server if p.is_running() and p.status() != "zombie"]
+    assert took < 2.5, f"{took:.2f} s: the forkserver was waited for, not killed"
+
+
+def test_a_box_started_early_is_taken_over_by_the_next_box_alike() -> None:
+    start_early(preload=("tabnanny",))
+    early = _EARLY[0].server.pid()
+    with RankBox() as other:  # not alike (no preload): starts its own
+        assert other.server.pid() != early
+    with RankBox(preload=("tabnanny",)) as box:
+        assert box.server.pid() == early and not _EARLY
+        assert launch(_imported, 1, "tabnanny", timeout=30).results == [True]
+    start_early(ddp=False)
+    left = psutil.Process(_EARLY[0].server.pid())
+    discard_early()
+    assert not _EARLY and not left.is_running()
 
 
 def _apply(fn: object) -> int:
