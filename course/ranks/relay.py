@@ -183,7 +183,6 @@ class Relay:
 
     def _serve(self) -> None:
         buffers = {r: bytearray() for r in range(self.world_size)}
-        closed: set[int] = set()
         while not self._stop.is_set():
             for key, mask in self._sel.select(timeout=0.05):
                 rank = key.data
@@ -194,8 +193,7 @@ class Relay:
                         data = None
                     except OSError:
                         data = b""
-                    if data == b"":
-                        closed.add(rank)
+                    if data == b"":  # the rank is gone
                         self._sel.unregister(key.fileobj)
                         continue
                     if data:
@@ -219,12 +217,14 @@ class Relay:
             payload = bytes(buf[_LEN.size + hlen : end])
             del buf[:end]
             seq, self._seq[rank] = self._seq[rank], self._seq[rank] + 1
+            header: Any = None
             try:
                 header = json.loads(raw)
                 self._handle(rank, header, payload, seq)
-            except (RelayError, ValueError, TypeError, KeyError, RecursionError) as err:
+            except Exception as err:  # noqa: BLE001 - whatever a rank sent fails its call, never the relay
                 req = header.get("req", -1) if isinstance(header, dict) else -1
-                self._reply(rank, {"req": req, "error": str(err)})
+                req = req if isinstance(req, int) and not isinstance(req, bool) else -1
+                self._reply(rank, {"req": req, "error": f"the relay refused a request: {err}"})
 
     def _refuse_link(self, rank: int, why: str) -> None:
         self._reply(rank, {"req": -1, "error": why})

@@ -143,12 +143,14 @@ def test_ranks_that_call_different_collectives_are_told() -> None:
 
 
 def forges_frames() -> str:
-    """Write to the relay's socket directly: a send whose 3 bytes claim to be 4 floats."""
+    """Write to the relay's socket directly: a frame that is not JSON, then a send whose 3
+    bytes claim to be 4 floats."""
     link = relay._LINK  # noqa: SLF001 - the rank's own link, as hostile code would find it
     assert link is not None
     sock: socket.socket = link.sock
     head = b'{"kind":"send","group":[0,1],"dst":1,"dtype":"float32","shape":[4],"req":999}'
-    with link._lock:  # noqa: SLF001 - a whole frame, not interleaved with the rank's own
+    with link._lock:  # noqa: SLF001 - whole frames, not interleaved with the rank's own
+        sock.sendall(struct.pack(">II", 5, 0) + b"[[[[[")  # not even JSON
         sock.sendall(struct.pack(">II", len(head), 3) + head + b"abc")  # 3 bytes for 16
     t = torch.ones(2)
     dist.all_reduce(t)  # the relay is still up, and still sums
