@@ -251,6 +251,7 @@ class Relay:
         if kind == "send":
             self._send(rank, group, header, payload, seq)
         elif kind == "recv":
+            _check_recv(header, group, rank)
             since = time.monotonic()
             self._recvs.append(_Pending(rank, int(header["req"]), since, header, seq=seq))
             self._match()
@@ -353,7 +354,7 @@ class Relay:
             return
         try:
             results = _compute(first["kind"], order)
-        except (RelayError, RuntimeError, ValueError, TypeError, KeyError, IndexError) as err:
+        except Exception as err:  # noqa: BLE001 - what the ranks sent: every member is told
             for p in order:
                 self._reply(p.rank, {"req": p.req, "error": str(err)})
             return
@@ -387,8 +388,19 @@ class Relay:
         return time.monotonic() - self._start
 
 
-def _check_bytes(header: dict[str, Any], payload: bytes) -> None:
-    """The payload is exactly the tensor(s) the header describes."""
+def _check_recv(header: dict[str, Any], group: tuple[int, ...], rank: int) -> None:
+    """A receive names a peer in its group, an int tag and a tensor the relay carries."""
+    src, tag = header.get("src"), header.get("tag", 0)
+    if not isinstance(src, int) or src not in group or src == rank:
+        raise RelayError(f"rank {rank} received from {src!r}, which is not a peer in its group")
+    if not isinstance(tag, int):
+        raise RelayError(f"a receive's tag must be an int, not {tag!r}")
+    _check_bytes(header, b"", sized=False)
+
+
+def _check_bytes(header: dict[str, Any], payload: bytes, sized: bool = True) -> None:
+    """The payload is exactly the tensor the header describes (``sized=False``: a tensor the
+    relay could carry, for a receive, which sends none)."""
     dtype = DTYPES.get(header.get("dtype", ""))
     shape = header.get("shape")
     if dtype is None:
@@ -399,7 +411,10 @@ def _check_bytes(header: dict[str, Any], payload: bytes) -> None:
     for s in shape:
         numel *= s
     itemsize = torch.empty((), dtype=dtype).element_size()
-    if numel * itemsize != len(payload):
+    if not sized:
+        if numel * itemsize > MAX_FRAME:
+            raise RelayError(f"a tensor of {shape} is over the relay's {MAX_FRAME} bytes")
+    elif numel * itemsize != len(payload):
         raise RelayError(f"{len(payload)} bytes sent for a {header['dtype']} tensor of {shape}")
 
 
