@@ -39,7 +39,7 @@ def arguments(scratch: Path, assignment: str, student: str) -> list[str]:
 def _rank_box(db_url: str, assignment: str, student: str, root: str) -> Iterator[None]:
     """In the grading child: the judge's forkserver, started ahead (the coordinator that
     imports this module never imports the judge, nor torch)."""
-    from course.grading.judge import rank_box_started
+    from course.grading.preload import rank_box_started
 
     with rank_box_started(db_url, assignment, student, root):
         yield

@@ -27,17 +27,13 @@ import ast
 import builtins
 import contextlib
 import io
-import sys
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from course import checks
-from course.checks.refusals import Refusal
 from course.checks.teaching import CheckFailed
 from course.grading.copies import course_solutions, near_copies
 from course.grading.limits import JudgeLimits, OverLimit
+from course.grading.preload import box_options
 from course.grading.quiz import quiz_call, quiz_verdict
 from course.grading.rankbox import RankBox
 from course.grading.student import StudentCode, cell_source, parse_cell
@@ -196,86 +192,6 @@ def _outputs(passed: bool, text: str) -> list[Any]:
         return [new_output("stream", name="stdout", text=text)] if text else []
     shown = CheckFailed(text)._render_traceback_()
     return [new_output("error", ename="CheckFailed", evalue=text, traceback=shown)]
-
-
-# Checks whose ranks only send, receive or return: their forkserver needs no torch._dynamo.
-POINT_TO_POINT = frozenset({
-    "check_answer", "check_returns", "check_ring_allreduce", "check_ring_pattern",
-    "check_ring_sums", "check_reduce_scatter", "check_all_gather", "check_halves_pattern",
-})  # fmt: skip
-
-
-def _checks_called(sub: Submission) -> set[str]:
-    """The ``check_*`` names the grade cells (the instructor's, from the gradebook) use."""
-    called = set()
-    for gid, _cell in sub.grade_cells:
-        tree = parse_cell(sub.sources[gid])
-        names = ast.walk(tree) if tree is not None else ()
-        called |= {n.id for n in names if isinstance(n, ast.Name) and n.id.startswith("check_")}
-    return called
-
-
-def _trains_ddp(sub: Submission) -> bool:
-    """Might a grade cell's check train with DDP (any check not known to be point-to-point)?"""
-    return not _checks_called(sub) <= POINT_TO_POINT
-
-
-def rank_imports(sub: Submission) -> tuple[str, ...]:
-    """What every rank of ``sub`` would import on its own: the modules of the instructor's
-    setup cells (a ``from a import b`` may name the submodule ``a.b``) and those of the
-    built-ins the called checks refuse. Its forkserver imports them once instead (a name
-    that is no module fails to import there, harmlessly); nothing here is the student's."""
-    modules = []
-    for setup in sub.setup:
-        tree = parse_cell(setup)
-        for node in tree.body if tree is not None else ():
-            if isinstance(node, ast.Import):
-                modules += [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                modules += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-    for name in sorted(_checks_called(sub)):
-        module = sys.modules.get(getattr(getattr(checks, name, None), "__module__", ""))
-        refusals = [r for r in vars(module).values() if isinstance(r, Refusal)] if module else []
-        modules += [target.partition(":")[0] for r in refusals for target in r.names]
-    return tuple(dict.fromkeys(modules))
-
-
-def box_options(sub: Submission) -> dict[str, Any]:
-    """How the submission's :class:`RankBox` is made: DDP or not, what it preloads."""
-    return {"ddp": _trains_ddp(sub), "preload": rank_imports(sub)}
-
-
-def start_rank_box(db_url: str, assignment: str, student: str, root: str) -> None:
-    """Start the confined forkserver the Judge will take for ``student``'s notebook of
-    ``assignment`` now, before nbgrader's own start-up, which its imports then overlap (the
-    Judge starts another if the notebook it gets asks for a different one)."""
-    import nbformat
-    from nbgrader.api import Gradebook
-    from sqlalchemy.exc import SAWarning
-
-    from course.grading.rankbox import start_early
-
-    path = Path(root) / "submitted" / student / assignment / f"{assignment}.ipynb"
-    try:
-        nb = nbformat.read(path, as_version=4)
-        with warnings.catch_warnings(action="ignore", category=SAWarning), Gradebook(db_url) as gb:
-            sub = Submission(nb, gb.find_notebook(assignment, assignment))
-    except Exception:  # noqa: BLE001 - nbgrader reads it again, and says what is wrong
-        return
-    start_early(**box_options(sub))
-
-
-@contextlib.contextmanager
-def rank_box_started(db_url: str, assignment: str, student: str, root: str) -> Iterator[None]:
-    """Within: the forkserver of :func:`start_rank_box` is started; stopped after, if the
-    Judge never took it."""
-    from course.grading.rankbox import discard_early
-
-    start_rank_box(db_url, assignment, student, root)
-    try:
-        yield
-    finally:
-        discard_early()
 
 
 def _make_judge() -> type:

@@ -24,47 +24,38 @@ kernel's ``NSpid``), so the launcher signals and measures the right processes.
 from __future__ import annotations
 
 import contextlib
-import glob
 import io
 import os
-import select
-import shutil
-import signal
 import socket
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from multiprocessing import forkserver, popen_forkserver, reduction, resource_tracker, spawn, util
 from multiprocessing.connection import wait
 from multiprocessing.context import set_spawning_popen
 from multiprocessing.process import BaseProcess
 from typing import ClassVar
 
-import psutil
+from course.ranks.processes import (
+    RUN_DIR_PREFIX,
+    RankStartError,
+    host_pid,
+    kill,
+    reap,
+    sweep_stale_run_dirs,
+    write_within,
+)
 
 __all__ = [
-    "IDLE_SHUTDOWN",
-    "RUN_DIR_PREFIX",
-    "SERVER",
-    "START_WAIT",
-    "RankProcess",
-    "RankStartError",
-    "Server",
-    "kill",
-    "sweep_stale_run_dirs",
-]
+    "IDLE_SHUTDOWN", "RUN_DIR_PREFIX", "SERVER", "START_WAIT", "RankProcess", "RankStartError",
+    "Server", "kill", "sweep_stale_run_dirs",
+]  # fmt: skip
 
-RUN_DIR_PREFIX = "course-ranks-"  # + the caller's pid: whose run left it, if one did
 # Seconds a server may take to fork a rank (a cold one imports torch first), and a rank to
 # take its job: a server stopped by code it ran fails the launch after this, not never.
 START_WAIT = 60.0
 # In a PID namespace of its own, bubblewrap is pid 1 and the command it runs (the server) 2.
 SERVER_NS_PID = 2
-
-
-class RankStartError(OSError):
-    """A rank could not be started: its server stopped answering, or is gone."""
 
 
 class Server:
@@ -135,7 +126,7 @@ class Server:
                     continue
                 pid = self._server._forkserver_pid  # noqa: SLF001 - multiprocessing internals, see the module docstring
                 self._discard()
-            _reap(pid)
+            reap(pid)
             return
 
     def _start(self, server: _ForkServer) -> None:
@@ -164,7 +155,7 @@ class Server:
         outer = self.pid()
         if outer is None:
             raise RankStartError("the forkserver was stopped")
-        return _host_pid(outer, pid)
+        return host_pid(outer, pid)
 
     def server_pid(self) -> int | None:
         """This process's pid of the server's Python itself (None if it is gone)."""
@@ -180,7 +171,7 @@ class Server:
                 pid = self._server._forkserver_pid  # noqa: SLF001 - multiprocessing internals, see the module docstring
                 self._discard()
                 kill(os.kill, pid)
-                _reap(pid, 1.0)
+                reap(pid, 1.0)
 
     def stop(self) -> None:
         """Ask the forkserver to exit (closing its "alive" pipe) and reap it."""
@@ -188,7 +179,7 @@ class Server:
             if self._server is not None:
                 pid = self._server._forkserver_pid  # noqa: SLF001 - multiprocessing internals, see the module docstring
                 self._discard()
-                _reap(pid)
+                reap(pid)
 
     @staticmethod
     def _alive(server: forkserver.ForkServer) -> bool:
@@ -248,65 +239,11 @@ class _ForkServer(forkserver.ForkServer):
             return parent_r, parent_w
 
 
-def _host_pid(outer: int, ns_pid: int) -> int:
-    """The pid of process ``ns_pid`` of the PID namespace whose init is ``outer``'s child."""
-    try:
-        init = psutil.Process(outer).children()[0]
-        namespace = os.readlink(f"/proc/{init.pid}/ns/pid")
-        inside = init.children(recursive=True)
-    except (psutil.Error, IndexError, OSError) as err:
-        raise RankStartError("the forkserver's sandbox is gone") from err
-    for proc in inside:
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{proc.pid}/ns/pid") == namespace:
-                with open(f"/proc/{proc.pid}/status") as f:
-                    nspid = next(line for line in f if line.startswith("NSpid:")).split()
-                if int(nspid[-1]) == ns_pid:
-                    return proc.pid
-    raise RankStartError(f"no process {ns_pid} in the forkserver's sandbox")
-
-
-def _write_within(fd: int, data: memoryview, seconds: float) -> None:
-    """Write all of ``data`` to the pipe ``fd``, or raise RankStartError after ``seconds``."""
-    os.set_blocking(fd, False)
-    end = time.monotonic() + seconds
-    while data:
-        try:
-            data = data[os.write(fd, data) :]
-        except BlockingIOError:
-            left = end - time.monotonic()
-            if left <= 0 or not select.select([], [fd], [], left)[1]:
-                raise RankStartError(f"a rank took no job in {seconds:.0f} s") from None
-
-
-def _reap(pid: int | None, timeout: float = 5.0) -> None:
-    """Wait (bounded) for a child process to exit, then SIGKILL it."""
-    end = time.monotonic() + timeout
-    while pid is not None and time.monotonic() < end:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                return
-        except ChildProcessError:
-            return
-        time.sleep(0.01)
-    if pid is not None:
-        kill(os.kill, pid)
-        _reap(pid, 1.0)
-
-
 # A kernel keeps its forkserver (torch imported: about 220 MB) only while it runs ranks: five
 # notebooks left open on Binder (2 GB in all) then hold none. A run after that starts a cold
 # one (about 2 s); the magic warms it as soon as a cell runs, so that is rarely felt.
 IDLE_SHUTDOWN = 60.0
 SERVER = Server(idle_shutdown=IDLE_SHUTDOWN)
-
-
-def sweep_stale_run_dirs() -> None:
-    """Remove run directories left by callers that died (SIGKILL, a crash) mid-run."""
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), RUN_DIR_PREFIX + "*")):
-        pid = os.path.basename(path)[len(RUN_DIR_PREFIX) :].split("-")[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
 
 
 class _Popen(popen_forkserver.Popen):
@@ -332,7 +269,7 @@ class _Popen(popen_forkserver.Popen):
             if not wait([self.sentinel], START_WAIT):
                 raise RankStartError(f"the forkserver started no rank in {START_WAIT:.0f} s")
             self.pid = server.host_pid(forkserver.read_signed(self.sentinel))
-            _write_within(w, buf.getbuffer(), START_WAIT)
+            write_within(w, buf.getbuffer(), START_WAIT)
         finally:
             os.close(w)
 
@@ -356,10 +293,3 @@ class RankProcess(BaseProcess):
         from course.ranks.worker import rank_main
 
         rank_main(*self._args)
-
-
-def kill(kill: Callable[[int, int], None], pid: int | None) -> None:
-    """Send SIGKILL with ``kill`` (os.kill or os.killpg), ignoring processes already gone."""
-    if pid:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            kill(pid, signal.SIGKILL)

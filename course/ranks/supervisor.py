@@ -21,8 +21,8 @@ from course.ranks import confined, messages
 from course.ranks.clock import RunClock
 from course.ranks.failures import RankFailure, RanksInterrupted, RunResult
 from course.ranks.forkserver import RUN_DIR_PREFIX, SERVER, RankProcess, RankStartError, kill
-from course.ranks.relay import Relay
 from course.ranks.report import build_result
+from course.ranks.router import Relay
 
 __all__ = ["ABORT_GRACE", "STACK_WAIT", "Supervisor"]
 

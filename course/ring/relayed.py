@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course.ranks.relay import DTYPES, Event
+from course.ranks.frames import DTYPES, Event
 from course.ring.encoding import decode_tensor
 from course.ring.trace import Message, Trace
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from course.grading.judge import rank_imports
+from course.grading.preload import rank_imports
 
 
 def _submission(setup: list[str], grade_cells: dict[str, str]) -> SimpleNamespace:

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from course.ranks import launch, relay
-from course.ranks.relay import Event
+from course.ranks.frames import Event
 
 pytestmark = [pytest.mark.ranks, pytest.mark.slow]
 

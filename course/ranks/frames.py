@@ -1,0 +1,126 @@
+"""The relay's wire: how a rank and the relay frame a request, and what each side checks.
+
+A frame is two lengths (``LEN``: header, payload), a JSON header and the payload's bytes: a
+tensor's raw bytes, described by the header's ``dtype`` and ``shape``. Both sides refuse a
+frame over its caps; the relay (:mod:`course.ranks.router`) also checks that a payload is
+exactly the tensor its header describes (:func:`check_bytes`). What the relay records of a
+run is a list of :class:`Event`.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = [
+    "COLLECTIVES", "DTYPES", "LEN", "MAX_FRAME", "MAX_HEADER", "Event", "RelayError",
+    "check_bytes", "check_recv", "frame", "raw_bytes", "read_frame", "recv_exact",
+]  # fmt: skip
+
+
+MAX_FRAME = 64 * 2**20  # bytes of one request's payload
+MAX_HEADER = 64 * 2**10
+_CARRIED = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64)
+_CARRIED += (torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+DTYPES = {str(t).removeprefix("torch."): t for t in _CARRIED}
+COLLECTIVES = {"allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "alltoall"}
+LEN = struct.Struct(">II")  # header length, payload length
+
+
+class RelayError(RuntimeError):
+    """A call the relay refused or could not complete: the message says why, for a student."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One message or collective, as the relay saw it.
+
+    ``kind`` is ``send`` (``src`` to ``dst``, recorded when the relay received it), ``recv``
+    (the same message, recorded when the relay delivered it to ``dst``), ``mark`` (rank
+    ``src`` marked the ``tag``-th part of its run: see :func:`mark`) or a collective (``src``
+    = ``dst`` = -1, ``nbytes`` the bytes each member contributed, in group order). ``group``
+    is the tuple of global ranks it ran in; ``seq`` the position of the call among its
+    rank's requests (a collective: each member's, in group order), so a rank's events can
+    be put in the order it made them. With ``Relay(keep=True)`` a send or recv keeps its
+    ``data``, the bytes as sent.
+    """
+
+    kind: str
+    group: tuple[int, ...]
+    src: int = -1
+    dst: int = -1
+    tag: int = 0
+    nbytes: tuple[int, ...] = ()
+    dtype: str = ""
+    op: str = ""
+    time: float = 0.0
+    seq: tuple[int, ...] = ()
+    data: bytes = field(default=b"", repr=False, compare=False)
+
+
+def frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
+    """One request or reply, framed."""
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    return LEN.pack(len(raw), len(payload)) + raw + payload
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from a blocking socket (ConnectionError if it closes first)."""
+    chunks, left = [], n
+    while left:
+        chunk = sock.recv(min(left, 2**20))
+        if not chunk:
+            raise ConnectionError("the relay's peer closed its socket")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
+    hlen, plen = LEN.unpack(recv_exact(sock, LEN.size))
+    if hlen > MAX_HEADER or plen > MAX_FRAME:
+        raise RelayError(f"a message of {plen} bytes is over the relay's {MAX_FRAME} bytes")
+    header = json.loads(recv_exact(sock, hlen))
+    if not isinstance(header, dict):
+        raise RelayError("a request that is not an object")
+    return header, recv_exact(sock, plen)
+
+
+def check_recv(header: dict[str, Any], group: tuple[int, ...], rank: int) -> None:
+    """A receive names a peer in its group, an int tag and a tensor the relay carries."""
+    src, tag = header.get("src"), header.get("tag", 0)
+    if not isinstance(src, int) or src not in group or src == rank:
+        raise RelayError(f"rank {rank} received from {src!r}, which is not a peer in its group")
+    if not isinstance(tag, int):
+        raise RelayError(f"a receive's tag must be an int, not {tag!r}")
+    check_bytes(header, b"", sized=False)
+
+
+def check_bytes(header: dict[str, Any], payload: bytes, sized: bool = True) -> None:
+    """The payload is exactly the tensor the header describes (``sized=False``: a tensor the
+    relay could carry, for a receive, which sends none)."""
+    dtype = DTYPES.get(header.get("dtype", ""))
+    shape = header.get("shape")
+    if dtype is None:
+        raise RelayError(f"the relay carries no tensors of dtype {header.get('dtype')!r}")
+    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+        raise RelayError("a tensor without a shape of non-negative sizes")
+    numel = 1
+    for s in shape:
+        numel *= s
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if not sized:
+        if numel * itemsize > MAX_FRAME:
+            raise RelayError(f"a tensor of {shape} is over the relay's {MAX_FRAME} bytes")
+    elif numel * itemsize != len(payload):
+        raise RelayError(f"{len(payload)} bytes sent for a {header['dtype']} tensor of {shape}")
+
+
+def raw_bytes(t: torch.Tensor) -> bytes:
+    """A tensor's bytes, as a frame carries them."""
+    return t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()

@@ -1,0 +1,94 @@
+"""Processes the launcher starts and stops: pids across a PID namespace, bounded waits.
+
+The plain-OS side of :mod:`course.ranks.forkserver` (which holds the private multiprocessing
+API): a confined forkserver's ranks live in a PID namespace of their own, so their pids are
+translated to the caller's (:func:`host_pid`); every write to and wait on a process is
+bounded (:func:`write_within`, :func:`reap`); :func:`kill` ignores what is already gone; run
+folders that callers which died left behind are swept (:func:`sweep_stale_run_dirs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import select
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+
+import psutil
+
+__all__ = [
+    "RUN_DIR_PREFIX", "RankStartError", "host_pid", "kill", "reap", "sweep_stale_run_dirs",
+    "write_within",
+]  # fmt: skip
+
+RUN_DIR_PREFIX = "course-ranks-"  # + the caller's pid: whose run left it, if one did
+
+
+class RankStartError(OSError):
+    """A rank could not be started: its server stopped answering, or is gone."""
+
+
+def host_pid(outer: int, ns_pid: int) -> int:
+    """The pid of process ``ns_pid`` of the PID namespace whose init is ``outer``'s child."""
+    try:
+        init = psutil.Process(outer).children()[0]
+        namespace = os.readlink(f"/proc/{init.pid}/ns/pid")
+        inside = init.children(recursive=True)
+    except (psutil.Error, IndexError, OSError) as err:
+        raise RankStartError("the forkserver's sandbox is gone") from err
+    for proc in inside:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{proc.pid}/ns/pid") == namespace:
+                with open(f"/proc/{proc.pid}/status") as f:
+                    nspid = next(line for line in f if line.startswith("NSpid:")).split()
+                if int(nspid[-1]) == ns_pid:
+                    return proc.pid
+    raise RankStartError(f"no process {ns_pid} in the forkserver's sandbox")
+
+
+def write_within(fd: int, data: memoryview, seconds: float) -> None:
+    """Write all of ``data`` to the pipe ``fd``, or raise RankStartError after ``seconds``."""
+    os.set_blocking(fd, False)
+    end = time.monotonic() + seconds
+    while data:
+        try:
+            data = data[os.write(fd, data) :]
+        except BlockingIOError:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([], [fd], [], left)[1]:
+                raise RankStartError(f"a rank took no job in {seconds:.0f} s") from None
+
+
+def reap(pid: int | None, timeout: float = 5.0) -> None:
+    """Wait (bounded) for a child process to exit, then SIGKILL it."""
+    end = time.monotonic() + timeout
+    while pid is not None and time.monotonic() < end:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.01)
+    if pid is not None:
+        kill(os.kill, pid)
+        reap(pid, 1.0)
+
+
+def kill(kill: Callable[[int, int], None], pid: int | None) -> None:
+    """Send SIGKILL with ``kill`` (os.kill or os.killpg), ignoring processes already gone."""
+    if pid:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
+
+
+def sweep_stale_run_dirs() -> None:
+    """Remove run directories left by callers that died (SIGKILL, a crash) mid-run."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), RUN_DIR_PREFIX + "*")):
+        pid = os.path.basename(path)[len(RUN_DIR_PREFIX) :].split("-")[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
