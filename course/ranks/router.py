@@ -128,9 +128,10 @@ class Relay:
                 header = json.loads(raw)
                 self._handle(rank, header, payload, seq)
             except Exception as err:  # noqa: BLE001 - whatever a rank sent fails its call, never the relay
-                req = header.get("req", -1) if isinstance(header, dict) else -1
-                req = req if isinstance(req, int) and not isinstance(req, bool) else -1
-                self._reply(rank, {"req": req, "error": f"the relay refused a request: {err}"})
+                req = header.get("req") if isinstance(header, dict) else None
+                if isinstance(req, int) and not isinstance(req, bool) and req >= 0:
+                    self._reply(rank, {"req": req, "error": f"the relay refused a request: {err}"})
+                # else: no call of the rank's is waiting on it, so there is no one to tell
 
     def _refuse_link(self, rank: int, why: str) -> None:
         self._reply(rank, {"req": -1, "error": why})
