@@ -21,23 +21,18 @@ deadlocking, crashing, hostile). A submission nbgrader fails, or one still runni
 command's cap stops it, counts as failed: a result, not an error of the benchmark.
 
 Measured on 2 cores, `--students 5` (25 submissions, all five assignments), the machine
-otherwise quiet: stock nbgrader 663.9 s (26.6 s a submission: it runs every measuring cell),
-ours 155.1 s (6.2 s: the judge runs only the checks, in a warm nbgrader, every assignment at
-once), ratio 4.28; beside other test runs on the machine, stock 777.8 s, ours 246.5 s,
-ratio 3.15. Since then each submission's forkserver imports what its ranks import (the
-setup cells' modules, the built-ins the checks refuse: the ranks of ring_allreduce and zero
-imported ipywidgets each), starts before nbgrader does and is killed when done: ours
-137.5 s beside other work (load average about 3 on the 2 cores), against 187.7 s and 204.3 s
-for the code before in runs beside heavier work (load 6 to 14); CPU time of the whole run
-(its cgroup) 176 s, against 245 s and 284 s. Stock not rerun. About 20 minutes in all with
-the roots built. Stock graded the default class
-(50 submissions, with its deadlocks and a cell that loops for the whole 120 s cell timeout)
-in 26 minutes: count about 35 minutes for both sides, most of `make benchmarks`.
+otherwise quiet: stock nbgrader 684.5 s (27.4 s a submission: it runs every measuring cell),
+ours 102.3 s (4.1 s: the judge runs only the checks, in a warm nbgrader, every assignment at
+once, each submission's forkserver started before nbgrader, importing once what its ranks
+would each, killed when done), ratio 6.69 (it was 4.28 before the last three, 2.59 before
+the warm nbgrader). About 15 minutes in all with the roots built. Stock graded the default
+class (50 submissions, with its deadlocks and a cell that loops for the whole 120 s cell
+timeout) in 26 minutes: count about 35 minutes for both sides, most of `make benchmarks`.
 
 ``--load`` grades the class ours twice, quiet and then beside a spinning process on every
 core (at the grader's own priority), and prints every grade cell that differs and
-``identical grades: yes/no``; measured, `--students 5 --load`: quiet 168.7 s, beside 2 CPU
-hogs 305.5 s, 225 grade cells, identical grades: yes.
+``identical grades: yes/no``; measured, `--students 5 --load`: quiet 103.8 s, beside 2 CPU
+hogs 152.6 s, 225 grade cells, identical grades: yes.
 """
 
 from __future__ import annotations
