@@ -29,6 +29,7 @@ from course.checks.ring_cases import (
     inputs,
     refuse_collectives,
     refuse_the_reference,
+    relayed_case,
     running_case,
     sum_cases,
 )
@@ -39,7 +40,7 @@ from course.ring.halves import Half, half_violations
 from course.ring.halves_record import encoded_args
 from course.ring.logs import log_path, read_trace
 from course.ring.recorder import Recorder, scratch_dir
-from course.ring.relayed import SecretEncoding, relayed_trace
+from course.ring.relayed import SecretEncoding
 from course.ring.schedule import chunk_bounds
 from course.ring.trace import Trace
 
@@ -148,14 +149,16 @@ def _run_all(half: Half, fn: Callable, world_sizes: Sequence[int], *, sums: bool
         secret = [SecretEncoding.draw(world_size) for _ in cases]
         inputs = [_case_inputs(half, c, world_size, fresh_seed(None)) for c in cases]
         with scratch_dir() as directory:
-            mine = [
+            graded_args = [
                 _secret_args(half, secret[i], c, world_size) if c.recorded and relayed else None
                 for i, c in enumerate(cases)
             ]
-            result = _launch(half, fn, world_size, cases, inputs, mine, directory)
+            result = _launch(half, fn, world_size, cases, inputs, graded_args, directory)
             for i, case in enumerate(cases):
                 got = [r[i] for r in result.results]
-                trace = _relayed(name, result, world_size, case, secret[i], i) if relayed else None
+                trace = (
+                    relayed_case(name, result, world_size, case, secret[i], i) if relayed else None
+                )
                 if case.recorded:
                     trace = trace or read_trace(
                         directory, world_size, case.shape[0], 8, tag=f"case{i}"
@@ -182,16 +185,6 @@ def _secret_args(
     return [(whole[lo:hi].clone(), torch.zeros(numel, dtype=torch.float64)) for lo, hi in bounds]
 
 
-def _relayed(
-    name: str, result: Any, world_size: int, case: Case, secret: SecretEncoding, i: int
-) -> Trace:
-    """Case ``i`` as the relay saw it; a record that cannot be split into cases fails it."""
-    try:
-        return relayed_trace(result.relayed, world_size, case.shape[0], secret, i)
-    except ValueError as err:
-        raise AssertionError(f"{name}'s run on {world_size} ranks cannot be read: {err}") from None
-
-
 def _case_inputs(half: Half, case: Case, world_size: int, seed: int) -> Any:
     if case.recorded:
         return None
@@ -206,13 +199,13 @@ def _launch(
     world_size: int,
     cases: list,
     inputs: list,
-    secret: list,
+    graded_args: list,
     directory: str,
 ) -> Any:
     from course.ranks import PerRank, launch
 
     mine = PerRank(  # each rank is sent its own inputs only
-        [(secret[i][r] if secret[i] is not None else None) if c.recorded
+        [(graded_args[i][r] if graded_args[i] is not None else None) if c.recorded
          else _plain_args(half, r, world_size, c, inputs[i])
          for i, c in enumerate(cases)]
         for r in range(world_size)

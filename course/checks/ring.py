@@ -34,6 +34,7 @@ from course.checks.ring_cases import (
     pattern_cases,
     refuse_collectives,
     refuse_the_reference,
+    relayed_case,
     running_case,
     sum_cases,
 )
@@ -45,7 +46,7 @@ from course.ranks.wording import count, world_sizes_text
 from course.ring.encoding import encoded_tensor
 from course.ring.logs import log_path, read_trace
 from course.ring.recorder import Recorder, scratch_dir
-from course.ring.relayed import SecretEncoding, relayed_trace
+from course.ring.relayed import SecretEncoding
 from course.ring.trace import Trace
 from course.ring.verdict import ring_violations
 
@@ -175,7 +176,7 @@ def _check(
             pattern_cases(world_size) if pattern else []
         )
         relayed = confined.current() is not None  # graded: the relay carries every message
-        secret = {i: SecretEncoding.draw(world_size) for i, c in enumerate(cases) if c.recorded}
+        secret = [SecretEncoding.draw(world_size) for _ in cases]
         inputs = [
             _recorded_inputs(secret[i], c, world_size, relayed)
             if c.recorded
@@ -186,7 +187,11 @@ def _check(
             result = _launch(fn, world_size, cases, inputs, directory)
             for i, case in enumerate(cases):
                 got = [r[i] for r in result.results]
-                trace = _relayed(result, world_size, case, secret.get(i), i) if relayed else None
+                trace = (
+                    relayed_case("ring_allreduce", result, world_size, case, secret[i], i)
+                    if relayed
+                    else None
+                )
                 if case.recorded:
                     trace = trace or read_trace(
                         directory, world_size, case.shape[0], 8, tag=f"case{i}"
@@ -224,20 +229,6 @@ def _recorded_inputs(
     if not relayed:
         return None
     return [secret.tensor(r, case.shape[0]) for r in range(world_size)]
-
-
-def _relayed(
-    result: Any, world_size: int, case: Case, secret: SecretEncoding | None, i: int
-) -> Trace:
-    """Case ``i`` as the relay saw it; a record that cannot be split into cases fails it."""
-    try:
-        return relayed_trace(
-            result.relayed, world_size, case.shape[0], secret or SecretEncoding.draw(world_size), i
-        )
-    except ValueError as err:
-        raise AssertionError(
-            f"ring_allreduce's run on {world_size} ranks cannot be read case by case: {err}"
-        ) from None
 
 
 def _failure_message(world_size: int, cases: list[Case], failures: dict, directory: str) -> str:

@@ -16,6 +16,8 @@ import torch
 from course.ranks.confined import read_rank_file
 from course.ranks.wording import count
 from course.ring.logs import log_path
+from course.ring.relayed import SecretEncoding, relayed_trace
+from course.ring.trace import Trace
 
 __all__ = [
     "DTYPES",
@@ -26,6 +28,7 @@ __all__ = [
     "pattern_cases",
     "refuse_collectives",
     "refuse_the_reference",
+    "relayed_case",
     "running_case",
     "sum_cases",
 ]
@@ -101,6 +104,19 @@ def compare(tensor: Any, expected: torch.Tensor, case: Case) -> str | None:
 def collectives_called(recorder: Any) -> list[str]:
     """The collectives a recorded call made (``barrier`` aside: it moves no data)."""
     return sorted({c.name for c in recorder.collectives} - {"barrier"})
+
+
+def relayed_case(
+    name: str, result: Any, world_size: int, case: Case, secret: SecretEncoding, i: int
+) -> Trace:
+    """Case ``i`` of a run as the relay saw it (under grading); a record that cannot be split
+    into cases fails the check."""
+    try:
+        return relayed_trace(result.relayed, world_size, case.shape[0], secret, i)
+    except ValueError as err:
+        raise AssertionError(
+            f"{name}'s run on {world_size} ranks cannot be read case by case: {err}"
+        ) from None
 
 
 def refuse_collectives(name: str, called: list[list[str]]) -> None:
