@@ -1,0 +1,76 @@
+"""The synchrony assignment's model solutions, for the tests: they live in tests/, never in the
+package students get.
+
+``tree_allreduce`` is recursive doubling (Thakur, Rabenseifner & Gropp, 2005): with p the
+largest power of two not above N, ranks p..N-1 first fold their tensor into rank - p; then for
+k = 0 .. log2(p) - 1 each rank q < p swaps its whole tensor with q XOR 2**k and adds; then the
+folded ranks get the result back. ``hierarchical_allreduce`` is the two-level all-reduce: a
+reduce-scatter inside each node, an all-reduce of the shard across nodes, an all-gather inside
+the node.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def tree_allreduce(tensor: torch.Tensor) -> None:
+    """Sum ``tensor`` in place across all ranks by recursive doubling, point-to-point only."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    p = 1 << (n.bit_length() - 1)  # the largest power of two <= n
+    incoming = torch.empty_like(tensor)
+    if rank >= p:  # fold into rank - p, then wait for the result
+        dist.send(tensor, rank - p)
+        dist.recv(tensor, rank - p)
+        return
+    if rank + p < n:
+        dist.recv(incoming, rank + p)
+        tensor.add_(incoming)
+    distance = 1
+    while distance < p:
+        peer = rank ^ distance
+        request = dist.isend(tensor, peer)
+        dist.recv(incoming, peer)
+        request.wait()
+        tensor.add_(incoming)
+        distance *= 2
+    if rank + p < n:
+        dist.send(tensor, rank + p)
+
+
+_GROUPS: dict[tuple[int, int], tuple] = {}
+
+
+def _groups(world_size: int, ranks_per_node: int) -> tuple:
+    """This rank's (node group, cross-node group); every rank makes every group, in one order."""
+    if (world_size, ranks_per_node) not in _GROUPS:
+        nodes = world_size // ranks_per_node
+        rank = dist.get_rank()
+        mine = [None, None]
+        for node in range(nodes):
+            ranks = list(range(node * ranks_per_node, (node + 1) * ranks_per_node))
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine[0] = group
+        for local in range(ranks_per_node):
+            ranks = [node * ranks_per_node + local for node in range(nodes)]
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine[1] = group
+        _GROUPS[world_size, ranks_per_node] = tuple(mine)
+    return _GROUPS[world_size, ranks_per_node]
+
+
+def hierarchical_allreduce(tensor: torch.Tensor, ranks_per_node: int) -> None:
+    """Sum ``tensor`` in place: reduce-scatter in the node, all-reduce across, all-gather in."""
+    node_group, cross_group = _groups(dist.get_world_size(), ranks_per_node)
+    flat = tensor.reshape(-1)
+    shard_numel = -(-flat.numel() // ranks_per_node)
+    padded = torch.zeros(shard_numel * ranks_per_node, dtype=tensor.dtype)
+    padded[: flat.numel()] = flat
+    shard = torch.empty(shard_numel, dtype=tensor.dtype)
+    dist.reduce_scatter_tensor(shard, padded, group=node_group)
+    dist.all_reduce(shard, group=cross_group)
+    dist.all_gather_into_tensor(padded, shard, group=node_group)
+    tensor.copy_(padded[: flat.numel()].view(tensor.shape))
