@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,8 @@ import torch
 
 __all__ = [
     "COLLECTIVES", "DTYPES", "LEN", "MAX_FRAME", "MAX_HEADER", "Event", "RelayError",
-    "check_bytes", "check_recv", "frame", "raw_bytes", "read_frame", "recv_exact",
+    "check_bytes", "check_recv", "describe", "fill_from", "frame", "raw_bytes", "read_frame",
+    "recv_exact",
 ]  # fmt: skip
 
 
@@ -92,9 +94,11 @@ def read_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
 
 
 def check_recv(header: dict[str, Any], group: tuple[int, ...], rank: int) -> None:
-    """A receive names a peer in its group, an int tag and a tensor the relay carries."""
+    """A receive names a peer in its group (or any, ``-1``), an int tag and a tensor the
+    relay carries."""
     src, tag = header.get("src"), header.get("tag", 0)
-    if not isinstance(src, int) or src not in group or src == rank:
+    anyone = src == -1 and type(src) is int
+    if not anyone and (not isinstance(src, int) or src not in group or src == rank):
         raise RelayError(f"rank {rank} received from {src!r}, which is not a peer in its group")
     if not isinstance(tag, int):
         raise RelayError(f"a receive's tag must be an int, not {tag!r}")
@@ -124,3 +128,26 @@ def check_bytes(header: dict[str, Any], payload: bytes, sized: bool = True) -> N
 def raw_bytes(t: torch.Tensor) -> bytes:
     """A tensor's bytes, as a frame carries them."""
     return t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+
+
+def describe(t: torch.Tensor) -> dict[str, Any]:
+    """A tensor's dtype and shape, as a request's header names them."""
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+
+
+def fill_from(targets: Sequence[torch.Tensor]) -> Any:
+    """A reply handler that copies the reply's bytes, in order, into ``targets``."""
+
+    def fill(_header: dict[str, Any], payload: bytes) -> list[torch.Tensor]:
+        view = memoryview(payload)
+        at = 0
+        with torch.no_grad():
+            for t in targets:
+                n = t.numel() * t.element_size()
+                if n:
+                    src = torch.frombuffer(bytearray(view[at : at + n]), dtype=torch.uint8)
+                    t.detach().copy_(src.view(t.dtype).reshape(t.shape))
+                at += n
+        return list(targets)
+
+    return fill

@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from course.ranks.frames import RelayError, frame, raw_bytes, read_frame
+from course.ranks.frames import RelayError, describe, fill_from, frame, raw_bytes, read_frame
+from course.ranks.mailbox import ANY
 
 __all__ = ["BACKEND", "RelayGroup", "join", "mark"]
 
@@ -96,9 +97,10 @@ class _Link:
 class _Work(dist._Work):  # noqa: SLF001 - the Work base that C++ callers (DDP) wait on
     """A call in flight: ``wait`` returns once the relay answered, or raises what it said."""
 
-    def __init__(self, fut: Future, link: _Link) -> None:
+    def __init__(self, fut: Future, link: _Link, sender: Sequence[int] = ()) -> None:
+        """``sender``: where a receive's handler puts its sender's group rank."""
         super().__init__()
-        self._fut, self._link = fut, link
+        self._fut, self._link, self._sender = fut, link, sender
 
     def wait(self, timeout: timedelta | None = None) -> bool:  # noqa: ARG002 - torch's signature
         self._fut.wait()  # the relay's own deadline ends every wait
@@ -111,27 +113,9 @@ class _Work(dist._Work):  # noqa: SLF001 - the Work base that C++ callers (DDP) 
         self._link.native.add(id(self._fut))  # torch's C++ waits on it, not Python
         return self._fut
 
-
-def _describe(t: torch.Tensor) -> dict[str, Any]:
-    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
-
-
-def _fill(targets: Sequence[torch.Tensor]) -> Any:
-    """A reply handler that copies the reply's bytes, in order, into ``targets``."""
-
-    def fill(_header: dict[str, Any], payload: bytes) -> list[torch.Tensor]:
-        view = memoryview(payload)
-        at = 0
-        with torch.no_grad():
-            for t in targets:
-                n = t.numel() * t.element_size()
-                if n:
-                    src = torch.frombuffer(bytearray(view[at : at + n]), dtype=torch.uint8)
-                    t.detach().copy_(src.view(t.dtype).reshape(t.shape))
-                at += n
-        return list(targets)
-
-    return fill
+    def _source_rank(self) -> int:
+        """The sender of a receive (torch asks it of ``dist.recv`` with no ``src``)."""
+        return self._sender[0] if self._sender else -1
 
 
 class RelayGroup(dist.ProcessGroup):
@@ -158,9 +142,9 @@ class RelayGroup(dist.ProcessGroup):
     def _ask(
         self, kind: str, tensor: torch.Tensor, targets: Sequence[torch.Tensor], **extra: Any
     ) -> Any:
-        header = {"kind": kind, "group": self._ranks, **_describe(tensor), **extra}
+        header = {"kind": kind, "group": self._ranks, **describe(tensor), **extra}
         return _Work(
-            self._link.request(header, raw_bytes(tensor.detach()), _fill(targets)), self._link
+            self._link.request(header, raw_bytes(tensor.detach()), fill_from(targets)), self._link
         )
 
     def _global(self, group_rank: int) -> int:
@@ -173,10 +157,23 @@ class RelayGroup(dist.ProcessGroup):
         return self._ask("send", t, [], dst=self._global(dst), tag=tag)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        return self._recv(tensors, self._global(src), tag)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
+        """``dist.recv(t)`` with no ``src``: the first message from any rank of the group."""
+        return self._recv(tensors, ANY, tag)
+
+    def _recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
         (t,) = tensors
-        header = {"kind": "recv", "group": self._ranks, **_describe(t)}
-        header |= {"src": self._global(src), "tag": tag}
-        return _Work(self._link.request(header, b"", _fill([t])), self._link)
+        header = {"kind": "recv", "group": self._ranks, **describe(t), "src": src, "tag": tag}
+        sender: list[int] = []
+        fill = fill_from([t])
+
+        def delivered(reply: dict[str, Any], payload: bytes) -> list[torch.Tensor]:
+            sender.append(self._ranks.index(reply["src"]))
+            return fill(reply, payload)
+
+        return _Work(self._link.request(header, b"", delivered), self._link, sender)
 
     # -- collectives: torch's signatures, options read where they mean something -----------
 

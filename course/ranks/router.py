@@ -20,7 +20,6 @@ import selectors
 import socket
 import threading
 import time
-from collections import deque
 from dataclasses import replace
 from typing import Any, Self
 
@@ -36,6 +35,7 @@ from course.ranks.frames import (
     check_recv,
     frame,
 )
+from course.ranks.mailbox import ANY, Mailbox
 
 __all__ = ["MAX_HELD", "MAX_KEPT", "Relay"]
 
@@ -55,12 +55,11 @@ class Relay:
         self.ends = [theirs for _, theirs in pairs]  # hand end r to rank r, then close_ends()
         self._mine = [mine for mine, _ in pairs]
         self.events: list[Event] = []
-        self._mail: dict[tuple[tuple[int, ...], int, int, int], deque[tuple[dict, bytes]]] = {}
+        self._mail = Mailbox()  # sent, not yet received
         self._recvs: list[Pending] = []
         self._calls: dict[tuple[tuple[int, ...], int], Call] = {}
         self._count: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls made
         self._out: dict[int, bytearray] = {r: bytearray() for r in range(world_size)}
-        self._held = 0  # bytes in _mail
         self._sel = selectors.DefaultSelector()
         self._stop = threading.Event()
         self._start = time.monotonic()
@@ -189,11 +188,10 @@ class Relay:
         if dst not in group or dst == rank:
             raise RelayError(f"rank {rank} sent to rank {dst}, which is not a peer in its group")
         check_bytes(header, payload)
-        if self._held + len(payload) > MAX_HELD:
+        if self._mail.held + len(payload) > MAX_HELD:
             raise RelayError(f"over {MAX_HELD >> 20} MB sent that no rank has received")
-        self._held += len(payload)
         self._message("send", group, rank, dst, tag, header, payload, seq)
-        self._mail.setdefault((group, rank, dst, tag), deque()).append((header, payload))
+        self._mail.post(group, rank, dst, tag, header, payload)
         self._reply(rank, {"req": int(header["req"]), "ok": True})
         self._match()
 
@@ -203,12 +201,11 @@ class Relay:
         for pending in self._recvs:
             h = pending.header
             group, src, tag = tuple(h["group"]), int(h["src"]), int(h.get("tag", 0))
-            box = self._mail.get((group, src, pending.rank, tag))
-            if not box:
+            taken = self._mail.take(group, src, pending.rank, tag)
+            if taken is None:
                 waiting.append(pending)
                 continue
-            sent, payload = box.popleft()
-            self._held -= len(payload)
+            src, sent, payload = taken
             if (sent["dtype"], sent["shape"]) != (h["dtype"], h["shape"]):
                 why = (
                     f"rank {pending.rank} received {h['dtype']} of shape {tuple(h['shape'])} "
@@ -278,7 +275,8 @@ class Relay:
         for p in late:
             self._recvs.remove(p)
             src = p.header["src"]
-            why = f"timed out after {self.timeout:g} s: rank {p.rank} waited for a message from rank {src} that never came"  # noqa: E501
+            whom = "any rank" if src == ANY else f"rank {src}"
+            why = f"timed out after {self.timeout:g} s: rank {p.rank} waited for a message from {whom} that never came"  # noqa: E501
             self._reply(p.rank, {"req": p.req, "error": why})
         for key, call in list(self._calls.items()):
             oldest = min(p.since for p in call.calls.values())
