@@ -26,7 +26,7 @@ from course.ranks.frames import DTYPES, Event
 from course.ring.encoding import decode_tensor
 from course.ring.trace import Message, Trace
 
-__all__ = ["BITS", "SecretEncoding", "collectives_in", "relayed_trace"]
+__all__ = ["BITS", "SecretEncoding", "collectives_in", "part_span", "relayed_trace"]
 
 BITS = 20  # the bits a rank's mark is drawn from: exact in float64 up to 8192 elements
 MAX_NUMEL = (1 << (53 - 2 * BITS)) - 1
@@ -80,7 +80,7 @@ def relayed_trace(
     Raises ValueError when a rank's marks are not ``0, 1, 2, ...`` once each, in order: the
     record cannot then be split into the check's cases.
     """
-    spans = {r: _span(events, r, part) for r in range(world_size)}
+    spans = {r: part_span(events, r, part) for r in range(world_size)}
     messages: list[Message] = []
     collectives: list[tuple[int, str]] = []
     for kind, mine in (("send", "src"), ("recv", "dst")):
@@ -101,7 +101,7 @@ def relayed_trace(
 def collectives_in(events: Sequence[Event], rank: int, part: int) -> list[str]:
     """The collectives (torch.distributed's names) ``rank`` took part in during part ``part``
     of a run, in order, from the relay's record; ValueError as for :func:`relayed_trace`."""
-    lo, hi = _span(events, rank, part)
+    lo, hi = part_span(events, rank, part)
     return [
         NAMES[e.kind]
         for e in events
@@ -109,7 +109,9 @@ def collectives_in(events: Sequence[Event], rank: int, part: int) -> list[str]:
     ]
 
 
-def _span(events: Sequence[Event], rank: int, part: int) -> tuple[int, float]:
+def part_span(events: Sequence[Event], rank: int, part: int) -> tuple[int, float]:
+    """The positions (``seq``) of ``rank``'s requests in part ``part`` of its run: from its
+    ``mark(part)`` to its next mark; ValueError as for :func:`relayed_trace`."""
     marks = sorted((e for e in events if e.kind == "mark" and e.src == rank), key=lambda e: e.seq)
     tags = [e.tag for e in marks]
     if tags != list(range(len(tags))) or part >= len(tags):

@@ -74,3 +74,31 @@ def hierarchical_allreduce(tensor: torch.Tensor, ranks_per_node: int) -> None:
     dist.all_reduce(shard, group=cross_group)
     dist.all_gather_into_tensor(padded, shard, group=node_group)
     tensor.copy_(padded[: flat.numel()].view(tensor.shape))
+
+
+_STEPS = [0]  # this rank's steps so far: each step's messages carry its number as their tag
+_SENDING: list = []  # every send's request, kept: on gloo, a dropped request cancels its send
+
+
+def step_with_backups(grad: torch.Tensor, backups: int) -> list[int]:
+    """Average ``grad`` over rank 0 and the first N - 1 - backups others to send theirs."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    _STEPS[0] += 1
+    tag = _STEPS[0]
+    if rank:
+        _SENDING.append(dist.isend(grad, 0, tag=tag))
+        reply = torch.empty(n + grad.numel(), dtype=torch.float64)
+        dist.recv(reply, 0, tag=tag)
+        grad.copy_(reply[n:])
+        return [r for r in range(n) if reply[r]]
+    total, kept = grad.to(torch.float64), [0]
+    incoming = torch.empty_like(grad)
+    while len(kept) < n - backups:
+        kept.append(dist.recv(incoming, tag=tag))  # from any rank: the first to arrive
+        total += incoming
+    kept.sort()
+    grad.copy_(total / len(kept))
+    reply = torch.cat([torch.zeros(n, dtype=torch.float64), grad.to(torch.float64)])
+    reply[kept] = 1
+    _SENDING.extend(dist.isend(reply, r, tag=tag) for r in range(1, n))
+    return kept

@@ -1,0 +1,86 @@
+"""Under grading, whether a step waited for its straggler comes from the relay's record.
+
+In a notebook the check reads the time each rank's step ended from the ranks themselves; a
+step that waits for the straggler and stops the ranks' clocks would pass there. Graded, the
+relay's own clock on each message decides, and the same step earns nothing.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+import pytest
+
+from course.checks import check_step_with_backups
+from course.grading import sandbox
+from course.grading.rankbox import RankBox
+from course.grading.student import StudentCode
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "checks"))
+import synchrony_impls
+
+pytestmark = [
+    pytest.mark.ranks,
+    pytest.mark.slow,
+    pytest.mark.skipif(not sandbox.available(), reason="needs bubblewrap, setpriv and prlimit"),
+]
+
+HEADER = "import torch, torch.distributed as dist\n"
+
+# Waits for every gradient, then keeps the ones that came first by its own stopwatch, and
+# stops the clock the check's rank code reads, so every step seems to end at time 0.
+STOPPED_CLOCK = """
+def step_with_backups(grad, backups):
+    import time
+    stopwatch, time.monotonic = time.perf_counter, lambda: 0.0
+    rank, n = dist.get_rank(), dist.get_world_size()
+    reply = torch.empty(n + grad.numel(), dtype=torch.float64)
+    if rank:
+        dist.send(grad, 0)
+        dist.recv(reply, 0)
+        grad.copy_(reply[n:])
+        return [r for r in range(n) if reply[r]]
+    grads, took = [grad.clone()], [0.0]
+    for r in range(1, n):
+        start, incoming = stopwatch(), torch.empty_like(grad)
+        dist.recv(incoming, r)
+        grads.append(incoming)
+        took.append(stopwatch() - start)
+    kept = sorted(sorted(range(n), key=took.__getitem__)[: n - backups])
+    grad.copy_(torch.stack([grads[k] for k in kept]).mean(0))
+    reply = torch.cat([torch.zeros(n, dtype=torch.float64), grad.double()])
+    reply[kept] = 1
+    for r in range(1, n):
+        dist.send(reply, r)
+    return kept
+"""
+
+
+def _code(source: str) -> StudentCode:
+    return StudentCode((("step_with_backups", HEADER + source),), "step_with_backups")
+
+
+def _source(module: object, name: str) -> str:
+    names = [n for n in ("_STEPS", "_SENDING") if n in vars(module)]
+    state = "".join(f"{n} = {[0] if n == '_STEPS' else []}\n" for n in names)
+    return state + inspect.getsource(getattr(module, name))
+
+
+def test_the_model_step_passes_through_the_relay() -> None:
+    with RankBox():
+        report = check_step_with_backups(
+            _code(_source(synchrony_impls, "step_with_backups")), world_sizes=(3, 4)
+        )
+    assert "no rank waited for the straggler" in str(report)
+
+
+def test_waiting_with_the_clocks_stopped_earns_nothing() -> None:
+    """Does a step that waits for every gradient, the ranks' clocks stopped, pass the
+    notebook's check (the attack works there) but fail the graded one, by the relay's clock?"""
+    namespace: dict = {}
+    exec(HEADER + STOPPED_CLOCK, namespace)  # noqa: S102 - defined here, run on the ranks only
+    assert "passed" in str(check_step_with_backups(namespace["step_with_backups"], (3,)))
+    with RankBox(), pytest.raises(AssertionError, match="it waited for the straggler"):
+        check_step_with_backups(_code(STOPPED_CLOCK), world_sizes=(3,))
