@@ -134,10 +134,11 @@ def gradebook_url(root: Path) -> str:
     return f"sqlite:///{Path(root).resolve() / 'gradebook.db'}"
 
 
-def release(root: Path) -> list[Path]:
-    """``nbgrader generate_assignment '*' --force``: every source assignment into release/."""
-    nbgrader(root, "generate_assignment", "*", "--force")
-    return sorted((root / "release").glob("*/*.ipynb"))
+def release(root: Path, assignment: str = "*") -> list[Path]:
+    """``nbgrader generate_assignment '*' --force``: every source assignment (or the one
+    named) into release/."""
+    nbgrader(root, "generate_assignment", assignment, "--force")
+    return sorted((root / "release").glob(f"{assignment}/*.ipynb"))
 
 
 def feedback(root: Path) -> list[Path]:

@@ -136,7 +136,7 @@ def test_grade_table_has_a_row_per_cell_and_a_total():
 
 
 def _run(root: Path, specs: list[Submission], assignment: str) -> dict[str, float]:
-    commands.release(root)
+    commands.release(root, assignment)
     submissions.submit(root, specs)
     return pipeline.autograde(root, assignment)
 
@@ -247,6 +247,37 @@ def test_zero_samples_grade_as_their_specs_expect(tmp_path):
     errors = _autograded_errors(root, "cy", "zero")
     assert "chunk_bounds" in errors["reduce_scatter_sums"]
     assert "only this rank's shard" in errors["zero_optimizer_memory"]
+
+
+def test_the_synchrony_samples_cover_the_failure_kinds():
+    """Do the synchrony samples include right work, wrong answers, a ring passed off as a
+    tree, a deadlock, and the two attacks (gloo's backend object, a stopped clock)?"""
+    subs = {s.student: s for s in load_specs() if s.assignment == "synchrony"}
+    assert {"ada", "ben", "cy", "eve"} <= set(subs)
+    assert subs["ben"].answers == {"*": "wrong"}
+    texts = {k: " ".join(s.cells.values()) for k, s in subs.items() if isinstance(s.cells, dict)}
+    assert "torch.tensor_split(tensor.view(-1), n)" in texts["ben"]  # his ring, as the tree
+    assert "waits for a partner that waits too" in texts["cy"]
+    assert "_get_backend" in texts["eve"] and "time.monotonic = " in texts["eve"]
+
+
+@pytest.mark.nbgrader
+@pytest.mark.ranks
+@pytest.mark.slow
+def test_synchrony_samples_grade_as_their_specs_expect(tmp_path):
+    """Do Cy's deadlocking tree and Eve's two attacks get their expected grades, each failure
+    saying what happened? (Ada's and Ben's are left to `make demo`; the checks' own tests
+    cover their code: tests/checks/test_tree_check.py, test_hierarchy_check.py,
+    test_backups_check.py.)"""
+    root = pipeline.prepare_course(tmp_path / "course")
+    specs = [s for s in load_specs() if s.assignment == "synchrony" and s.student in ("cy", "eve")]
+    start = time.monotonic()
+    seconds = _run(root, specs, "synchrony")
+    print(f"autograde synchrony: {seconds} ({time.monotonic() - start:.0f} s in all)")
+    assert check_expectations(grades.grade_rows(root), specs) == []
+    cy, eve = (_autograded_errors(root, s, "synchrony") for s in ("cy", "eve"))
+    assert "deadlock" in cy["tree_allreduce_sums"].lower()
+    assert "waited for the straggler" in eve["step_with_backups_check"]
 
 
 @pytest.mark.nbgrader
