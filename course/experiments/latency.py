@@ -46,9 +46,9 @@ def pingpong_rank(sizes: Sequence[int] = SIZES, repeats: int = 11) -> dict[int, 
 
     Round trips follow one another with no barrier between (each waits for the last), after
     one warm-up round trip per size; rank 0's clock times them. Messages under 1 MB make
-    more round trips than ``repeats`` (at most 200). The fastest round trip is
-    kept, as ``timeit`` does: on a shared machine every slower one was held up by something
-    else (another process on the core), not by the network.
+    more round trips than ``repeats`` (at most 200). The fastest round trip is kept, as
+    ``timeit`` does: on a shared machine every slower one was held up by something else
+    (another process on the core), not by the network.
     """
     rank = dist.get_rank()
     times: dict[int, float] = {}
