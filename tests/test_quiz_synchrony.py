@@ -48,7 +48,7 @@ def test_synchrony_1_alpha_over_beta_reaches_half_the_peak(fit) -> None:
     peak = (64 * MB / times[64 * MB]) * beta
     print(f"alpha/beta = {size} B: {half:.2f} of 1/beta; 64 MB: {peak:.2f}")
     assert 0.25 <= half <= 0.8
-    assert 0.6 <= peak <= 1.5
+    assert 0.5 <= peak <= 1.5
 
 
 def test_synchrony_2_tiny_all_reduce_costs_many_latencies(fit) -> None:
@@ -85,7 +85,7 @@ def test_synchrony_3_tree_wins_small_ring_wins_large(run_ranks, fit) -> None:
     ring_from = min(s for s in ratios if all(ratios[t] < 1 for t in ratios if t >= s))
     print("ring/tree:", {s: round(r, 2) for s, r in ratios.items()})
     print(f"ring wins from {ring_from} B; predicted S* = {crossover_size(alpha, beta, 4):.3g} B")
-    assert ratios[1024] > 1.5
+    assert ratios[1024] > 1.2
     assert ratios[32 * MB] < 1
     assert 64 * 1024 <= ring_from <= 32 * MB
 
