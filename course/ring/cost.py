@@ -30,6 +30,8 @@ __all__ = [
     "algbw",
     "busbw",
     "cost_figure",
+    "crossover_size",
+    "fit_alpha_beta",
     "naive",
     "parameter_server",
     "predict_all",
@@ -139,6 +141,41 @@ def busbw(size_bytes: float, world_size: int, seconds: float) -> float:
     Comparable with a link's peak bandwidth whatever N is (nccl-tests, doc/PERFORMANCE.md).
     """
     return ring_bytes_formula(algbw(size_bytes, seconds), world_size)
+
+
+def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
+    """The ``(alpha, beta)`` of ``t = alpha + size * beta`` that fits measured message times.
+
+    Least squares on the relative error (each point weighted by ``1/t**2``), so that the
+    microsecond times of small messages decide alpha as much as the milliseconds of large
+    ones decide beta; a plain fit would let the largest message set both.
+    """
+    if len(sizes) != len(seconds) or len(sizes) < 2:
+        raise ValueError("need at least two (size, time) pairs, as many sizes as times")
+    weights = [1 / t**2 for t in seconds]
+    sw = sum(weights)
+    sx = sum(w * x for w, x in zip(weights, sizes, strict=True))
+    sxx = sum(w * x * x for w, x in zip(weights, sizes, strict=True))
+    sy = sum(w * y for w, y in zip(weights, seconds, strict=True))
+    sxy = sum(w * x * y for w, x, y in zip(weights, sizes, seconds, strict=True))
+    det = sw * sxx - sx * sx
+    if det <= 0:
+        raise ValueError("need at least two different sizes")
+    return (sxx * sy - sx * sxy) / det, (sw * sxy - sx * sy) / det
+
+
+def crossover_size(alpha: float, beta: float, world_size: int) -> float:
+    """The tensor size in bytes where recursive doubling and the ring take equal time.
+
+    Below it the tree's ``log2 N`` steps win; above it the ring's ``2(N-1)/N`` bytes per
+    byte of tensor do: ``S* = alpha (2(N-1) - log2 N) / (beta (log2 N - 2(N-1)/N))``, for N
+    a power of two of at least 4 (on 2 ranks the two are the same exchange).
+    """
+    if world_size < 4 or world_size & (world_size - 1):
+        raise ValueError(f"need a power of two of at least 4 ranks, got {world_size}")
+    steps = math.log2(world_size)
+    ring_steps, ring_bytes = 2 * (world_size - 1), 2 * (world_size - 1) / world_size
+    return alpha * (ring_steps - steps) / (beta * (steps - ring_bytes))
 
 
 def cost_figure(

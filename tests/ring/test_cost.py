@@ -129,3 +129,44 @@ def test_bad_arguments_say_what_is_wrong() -> None:
     for f in ALGORITHMS.values():
         with pytest.raises(ValueError, match="size >= 0"):
             f(-1.0, 4)
+
+
+def test_fit_alpha_beta_recovers_the_model_s_own_times() -> None:
+    """Given times made by alpha + m beta, does the fit give back alpha and beta, and refuse
+    a single size?"""
+    from course.ring.cost import fit_alpha_beta
+
+    sizes = [2.0**e for e in range(10, 27, 2)]
+    alpha, beta = fit_alpha_beta(sizes, [40e-6 + s / 3e9 for s in sizes])
+    assert alpha == pytest.approx(40e-6) and beta == pytest.approx(1 / 3e9)
+    with pytest.raises(ValueError, match="two different sizes"):
+        fit_alpha_beta([1024, 1024], [1e-5, 2e-5])
+
+
+def test_fit_alpha_beta_lets_small_messages_decide_alpha() -> None:
+    """With 10% noise on the largest message only, does alpha stay within 10% of the truth?"""
+    from course.ring.cost import fit_alpha_beta
+
+    sizes = [2.0**e for e in range(10, 27, 2)]
+    times = [40e-6 + s / 3e9 for s in sizes]
+    times[-1] *= 1.1
+    alpha, _ = fit_alpha_beta(sizes, times)
+    assert alpha == pytest.approx(40e-6, rel=0.1)
+
+
+@pytest.mark.parametrize("world_size", [4, 8, 64])
+def test_crossover_size_is_where_tree_and_ring_take_equal_time(world_size) -> None:
+    """At S*, do the ring's and recursive doubling's predictions meet, the tree faster below?"""
+    from course.ring.cost import crossover_size
+
+    alpha, beta = 50e-6, 1 / 3e9
+    s = crossover_size(alpha, beta, world_size)
+    tree = recursive_doubling(s, world_size, alpha, beta).seconds
+    assert ring(s, world_size, alpha, beta).seconds == pytest.approx(tree)
+    small = s / 10
+    assert (
+        recursive_doubling(small, world_size, alpha, beta).seconds
+        < ring(small, world_size, alpha, beta).seconds
+    )
+    with pytest.raises(ValueError, match="power of two"):
+        crossover_size(alpha, beta, 6)

@@ -1,0 +1,191 @@
+"""What do the measurements on real gloo ranks say about the cost of synchrony?
+
+One test per quiz claim, each asserting what this machine measures (2 cores, loopback TCP,
+other tests running beside it), with margins that hold under that load. The trees and the
+two-level all-reduce measured are the model solutions, kept in tests/checks/synchrony_impls.py
+(the package holds none). Timings that must not depend on the machine's load use emulated
+compute (sleeps); the communication timings keep the fastest of several repeats.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from course.experiments import batch_size, hierarchy, latency, stragglers
+from course.instructor.reference import ring_allreduce
+from course.ring.cost import crossover_size, fit_alpha_beta
+
+sys.path.insert(0, str(Path(__file__).parent / "checks"))
+import synchrony_impls  # the model solutions, as the notebook's cells define them
+
+pytestmark = pytest.mark.ranks
+
+MB = 2**20
+
+
+@pytest.fixture(scope="module")
+def fit() -> tuple[dict[int, float], float, float]:
+    """One-way message times, 1 KB .. 64 MB, and the alpha-beta fit over them."""
+    times = latency.pingpong()
+    alpha, beta = fit_alpha_beta(list(times), list(times.values()))
+    print(f"alpha = {alpha * 1e6:.0f} us, 1/beta = {1 / beta / 1e9:.2f} GB/s")
+    return times, alpha, beta
+
+
+def test_synchrony_1_alpha_over_beta_reaches_half_the_peak(fit) -> None:
+    """Does a message of alpha/beta bytes move at about half of 1/beta, while the largest
+    message comes near 1/beta itself?"""
+    times, alpha, beta = fit
+    assert 10e-6 < alpha < 5e-3 and 0.2e9 < 1 / beta < 50e9
+    size = int(alpha / beta)
+    half = (size / latency.pingpong([size], repeats=21)[size]) * beta
+    peak = (64 * MB / times[64 * MB]) * beta
+    print(f"alpha/beta = {size} B: {half:.2f} of 1/beta; 64 MB: {peak:.2f}")
+    assert 0.25 <= half <= 0.8
+    assert 0.5 <= peak <= 1.5
+
+
+def test_synchrony_2_tiny_all_reduce_costs_many_latencies(fit) -> None:
+    """Does a 4-rank gloo all_reduce of 256 B take at least 2(N-1) = 6 one-way latencies
+    (alpha), far more than one message or log2 N of them?"""
+    _, alpha, _ = fit
+    tiny = latency.allreduce_times([64], repeats=21, world_size=4)[64]
+    two = latency.allreduce_times([64], repeats=21, world_size=2)[64]
+    print(f"256 B: 4 ranks {tiny / alpha:.1f} alpha, 2 ranks {two / alpha:.1f} alpha")
+    assert tiny / alpha >= 6
+    assert tiny > 1.5 * two  # more ranks, more steps one after another
+
+
+def _tree_and_ring(numels: list[int], repeats: int) -> dict[str, dict[int, list[float]]]:
+    return {
+        "tree": latency.allreduce_rank(synchrony_impls.tree_allreduce, numels, repeats),
+        "ring": latency.allreduce_rank(ring_allreduce, numels, repeats),
+    }
+
+
+def test_synchrony_3_tree_wins_small_ring_wins_large(run_ranks, fit) -> None:
+    """On 4 ranks, is recursive doubling faster than the ring at 1 KB and the ring faster at
+    32 MB (both point-to-point code of ours), crossing over near the model's S*?"""
+    _, alpha, beta = fit
+    numels = [2**e for e in range(8, 23, 2)] + [8 * MB]  # 1 KB .. 16 MB, 32 MB
+    per_rank = run_ranks(_tree_and_ring, 4, numels, 5)
+    seconds = {
+        name: {
+            n * 4: min(map(max, zip(*(r[name][n] for r in per_rank), strict=True))) for n in numels
+        }
+        for name in ("tree", "ring")
+    }
+    ratios = {s: seconds["ring"][s] / seconds["tree"][s] for s in seconds["ring"]}
+    ring_from = min(s for s in ratios if all(ratios[t] < 1 for t in ratios if t >= s))
+    print("ring/tree:", {s: round(r, 2) for s, r in ratios.items()})
+    print(f"ring wins from {ring_from} B; predicted S* = {crossover_size(alpha, beta, 4):.3g} B")
+    assert ratios[1024] > 1.2
+    assert ratios[32 * MB] < 1
+    assert 64 * 1024 <= ring_from <= 32 * MB
+
+
+def _flat(tensor: torch.Tensor) -> None:
+    torch.distributed.all_reduce(tensor)
+
+
+@pytest.mark.parametrize(("world_size", "ranks_per_node"), [(4, 2), (8, 4)])
+def test_synchrony_4_bytes_across_nodes(run_ranks, world_size, ranks_per_node) -> None:
+    """Does gloo's flat ring send 2(N-1)/N S over each link between nodes, and the two-level
+    all-reduce 2(M-1)/M S/ranks_per_node from every rank, so that over 10x slower links
+    between nodes the flat ring takes about (N-1) times as long?"""
+    numel = 2**18
+    size, nodes = numel * 4, world_size // ranks_per_node
+    two_level = functools.partial(
+        synchrony_impls.hierarchical_allreduce, ranks_per_node=ranks_per_node
+    )
+    flat = run_ranks(hierarchy.peer_traffic, world_size, _flat, numel)
+    tiered = run_ranks(hierarchy.peer_traffic, world_size, two_level, numel)
+    crossing = hierarchy.crossing_bytes(flat, ranks_per_node)
+    flat_across = [b for b in crossing if b > size / 100]  # gloo's own notes are ~500 B
+    tiered_across = hierarchy.crossing_bytes(tiered, ranks_per_node)
+    print(world_size, [b / size for b in flat_across], [b / size for b in tiered_across])
+    assert len(flat_across) == nodes  # one ring link into each node
+    ring_bytes = 2 * (world_size - 1) / world_size * size
+    assert all(ring_bytes <= b < 1.01 * ring_bytes for b in flat_across)
+    shard_bytes = 2 * (nodes - 1) / nodes * size / ranks_per_node
+    assert all(shard_bytes <= b < 1.01 * shard_bytes for b in tiered_across)
+    slower = hierarchy.link_seconds(flat, ranks_per_node) / hierarchy.link_seconds(
+        tiered, ranks_per_node
+    )
+    assert world_size - 1 - 0.1 < slower < world_size - 1 + 0.1
+
+
+@pytest.fixture(scope="module")
+def straggler() -> dict[float, list]:
+    """DDP steps on 4 ranks, compute emulated as a 30 ms sleep: all equal, and rank 3 at 2x."""
+    return {s: stragglers.straggler_run(4, slow_rank=3, slowdown=s) for s in (1.0, 2.0)}
+
+
+def test_synchrony_5_every_rank_steps_at_the_straggler_s_pace(straggler) -> None:
+    """With rank 3 computing 2x as long, does every rank's step take about rank 3's time,
+    the fast ranks spending the difference waiting in the all-reduce?"""
+    even, slow = (stragglers.step_seconds(straggler[s]) for s in (1.0, 2.0))
+    waits = stragglers.waiting_seconds(straggler[2.0])
+    print("steps ms", [round(t * 1e3) for t in even], [round(t * 1e3) for t in slow])
+    print("waiting ms", [round(t * 1e3) for t in waits])
+    assert all(t >= 0.85 * slow[3] for t in slow)
+    assert all(slow[r] >= 1.4 * even[r] for r in range(3))
+    assert all(waits[r] >= 0.02 for r in range(3)) and waits[3] < 0.5 * min(waits[:3])
+
+
+def test_synchrony_6_one_backup_steps_at_the_third_arrival(straggler) -> None:
+    """Dropping b = 1 of 4 gradients, does the step go on at the third-fastest arrival (the
+    straggler's left out), averaging over the 3 ranks kept, in about half the time?"""
+    steps = stragglers.arrivals(straggler[2.0])
+    backed = [stragglers.backup_step(ready, 1) for ready in steps]
+    assert all(b["dropped"] == [3] and b["divide_by"] == 3 for b in backed)
+    assert all(b["seconds"] == sorted(ready)[2] for b, ready in zip(backed, steps, strict=True))
+    with_backup = statistics.median(b["seconds"] for b in backed)
+    measured = statistics.median(stragglers.step_seconds(straggler[2.0]))
+    print(f"step {measured * 1e3:.0f} ms, with one backup {with_backup * 1e3:.0f} ms")
+    assert with_backup < 0.7 * measured
+
+
+def test_synchrony_7_fixed_batch_per_rank_and_the_learning_rate() -> None:
+    """With the per-rank batch fixed (a 2-layer MLP, lr 0.2 at N = 1), do more ranks end the
+    same epochs at a higher loss under the same lr, and does lr x N bring it back near
+    N = 1's?"""
+    curves = batch_size.sweep(world_sizes=(1, 2, 4))
+    final = {key: losses[-1] for key, losses in curves.items()}
+    print({key: [round(x, 3) for x in losses] for key, losses in curves.items()})
+    base = final[1, "same lr"]
+    assert base < final[2, "same lr"] < final[4, "same lr"]
+    assert final[4, "same lr"] > 2 * base
+    assert final[2, "lr x N"] < 1.25 * base and final[4, "lr x N"] < 1.25 * base
+    assert final[4, "lr x N, warmup"] < 1.5 * base  # no harm here, no help needed
+
+
+def test_synchrony_7_warmup_avoids_the_spike_of_a_large_scaled_lr() -> None:
+    """From lr 0.5 at N = 1, does lr x N on 4 ranks spike above the starting loss in the first
+    epoch and end far above N = 1, while a one-epoch linear warmup does neither?"""
+    rules = ("lr x N", "lr x N, warmup")
+    curves = batch_size.sweep(world_sizes=(1, 4), rules=rules, lr=0.5)
+    print({key: [round(x, 3) for x in losses] for key, losses in curves.items()})
+    start, base = curves[1, "lr x N"][0], curves[1, "lr x N"][-1]
+    cold, warm = curves[4, "lr x N"], curves[4, "lr x N, warmup"]
+    assert max(cold) > 2 * start and cold[-1] > 5 * base
+    assert max(warm[1:]) < start and warm[-1] < 2 * base
+
+
+def test_synchrony_8_algbw_falls_with_n_busbw_corrects_the_ring_s_factor() -> None:
+    """For a 4 MB all_reduce on 2, 3 and 4 ranks, does algbw fall as N grows, and busbw
+    (algbw x 2(N-1)/N) fall less, though on 2 cores not stay flat?"""
+    rows = latency.bandwidth_by_world_size(MB, (2, 3, 4), repeats=5)
+    print(
+        {n: {k: round(v / 1e9, 2) for k, v in r.items() if k != "seconds"} for n, r in rows.items()}
+    )
+    alg = rows[4]["algbw"] / rows[2]["algbw"]
+    bus = rows[4]["busbw"] / rows[2]["busbw"]
+    assert alg < 0.8
+    assert bus == pytest.approx(1.5 * alg)
