@@ -23,8 +23,7 @@ _LOG_SECONDS = {"type": "log", "exponentformat": "SI", "ticksuffix": "s"}
 
 
 def alpha_beta_figure(times: Mapping[int, float], alpha: float, beta: float) -> go.Figure:
-    """Measured one-way times per message size (log-log) under the fitted ``alpha + m beta``,
-    with the size ``alpha / beta`` where the two terms are equal marked."""
+    """Measured one-way times per message size (log-log) under the fitted ``alpha + m beta``."""
     sizes = sorted(times)
     fig = go.Figure()
     fig.add_scatter(
@@ -38,7 +37,6 @@ def alpha_beta_figure(times: Mapping[int, float], alpha: float, beta: float) -> 
         name="alpha + m beta",
         line={"color": NODE},
     )
-    fig.add_vline(x=alpha / beta, line={"dash": "dot", "color": FULL})
     fig.update_xaxes(title_text="message size m", **_LOG_BYTES)
     fig.update_yaxes(title_text="one-way time", **_LOG_SECONDS)
     fig.update_layout(
