@@ -56,7 +56,7 @@ def test_synchrony_1_alpha_over_beta_reaches_half_the_peak(fit) -> None:
         "a": 0.25 <= half <= 0.8,  # measured at alpha / beta
         "b": False,  # 2 alpha / beta: 2/3 of the peak in the model the measurement fits
         "c": 0.25 <= small <= 0.8,  # 1 KB
-        "d": 0.25 <= peak <= 0.8,  # the largest size (its half runs faster still)
+        "d": all(size / times[size] * beta < 0.5 for size in times if size <= MB),  # 32 MB
     }
     assert supported(claims) == KEYS["synchrony_1"]
 
@@ -166,8 +166,7 @@ def test_synchrony_5_every_rank_steps_at_the_straggler_s_pace(straggler) -> None
     mean_even = statistics.mean(even)
     claims = {
         "a": all(slow[r] < 1.2 * even[r] for r in range(3)),  # the fast ones unchanged
-        "b": all(abs(t - statistics.mean(slow)) < 0.1 * mean_even for t in slow)
-        and slow[3] < 0.8 * 2 * mean_even,  # an average of 1x and 2x, rank 3 faster too
+        "b": all(abs(t - 1.25 * mean_even) < 0.1 * mean_even for t in slow),  # (3 + 2) / 4
         "c": False,  # DDP has no deadline of its own: every step above kept all 4 gradients
         "d": all(t >= 0.85 * slow[3] for t in slow)
         and all(slow[r] >= 1.4 * even[r] for r in range(3)),
