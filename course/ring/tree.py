@@ -107,13 +107,15 @@ def tree_violations(trace: Trace) -> list[Violation]:
     n = trace.world_size
     p = largest_power_of_two(n)
     rule = _rule(n, p)
+    departures: list[tuple[tuple[int, int, int], Violation]] = []
+    counts = []
     for rank in range(n):
         plan = tree_schedule(rank, n)
         for op, noun in (("send", "send"), ("recv", "receive")):
             made = trace.of(rank, op)
             want = plan[op]
             if len(made) != len(want):
-                found.append(
+                counts.append(
                     Violation(
                         rank,
                         None,
@@ -121,8 +123,22 @@ def tree_violations(trace: Trace) -> list[Violation]:
                         f"{n} ranks makes {len(want)} on rank {rank} ({rule})",
                     )
                 )
-            found += _first_departure(trace, rank, op, made, want)
-    return found
+            for v in _first_departure(trace, rank, op, made, want):
+                stage = _stage(want[v.step].step, p) if v.step is not None else 0
+                departures.append(((stage, op != "send", rank), v))
+    # The first departure in the order the run makes them (sends first), then the counts,
+    # then the other departures.
+    ordered = [v for _, v in sorted(departures, key=lambda d: d[0])]
+    return found + ordered[:1] + counts + ordered[1:]
+
+
+def _stage(step: str, p: int) -> int:
+    """When a step happens: the fold first, the exchange steps, the unfold last."""
+    if step == "the fold":
+        return 0
+    if step == "the unfold":
+        return p.bit_length() + 1
+    return int(step.removeprefix("step "))
 
 
 def _rule(n: int, p: int) -> str:
@@ -130,7 +146,8 @@ def _rule(n: int, p: int) -> str:
     exchange = f"{count(steps, 'exchange step')} (log2 {p})"
     if n == p:
         return exchange
-    return f"the fold of ranks {p}..{n - 1}, then {exchange}, then the result sent back"
+    folded = f"rank {p}" if n == p + 1 else f"ranks {p}..{n - 1}"
+    return f"the fold of {folded}, then {exchange}, then the result sent back"
 
 
 def _first_departure(
