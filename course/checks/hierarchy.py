@@ -152,9 +152,7 @@ def _run_all(fn: Callable, layouts: Sequence[tuple[int, int]], *, sums: bool) ->
             result = _launch(fn, world_size, cases, made, directory)
             for i, (case, ranks_per_node) in enumerate(cases):
                 got = [r[i] for r in result.results]
-                calls = (
-                    _record(result, world_size, i, got, case) if relayed else _reported(got, case)
-                )
+                calls = _record(result, world_size, i) if relayed else _reported(got, case)
                 if sums:
                     _refuse_flat(world_size, calls)
                     _judge_sums(world_size, ranks_per_node, case, made[i], got)
