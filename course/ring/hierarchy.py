@@ -142,6 +142,44 @@ def two_level_bytes(numel: int, itemsize: int, world_size: int, ranks_per_node: 
     return 2 * (m - 1) / m * shard
 
 
+def _missing_levels(
+    calls: Sequence[Call], world_size: int, ranks_per_node: int, numel: int
+) -> list[Violation]:
+    """The first rank that skips a level: no call inside its node, or less than its shard
+    (numel // R elements, rounded down) carried across nodes."""
+    r = ranks_per_node
+    least = numel // r
+    for rank in range(world_size):
+        inside = across = 0
+        for call in calls:
+            member = _mine(call, rank)
+            if member is None or call.kind == "barrier":
+                continue
+            if not _spans(call, r):
+                inside += len(call.group) > 1
+            elif call.kind in ("all_reduce", "send"):
+                across += call.nbytes[member] // call.itemsize
+        if not inside:
+            return [
+                Violation(
+                    rank,
+                    None,
+                    f"rank {rank} made no call inside its node (node {node_of(rank, r)}): the "
+                    "hierarchy first reduce-scatters inside each node, and all-gathers there last",
+                )
+            ]
+        if across < least:
+            return [
+                Violation(
+                    rank,
+                    None,
+                    f"rank {rank} all-reduced {count(across, 'element')} across nodes; its "
+                    f"shard of the {numel}-element tensor has at least {numel} // {r} = {least}",
+                )
+            ]
+    return []
+
+
 def hierarchy_violations(
     calls: Sequence[Call], world_size: int, ranks_per_node: int, numel: int, itemsize: int
 ) -> list[Violation]:
@@ -149,6 +187,7 @@ def hierarchy_violations(
 
     No collective over the whole world; every collective whose group spans nodes is an
     all-reduce on at most one rank per node, of at most ceil(numel / R) elements per member;
+    every rank makes a call inside its node and carries at least numel // R elements across;
     each rank's bytes across nodes within :func:`two_level_bytes`; and the emulated time
     below the flat ring's.
     """
@@ -206,6 +245,7 @@ def hierarchy_violations(
                     f"{count(shard, 'element')} (reduce-scatter inside the node first)",
                 )
             )
+    found += _missing_levels(calls, world_size, r, numel)
     allowed = two_level_bytes(numel, itemsize, world_size, r)
     slack = 2 * itemsize  # rounding of the shard's halves
     for rank in range(world_size):

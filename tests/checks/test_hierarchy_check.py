@@ -54,3 +54,16 @@ def test_the_emulated_time_decides_alone() -> None:
     assert emulated_time(calls, n, r) >= flat_ring_time(n, numel * 8)
     found = [v.text for v in hierarchy_violations(calls, n, r, numel, 8)]
     assert any("emulated slow link" in t and "alpha-beta" in t for t in found), found
+
+
+def test_a_run_that_skips_a_level_fails() -> None:
+    """Is a record with no call at all (nothing crosses, so it is "fast") failed, and one
+    with the cross-node all-reduce but nothing inside a node?"""
+    found = [v.text for v in hierarchy_violations([], 4, 2, 8, 8)]
+    assert any("made no call inside its node" in t for t in found), found
+    across_only = [Call("all_reduce", (0, 2), (32, 32)), Call("all_reduce", (1, 3), (32, 32))]
+    found = [v.text for v in hierarchy_violations(across_only, 4, 2, 8, 8)]
+    assert any("rank 0 made no call inside its node" in t for t in found), found
+    inside_only = [Call("all_reduce", (0, 1), (64, 64)), Call("all_reduce", (2, 3), (64, 64))]
+    found = [v.text for v in hierarchy_violations(inside_only, 4, 2, 8, 8)]
+    assert any("rank 0 all-reduced 0 elements across nodes" in t for t in found), found
