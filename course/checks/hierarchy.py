@@ -272,14 +272,15 @@ def _hints(
     if numel % ranks_per_node:
         shard = -(-numel // ranks_per_node)
         hints.append(
-            f"  {numel} elements do not split evenly into {ranks_per_node} shards: if yours hold "
+            f"  numel = {numel} does not split evenly into {ranks_per_node} shards: if yours "
+            f"hold "
             f"{numel} // {ranks_per_node} each, the rest is never summed; pad the "
             f"flattened tensor to {shard * ranks_per_node} (shards of ceil({numel} / "
             f"{ranks_per_node}) = {shard}) before the reduce-scatter, and drop the padding after "
             "the all-gather"
         )
     unchanged = isinstance(tensor, torch.Tensor) and tensor.shape == expected.shape
-    if unchanged and any(torch.equal(tensor, own) for own in made):
+    if not numel % ranks_per_node and unchanged and any(torch.equal(tensor, own) for own in made):
         hints.append("  the tensor is unchanged: write the sum into it in place (tensor.copy_)")
     return hints
 

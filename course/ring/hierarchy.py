@@ -47,7 +47,7 @@ ALPHA = 10e-6  # seconds per message, any link
 BETA_IN = 1e-9  # seconds per byte inside a node (1 GB/s)
 BETA_ACROSS = 10e-9  # seconds per byte between nodes: the emulated slow link, 10x
 EMULATION = (
-    "emulated with the alpha-beta model on the relay's record: every collective runs as a "
+    "emulated with the alpha-beta model on the run's record: every collective runs as a "
     "ring over its group, each step costing alpha = 10 us plus its bytes at 1 ns/byte inside "
     "a node, 10 ns/byte (10x slower) when the group spans nodes; a rank's time is the sum "
     "over its calls, the run's the slowest rank's"
@@ -142,6 +142,79 @@ def two_level_bytes(numel: int, itemsize: int, world_size: int, ranks_per_node: 
     return 2 * (m - 1) / m * shard
 
 
+def _group_violations(
+    calls: Sequence[Call], world_size: int, r: int, numel: int
+) -> list[Violation]:
+    """Collectives on the wrong groups, or carrying too much across nodes: the first call
+    that breaks each rule, and how many more break it."""
+    found: dict[str, list[Violation]] = {}
+    world = tuple(range(world_size))
+    shard = -(-numel // r)
+
+    def add(rule: str, violation: Violation) -> None:
+        found.setdefault(rule, []).append(violation)
+
+    for call in calls:
+        if call.kind == "send" or not _spans(call, r) or call.kind == "barrier":
+            continue
+        name = f"dist.{call.kind}"
+        nodes = _nodes(call.group, r)
+        if tuple(sorted(call.group)) == world:
+            add(
+                "world",
+                Violation(
+                    None,
+                    None,
+                    f"{name} ran over the whole world (ranks 0..{world_size - 1}): a flat "
+                    "collective; the hierarchy calls collectives only on a node's ranks, and "
+                    "across nodes on one rank per node",
+                ),
+            )
+            continue
+        where = f"{name} on ranks {listed(call.group)} (nodes {listed(nodes)})"
+        if call.kind != "all_reduce":
+            add(
+                "spans",
+                Violation(
+                    None,
+                    None,
+                    f"{where} spans nodes: across nodes the hierarchy makes only the "
+                    "all-reduce of each rank's shard (the reduce-scatter and all-gather stay "
+                    "inside a node)",
+                ),
+            )
+            continue
+        if len(nodes) != len(call.group):
+            add(
+                "per_node",
+                Violation(
+                    None,
+                    None,
+                    f"{where} has more than one rank of a node: a cross-node group holds one "
+                    f"rank per node (the ranks with the same place in their node, such as "
+                    f"{listed(range(0, world_size, r))})",
+                ),
+            )
+            continue
+        big = max(call.nbytes) // call.itemsize
+        if big > shard:
+            add(
+                "shard",
+                Violation(
+                    None,
+                    None,
+                    f"{where} carried {count(big, 'element')} per rank; across nodes each rank "
+                    f"all-reduces only its shard, at most ceil({numel} / {r}) = "
+                    f"{count(shard, 'element')} (reduce-scatter inside the node first)",
+                ),
+            )
+    out = []
+    for same in found.values():
+        more = f" (and {count(len(same) - 1, 'more call')} like it)" if len(same) > 1 else ""
+        out.append(Violation(None, None, same[0].text + more))
+    return out
+
+
 def _missing_levels(
     calls: Sequence[Call], world_size: int, ranks_per_node: int, numel: int
 ) -> list[Violation]:
@@ -192,59 +265,7 @@ def hierarchy_violations(
     below the flat ring's.
     """
     r = ranks_per_node
-    found: list[Violation] = []
-    world = tuple(range(world_size))
-    shard = -(-numel // r)
-    for call in calls:
-        if call.kind == "send" or not _spans(call, r) or call.kind == "barrier":
-            continue
-        name = f"dist.{call.kind}"
-        nodes = _nodes(call.group, r)
-        if tuple(sorted(call.group)) == world:
-            found.append(
-                Violation(
-                    None,
-                    None,
-                    f"{name} ran over the whole world (ranks 0..{world_size - 1}): a flat "
-                    "collective; the hierarchy calls collectives only on a node's ranks, and "
-                    "across nodes on one rank per node",
-                )
-            )
-            continue
-        where = f"{name} on ranks {listed(call.group)} (nodes {listed(nodes)})"
-        if call.kind != "all_reduce":
-            found.append(
-                Violation(
-                    None,
-                    None,
-                    f"{where} spans nodes: across nodes the hierarchy makes only the "
-                    "all-reduce of each rank's shard (the reduce-scatter and all-gather stay "
-                    "inside a node)",
-                )
-            )
-            continue
-        if len(nodes) != len(call.group):
-            found.append(
-                Violation(
-                    None,
-                    None,
-                    f"{where} has more than one rank of a node: a cross-node group holds one "
-                    f"rank per node (the ranks with the same place in their node, such as "
-                    f"{listed(range(0, world_size, r))})",
-                )
-            )
-            continue
-        big = max(call.nbytes) // call.itemsize
-        if big > shard:
-            found.append(
-                Violation(
-                    None,
-                    None,
-                    f"{where} carried {count(big, 'element')} per rank; across nodes each rank "
-                    f"all-reduces only its shard, at most ceil({numel} / {r}) = "
-                    f"{count(shard, 'element')} (reduce-scatter inside the node first)",
-                )
-            )
+    found = _group_violations(calls, world_size, r, numel)
     found += _missing_levels(calls, world_size, r, numel)
     allowed = two_level_bytes(numel, itemsize, world_size, r)
     slack = 2 * itemsize  # rounding of the shard's halves
@@ -259,7 +280,7 @@ def hierarchy_violations(
                     f"rank {rank} sends {sent:.0f} bytes across nodes (counted as a ring over "
                     f"each group it is in that spans nodes, plus its messages to other nodes); "
                     f"the two-level all-reduce sends 2(M-1)/M x S/R = 2({m}-1)/{m} x "
-                    f"{numel * itemsize}/{r} = {allowed:.0f} bytes",
+                    f"{numel * itemsize}/{r} = {allowed:.0f} bytes (the shard rounded up)",
                 )
             )
             break

@@ -181,6 +181,6 @@ HIERARCHIES = {
     "dropped_remainder": (
         dropped_remainder,
         "sums",
-        ["wrong result", "do not split evenly", "pad"],
+        ["wrong result", "does not split evenly", "pad"],
     ),
 }
