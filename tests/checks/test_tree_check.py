@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import synchrony_impls
 from test_ring_check import as_student_code
 from wrong_synchrony import TREES
 
 from course.checks import check_tree_allreduce, check_tree_pattern, check_tree_sums
+from course.ring.tree import tree_trace, tree_violations
 
 pytestmark = pytest.mark.ranks
 
@@ -52,3 +55,19 @@ def test_a_ring_passes_as_a_ring_and_not_as_a_tree() -> None:
     for n in (3, 8):
         with pytest.raises(AssertionError, match="is not recursive doubling"):
             check_tree_pattern(ring, world_sizes=(n,))
+
+
+@pytest.mark.parametrize("n", range(2, 10))
+def test_the_schedule_is_its_own_verdicts_pattern(n: int) -> None:
+    """Does the simulated recursive doubling pass the verdict on every N, and does swapping
+    two exchange partners, or halving one message, fail it?"""
+    trace = tree_trace(n, 7)
+    assert tree_violations(trace) == []
+    sends = [m for m in trace.messages if m.op == "send" and m.rank == 0]
+    wrong_peer = replace(sends[0], peer=0)  # rank 0 never sends to itself
+    halved = replace(sends[0], numel=3, nbytes=24)
+    for bad in (wrong_peer, halved):
+        mutated = replace(
+            trace, messages=tuple(bad if m is sends[0] else m for m in trace.messages)
+        )
+        assert tree_violations(mutated), bad
