@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from course.checks.accumulation import check_accumulation_syncs, check_accumulation_values
 from course.checks.answers import check_answer
+from course.checks.backups import check_step_with_backups
 from course.checks.buckets import check_bucketed_allreduce
 from course.checks.calls import check_returns
 from course.checks.compression import check_error_feedback_hook
@@ -45,6 +46,7 @@ __all__ = [
     "check_ring_pattern",
     "check_ring_sums",
     "check_sampler_indices",
+    "check_step_with_backups",
     "check_train_uneven",
     "check_tree_allreduce",
     "check_tree_pattern",

@@ -38,9 +38,10 @@ POINT_TO_POINT = frozenset({
     "check_ring_sums", "check_reduce_scatter", "check_all_gather", "check_halves_pattern",
     "check_tree_allreduce", "check_tree_pattern", "check_tree_sums",
 })  # fmt: skip
-# Checks whose ranks call collectives on subgroups but never train: no torch._dynamo either.
+# Checks whose ranks call collectives or wait on stragglers but never train: no torch._dynamo.
 NO_DDP = POINT_TO_POINT | {
     "check_hierarchical_allreduce", "check_hierarchical_pattern", "check_hierarchical_sums",
+    "check_step_with_backups",
 }  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 __all__ = [
-    "COLLECTIVES", "DTYPES", "LEN", "MAX_FRAME", "MAX_HEADER", "Event", "RelayError",
+    "ANY_SOURCE", "COLLECTIVES", "DTYPES", "LEN", "MAX_FRAME", "MAX_HEADER", "Event", "RelayError",
     "check_bytes", "check_recv", "frame", "raw_bytes", "read_frame", "recv_exact",
 ]  # fmt: skip
 
@@ -28,6 +28,7 @@ MAX_HEADER = 64 * 2**10
 _CARRIED = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64)
 _CARRIED += (torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 DTYPES = {str(t).removeprefix("torch."): t for t in _CARRIED}
+ANY_SOURCE = -1  # a receive's ``src`` when any peer may send it (``dist.recv(t)``)
 COLLECTIVES = {"allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "alltoall"}
 LEN = struct.Struct(">II")  # header length, payload length
 
@@ -92,9 +93,12 @@ def read_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
 
 
 def check_recv(header: dict[str, Any], group: tuple[int, ...], rank: int) -> None:
-    """A receive names a peer in its group, an int tag and a tensor the relay carries."""
+    """A receive names a peer in its group (or ``ANY_SOURCE``), an int tag and a tensor the
+    relay carries."""
     src, tag = header.get("src"), header.get("tag", 0)
-    if not isinstance(src, int) or src not in group or src == rank:
+    if src == ANY_SOURCE and len(group) > 1:
+        pass  # dist.recv without a source: the first message from any peer in the group
+    elif not isinstance(src, int) or src not in group or src == rank:
         raise RelayError(f"rank {rank} received from {src!r}, which is not a peer in its group")
     if not isinstance(tag, int):
         raise RelayError(f"a receive's tag must be an int, not {tag!r}")

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from course.ranks.frames import RelayError, frame, raw_bytes, read_frame
+from course.ranks.frames import ANY_SOURCE, RelayError, frame, raw_bytes, read_frame
 
 __all__ = ["BACKEND", "RelayGroup", "join", "mark"]
 
@@ -107,6 +107,11 @@ class _Work(dist._Work):  # noqa: SLF001 - the Work base that C++ callers (DDP) 
     def is_completed(self) -> bool:
         return self._fut.done()
 
+    def _source_rank(self) -> int:
+        """For a receive from any source, the sender's rank in the group (-1: not known)."""
+        sender = getattr(self, "sender", None)
+        return sender[0] if sender else -1
+
     def get_future(self) -> Future:
         self._link.native.add(id(self._fut))  # torch's C++ waits on it, not Python
         return self._fut
@@ -177,6 +182,25 @@ class RelayGroup(dist.ProcessGroup):
         header = {"kind": "recv", "group": self._ranks, **_describe(t)}
         header |= {"src": self._global(src), "tag": tag}
         return _Work(self._link.request(header, b"", _fill([t])), self._link)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
+        """``dist.recv(t)`` without a source: the first message any peer sends; the
+        Work's ``_source_rank()`` says whose (its rank in this group)."""
+        (t,) = tensors
+        header = {"kind": "recv", "group": self._ranks, **_describe(t)}
+        header |= {"src": ANY_SOURCE, "tag": tag}
+        sender: list[int] = []
+        fill = _fill([t])
+
+        def fill_and_note(reply: dict[str, Any], payload: bytes) -> list[torch.Tensor]:
+            src = reply.get("src")
+            if isinstance(src, int) and src in self._ranks:
+                sender.append(self._ranks.index(src))
+            return fill(reply, payload)
+
+        work = _Work(self._link.request(header, b"", fill_and_note), self._link)
+        work.sender = sender
+        return work
 
     # -- collectives: torch's signatures, options read where they mean something -----------
 

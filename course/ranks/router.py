@@ -26,6 +26,7 @@ from typing import Any, Self
 
 from course.ranks.combine import Call, Pending, compute
 from course.ranks.frames import (
+    ANY_SOURCE,
     COLLECTIVES,
     LEN,
     MAX_FRAME,
@@ -61,6 +62,7 @@ class Relay:
         self._count: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls made
         self._out: dict[int, bytearray] = {r: bytearray() for r in range(world_size)}
         self._held = 0  # bytes in _mail
+        self._arrived = 0  # messages received so far: their order, for receives from any source
         self._sel = selectors.DefaultSelector()
         self._stop = threading.Event()
         self._start = time.monotonic()
@@ -193,7 +195,9 @@ class Relay:
             raise RelayError(f"over {MAX_HELD >> 20} MB sent that no rank has received")
         self._held += len(payload)
         self._message("send", group, rank, dst, tag, header, payload, seq)
-        self._mail.setdefault((group, rank, dst, tag), deque()).append((header, payload))
+        self._arrived += 1
+        mail = ({**header, "arrived": self._arrived}, payload)
+        self._mail.setdefault((group, rank, dst, tag), deque()).append(mail)
         self._reply(rank, {"req": int(header["req"]), "ok": True})
         self._match()
 
@@ -203,6 +207,8 @@ class Relay:
         for pending in self._recvs:
             h = pending.header
             group, src, tag = tuple(h["group"]), int(h["src"]), int(h.get("tag", 0))
+            if src == ANY_SOURCE:
+                src = self._first_sender(group, pending.rank, tag)
             box = self._mail.get((group, src, pending.rank, tag))
             if not box:
                 waiting.append(pending)
@@ -219,6 +225,16 @@ class Relay:
             self._message("recv", group, src, pending.rank, tag, h, payload, pending.seq)
             self._reply(pending.rank, {"req": pending.req, "ok": True, "src": src}, payload)
         self._recvs = waiting
+
+    def _first_sender(self, group: tuple[int, ...], dst: int, tag: int) -> int:
+        """The peer whose oldest message to ``dst`` (in ``group``, with ``tag``) the relay
+        received first: where a receive from any source is matched (-1: none yet)."""
+        heads = [
+            (box[0][0]["arrived"], src)
+            for (g, src, d, t), box in self._mail.items()
+            if box and g == group and d == dst and t == tag
+        ]
+        return min(heads)[1] if heads else ANY_SOURCE
 
     def _message(
         self, kind: str, group: tuple, src: int, dst: int, tag: int, header: dict, payload: bytes,
@@ -278,7 +294,8 @@ class Relay:
         for p in late:
             self._recvs.remove(p)
             src = p.header["src"]
-            why = f"timed out after {self.timeout:g} s: rank {p.rank} waited for a message from rank {src} that never came"  # noqa: E501
+            whom = "any rank" if src == ANY_SOURCE else f"rank {src}"
+            why = f"timed out after {self.timeout:g} s: rank {p.rank} waited for a message from {whom} that never came"  # noqa: E501
             self._reply(p.rank, {"req": p.req, "error": why})
         for key, call in list(self._calls.items()):
             oldest = min(p.since for p in call.calls.values())

@@ -14,6 +14,7 @@ import pytest
 from course.checks import (
     check_hierarchical_pattern,
     check_hierarchical_sums,
+    check_step_with_backups,
     check_tree_pattern,
     check_tree_sums,
 )
@@ -117,3 +118,38 @@ def test_a_flat_allreduce_wiped_from_the_ranks_record_earns_nothing() -> None:
             check_hierarchical_sums(hidden, layouts=((4, 2),))
         with pytest.raises(AssertionError, match="ran over the whole world"):
             check_hierarchical_pattern(hidden, layouts=((4, 2),))
+
+
+def test_backup_workers_are_timed_by_the_relay() -> None:
+    """Does the right step pass through the relay (dist.recv from any source); is one that
+    waits for the stragglers and then stops the rank's clock passed on the notebook's path
+    but failed by the relay's clock; and is a mark of the step's own refused?"""
+    source = _source("backup_impls")
+    tampered = (
+        source
+        + """
+
+def fakes_the_clock(grad, backups):
+    import time
+    kept = waits_then_drops(grad, backups)
+    time.monotonic = lambda: 0.0  # the step "finished" at once
+    return kept
+
+def marks_early(grad, backups):
+    import course.ranks.relay
+    course.ranks.relay.mark(1)  # "finished", before it waits for every gradient
+    return waits_then_drops(grad, backups)
+"""
+    )
+    namespace: dict = {"__name__": "cell"}
+    exec(tampered, namespace)  # noqa: S102 - the attack, run where it still works
+    assert "passed" in check_step_with_backups(namespace["fakes_the_clock"], cases=((4, 1),))
+    cells = (("backups", tampered),)
+    with RankBox():
+        assert "passed" in check_step_with_backups(StudentCode(cells, "step_with_backups"))
+        faked = StudentCode(cells, "fakes_the_clock")
+        with pytest.raises(AssertionError, match="waited for the"):
+            check_step_with_backups(faked, cases=((4, 1),))
+        marked = StudentCode(cells, "marks_early")
+        with pytest.raises(AssertionError, match="cannot be timed"):
+            check_step_with_backups(marked, cases=((4, 1),))
