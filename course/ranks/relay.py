@@ -5,6 +5,7 @@
     relay.events                                   # every send, recv and collective, as seen
 
 On the ranks, ``join`` makes ``"relay"`` the default process group: ``dist.send``,
+``dist.recv`` (from one peer, or from any: the first message to reach the relay),
 ``dist.all_reduce``, DDP's buckets, ``all_gather_into_tensor``, ``new_group`` and every
 other route to a collective end in :class:`RelayGroup`, which sends the request and its
 bytes down one socket to the caller (:mod:`course.ranks.frames`). There is no store, no
