@@ -113,19 +113,23 @@ def test_the_checks_would_catch_a_leak():
 
 
 def test_package_defines_no_sharded_solution():
-    """Does the package define none of the zero exercises (they are the student's to write)?"""
+    """Does the package define none of the zero and synchrony exercises (they are the
+    student's to write)?"""
     import importlib
     import pkgutil
 
     import course
 
     exercises = {"reduce_scatter", "all_gather", "ZeroOptimizer", "ef_fp16_hook"}
+    exercises |= {"tree_allreduce", "hierarchical_allreduce"}
     found = []
     for info in pkgutil.walk_packages(course.__path__, "course."):
         module = importlib.import_module(info.name)
         found += [f"{info.name}.{n}" for n in exercises if callable(getattr(module, n, None))]
     assert not found
     definitions = re.compile(
-        r"^\s*(def (reduce_scatter|all_gather)\(|class ZeroOptimizer\b)", re.MULTILINE
+        r"^\s*(def (reduce_scatter|all_gather|tree_allreduce|hierarchical_allreduce)\("
+        r"|class ZeroOptimizer\b)",
+        re.MULTILINE,
     )
     assert not [n for n, t in READABLE.items() if n.startswith("course/") and definitions.search(t)]

@@ -15,9 +15,15 @@ from course.checks.calls import check_returns
 from course.checks.compression import check_error_feedback_hook
 from course.checks.ddp import check_reduce_hook, check_weighted_loss
 from course.checks.halves import check_all_gather, check_halves_pattern, check_reduce_scatter
+from course.checks.hierarchy import (
+    check_hierarchical_allreduce,
+    check_hierarchical_pattern,
+    check_hierarchical_sums,
+)
 from course.checks.overlap import check_overlapping_ddp
 from course.checks.ring import check_ring_allreduce, check_ring_pattern, check_ring_sums
 from course.checks.sampler import check_sampler_indices
+from course.checks.tree import check_tree_allreduce, check_tree_pattern, check_tree_sums
 from course.checks.uneven import check_train_uneven
 from course.checks.zero import check_zero_matches_ddp, check_zero_memory
 
@@ -29,6 +35,9 @@ __all__ = [
     "check_bucketed_allreduce",
     "check_error_feedback_hook",
     "check_halves_pattern",
+    "check_hierarchical_allreduce",
+    "check_hierarchical_pattern",
+    "check_hierarchical_sums",
     "check_overlapping_ddp",
     "check_reduce_hook",
     "check_reduce_scatter",
@@ -39,6 +48,9 @@ __all__ = [
     "check_sampler_indices",
     "check_step_with_backups",
     "check_train_uneven",
+    "check_tree_allreduce",
+    "check_tree_pattern",
+    "check_tree_sums",
     "check_weighted_loss",
     "check_zero_matches_ddp",
     "check_zero_memory",

@@ -11,46 +11,40 @@ nothing the student's code or kernel state can change. The ring pattern is judge
 recorded run on encoded inputs (``course.ring.verdict.ring_violations``): under grading, from
 the relay's own record of every message, on inputs whose encoding no rank knows
 (``course.ring.relayed``); in a notebook, from the recorder on the ranks (``course.ring.recorder``).
+The grading path is ``course.checks.allreduce``'s, shared with the other point-to-point
+all-reduces.
 ``check_ring_sums`` and ``check_ring_pattern`` are the two halves, for partial credit.
 Every launch has a deadline, so a deadlock or an endless loop fails within seconds.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from course.checks.compare import fresh_seed
-from course.checks.ring_cases import (
-    DTYPES,
-    Case,
-    collectives_called,
-    compare,
-    pattern_cases,
-    refuse_collectives,
-    refuse_the_reference,
-    relayed_case,
-    running_case,
-    sum_cases,
+from course.checks.allreduce import (
+    LAUNCH_TIMEOUT,
+    SHOWN,
+    Exercise,
+    Report,
+    check_p2p_allreduce,
+    trace_collectives,
 )
-from course.checks.ring_cases import inputs as make_inputs
-from course.checks.ring_hints import ring_hints
-from course.checks.teaching import failure_message, teaches
-from course.ranks import confined, relay
-from course.ranks.wording import count, world_sizes_text
-from course.ring.encoding import encoded_tensor
-from course.ring.logs import log_path, read_trace
-from course.ring.recorder import Recorder, scratch_dir
-from course.ring.relayed import SecretEncoding
-from course.ring.trace import Trace
+from course.checks.teaching import teaches
 from course.ring.verdict import ring_violations
 
-__all__ = ["RingReport", "check_ring_allreduce", "check_ring_pattern", "check_ring_sums"]
+__all__ = [
+    "LAUNCH_TIMEOUT",
+    "RING",
+    "SHOWN",
+    "RingReport",
+    "check_ring_allreduce",
+    "check_ring_pattern",
+    "check_ring_sums",
+    "trace_collectives",
+]
 
 WORLD_SIZES = (2, 3, 4, 5, 6)
 RING_DEADLOCK = (
@@ -59,32 +53,19 @@ RING_DEADLOCK = (
     "a blocking send) first: post the send with dist.isend and the receive with dist.irecv, "
     "then wait on both (or order blocking calls by rank parity)."
 )
-LAUNCH_TIMEOUT = 10.0  # seconds per world size, start-up included: one deadlock costs this
-SHOWN = 4  # violations quoted in a failure message
-
-
-@dataclass(frozen=True)
-class RingReport:
-    """What a passing check covered; ``str()`` is a one-paragraph summary."""
-
-    world_sizes: tuple[int, ...]
-    sums_checked: int  # (world size, tensor) pairs whose sums matched on every rank
-    patterns_checked: int  # recorded runs that were a ring
-    dtypes: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-
-    def __str__(self) -> str:
-        sizes = world_sizes_text(self.world_sizes)
-        parts = []
-        if self.sums_checked:
-            parts.append(
-                f"correct in-place sums for {self.sums_checked} tensors on {sizes} "
-                f"({', '.join(self.dtypes)}; shapes such as "
-                f"{', '.join(str(s) for s in self.shapes[:4])})"
-            )
-        if self.patterns_checked:
-            parts.append(f"a ring pattern in {self.patterns_checked} recorded runs on {sizes}")
-        return "ring_allreduce passed: " + "; ".join(parts) + "."
+RING = Exercise(
+    name="ring_allreduce",
+    algorithm="a ring all-reduce",
+    pattern_noun="a ring pattern",
+    violations=ring_violations,
+    plan=(
+        "A ring on N ranks sends to one neighbour and receives from the other, 2(N-1) times "
+        "(N-1 reduce-scatter steps, then N-1 all-gather steps), one chunk of about "
+        "1/N of the tensor each time: the plan in the exercise's introduction."
+    ),
+    deadlock_hint=RING_DEADLOCK,
+)
+RingReport = Report  # what a passing ring check covered
 
 
 @teaches
@@ -92,7 +73,7 @@ def check_ring_sums(
     fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int] = WORLD_SIZES
 ) -> RingReport:
     """Check that ``fn`` sums in place like ``dist.all_reduce`` (communication not judged)."""
-    return _check(fn, world_sizes, sums=True, pattern=False)
+    return check_p2p_allreduce(RING, fn, world_sizes, sums=True, pattern=False)
 
 
 @teaches
@@ -100,7 +81,7 @@ def check_ring_pattern(
     fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int] = WORLD_SIZES
 ) -> RingReport:
     """Check that ``fn`` communicates as a ring all-reduce (sums not judged)."""
-    return _check(fn, world_sizes, sums=False, pattern=True)
+    return check_p2p_allreduce(RING, fn, world_sizes, sums=False, pattern=True)
 
 
 @teaches
@@ -108,175 +89,4 @@ def check_ring_allreduce(
     fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int] = WORLD_SIZES
 ) -> RingReport:
     """Check both: right sums on every rank, and a real ring pattern."""
-    return _check(fn, world_sizes, sums=True, pattern=True)
-
-
-# --- the rank side ---------------------------------------------------------------------
-
-
-def _run_cases(
-    fn: Callable[[torch.Tensor], Any],
-    cases: Sequence[Case],
-    mine: Sequence[torch.Tensor | None],
-    directory: str,
-) -> list[tuple[torch.Tensor, str | None, list[str]]]:
-    """On each rank: call ``fn`` on this rank's own tensor per case (``mine``); return
-    (tensor, returned type, collectives it called)."""
-    rank = dist.get_rank()
-    refuse_the_reference()
-    out = []
-    with open(log_path(directory, rank, "progress"), "a", buffering=1) as progress:
-        for i, case in enumerate(cases):
-            relay.mark(i)  # under grading: where case i starts, in the relay's record
-            progress.write(json.dumps({"case": i}) + "\n")
-            out.append(_run_case(fn, case, mine[i], directory, i, rank))
-            progress.write(json.dumps({"done": i}) + "\n")
-    return out
-
-
-def _run_case(
-    fn: Callable, case: Case, mine: Any, directory: str, i: int, rank: int
-) -> tuple[torch.Tensor, str | None, list[str]]:
-    if not case.recorded:
-        tensor = mine.clone()
-        with Recorder() as seen:  # the sums count only when no collective computed them
-            returned = _call(fn, tensor)
-        return tensor, returned, collectives_called(seen)
-    if mine is not None:  # under grading: the relay records, the caller decodes
-        tensor = mine.clone()
-        return tensor, _call(fn, tensor), []
-    tensor = encoded_tensor(rank, case.shape[0], dist.get_world_size())
-    with Recorder(log_path(directory, rank, f"case{i}")):
-        returned = _call(fn, tensor)
-    return tensor, returned, []
-
-
-def _call(fn: Callable, tensor: torch.Tensor) -> str | None:
-    returned = fn(tensor)
-    return None if returned is None else type(returned).__name__
-
-
-# --- the caller side -------------------------------------------------------------------
-
-
-def _check(
-    fn: Callable[[torch.Tensor], Any], world_sizes: Sequence[int], *, sums: bool, pattern: bool
-) -> RingReport:
-    if not callable(fn):
-        raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
-            f"expected your ring_allreduce function, got {type(fn).__name__}: run its cell first"
-        )
-    world_sizes = tuple(world_sizes)
-    if not world_sizes or any(type(n) is not int or n < 2 for n in world_sizes):
-        raise ValueError(f"world_sizes must be integers of at least 2, got {world_sizes}")
-    n_sums = n_patterns = 0
-    shapes: dict[tuple[int, ...], None] = {}
-    for world_size in world_sizes:
-        cases = (sum_cases(world_size) if sums else []) + (
-            pattern_cases(world_size) if pattern else []
-        )
-        relayed = confined.current() is not None  # graded: the relay carries every message
-        secret = [SecretEncoding.draw(world_size) for _ in cases]
-        inputs = [
-            _recorded_inputs(secret[i], c, world_size, relayed)
-            if c.recorded
-            else make_inputs(c, world_size, seed=fresh_seed(None))
-            for i, c in enumerate(cases)
-        ]
-        with scratch_dir() as directory:
-            result = _launch(fn, world_size, cases, inputs, directory)
-            for i, case in enumerate(cases):
-                got = [r[i] for r in result.results]
-                trace = (
-                    relayed_case("ring_allreduce", result, world_size, case, secret[i], i)
-                    if relayed
-                    else None
-                )
-                if case.recorded:
-                    trace = trace or read_trace(
-                        directory, world_size, case.shape[0], 8, tag=f"case{i}"
-                    )
-                    _judge_pattern(world_size, case, trace)
-                    n_patterns += 1
-                else:
-                    if trace:
-                        refuse_collectives("ring_allreduce", [trace_collectives(trace)])
-                    _judge_sums(world_size, case, inputs[i], got)
-                    n_sums += 1
-                    shapes[case.shape] = None
-    dtypes = tuple(str(d).removeprefix("torch.") for d in DTYPES) if sums else ("float64",)
-    return RingReport(world_sizes, n_sums, n_patterns, dtypes, tuple(shapes))
-
-
-def _launch(fn: Callable, world_size: int, cases: list[Case], inputs: list, directory: str) -> list:
-    from course.ranks import PerRank, launch
-
-    mine = PerRank(  # each rank is sent its own inputs only
-        [None if inputs[i] is None else inputs[i][r] for i in range(len(cases))]
-        for r in range(world_size)
-    )
-    result = launch(_run_cases, world_size, fn, cases, mine, directory, timeout=LAUNCH_TIMEOUT)
-    if result.ok:
-        return result
-    raise AssertionError(_failure_message(world_size, cases, result.failures, directory))
-
-
-def _recorded_inputs(
-    secret: SecretEncoding, case: Case, world_size: int, relayed: bool
-) -> list[torch.Tensor] | None:
-    """A recorded case's inputs: made here, each rank's own, when the relay records; else the
-    ranks encode their own (the notebook's recorder decodes the fixed encoding)."""
-    if not relayed:
-        return None
-    return [secret.tensor(r, case.shape[0]) for r in range(world_size)]
-
-
-def _failure_message(world_size: int, cases: list[Case], failures: dict, directory: str) -> str:
-    """Which case was running, what each rank did, and the cause's own traceback."""
-    running = {r: running_case(directory, r, len(cases)) for r in range(world_size)}
-    case_index = min((i for i in running.values() if i is not None), default=None)
-    doing = f" while summing {cases[case_index]}" if case_index is not None else ""
-    return failure_message("ring_allreduce", world_size, failures, doing, RING_DEADLOCK)
-
-
-def trace_collectives(trace: Trace) -> list[str]:
-    """The data-moving collectives any rank called in a traced case."""
-    return sorted({name for _, name in trace.collectives} - {"barrier"})
-
-
-def _judge_sums(world_size: int, case: Case, inputs: list[torch.Tensor], got: list) -> None:
-    """Every rank's tensor equals the float64 sum of the inputs (exactly for integers), and
-    no collective computed it."""
-    refuse_collectives("ring_allreduce", [r[2] for r in got])
-    expected64 = torch.stack([t.to(torch.float64) for t in inputs]).sum(0)
-    expected = expected64.to(case.dtype)
-    tensors = [t for t, _, _ in got]
-    for rank, (tensor, returned, _) in enumerate(got):
-        problem = compare(tensor, expected, case)
-        if problem is None:
-            continue
-        head = f"ring_allreduce gave a wrong result on {world_size} ranks for {case}, rank {rank}:"
-        hints = ring_hints(tensors, inputs, expected, case, rank, returned)
-        raise AssertionError("\n".join([head, "  " + problem, *hints]))
-
-
-def _judge_pattern(world_size: int, case: Case, trace: Trace) -> None:
-    """The recorded run is a ring: ``course.ring.verdict.ring_violations`` finds nothing."""
-    found = ring_violations(trace)
-    if not found:
-        return
-    lines = [
-        (
-            f"ring_allreduce is not a ring all-reduce on {world_size} ranks "
-            f"(tensor of {count(case.shape[0], 'element')}, recorded):"
-        )
-    ]
-    lines += [f"  {v}" for v in found[:SHOWN]]
-    if len(found) > SHOWN:
-        lines.append(f"  ... and {len(found) - SHOWN} more")
-    lines.append(
-        "A ring on N ranks sends to one neighbour and receives from the other, 2(N-1) times "
-        "(N-1 reduce-scatter steps, then N-1 all-gather steps), one chunk of about "
-        "1/N of the tensor each time: the plan in the exercise's introduction."
-    )
-    raise AssertionError("\n".join(lines))
+    return check_p2p_allreduce(RING, fn, world_sizes, sums=True, pattern=True)

@@ -1,4 +1,4 @@
-"""What a wrong ring's numbers say plainly: the hint under a wrong sum, only where it is true.
+"""What a wrong ring's or two-level all-reduce's numbers say plainly: the hint under a sum.
 
 Each hint is read off every rank's result at once, not one rank's: a tensor one rank left
 as it was is "unchanged" only if no rank changed its own, and a reduce-scatter without its
@@ -14,7 +14,7 @@ import torch
 
 from course.checks.ring_cases import Case, compare
 
-__all__ = ["ring_hints"]
+__all__ = ["hierarchy_hints", "ring_hints"]
 
 
 def ring_hints(
@@ -82,3 +82,35 @@ def _partial_sum(chunk: torch.Tensor, parts: list[torch.Tensor], rank: int, case
         if compare(chunk, total.to(chunk.dtype), case) is None:
             return True
     return False
+
+
+def hierarchy_hints(
+    tensor: Any,
+    made: list,
+    expected: torch.Tensor,
+    ranks_per_node: int,
+    returned: str | None,
+) -> list[str]:
+    """What a wrong two-level sum most likely got wrong: a return value, a size the node
+    does not divide (no padding), or a tensor left unchanged."""
+    hints = []
+    numel = expected.numel()
+    if returned is not None:
+        hints.append(
+            f"  your function returned a {returned}: it should change `tensor` in place and "
+            "return None"
+        )
+    if numel % ranks_per_node:
+        shard = -(-numel // ranks_per_node)
+        hints.append(
+            f"  numel = {numel} does not split evenly into {ranks_per_node} shards: if yours "
+            f"hold "
+            f"{numel} // {ranks_per_node} each, the rest is never summed; pad the "
+            f"flattened tensor to {shard * ranks_per_node} (shards of ceil({numel} / "
+            f"{ranks_per_node}) = {shard}) before the reduce-scatter, and drop the padding after "
+            "the all-gather"
+        )
+    unchanged = isinstance(tensor, torch.Tensor) and tensor.shape == expected.shape
+    if not numel % ranks_per_node and unchanged and any(torch.equal(tensor, own) for own in made):
+        hints.append("  the tensor is unchanged: write the sum into it in place (tensor.copy_)")
+    return hints

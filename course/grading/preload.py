@@ -22,14 +22,27 @@ from course import checks
 from course.checks.refusals import Refusal
 from course.grading.student import parse_cell
 
-__all__ = ["POINT_TO_POINT", "box_options", "rank_box_started", "rank_imports", "start_rank_box"]
+__all__ = [
+    "NO_DDP",
+    "POINT_TO_POINT",
+    "box_options",
+    "rank_box_started",
+    "rank_imports",
+    "start_rank_box",
+]
 
 
 # Checks whose ranks only send, receive or return: their forkserver needs no torch._dynamo.
 POINT_TO_POINT = frozenset({
     "check_answer", "check_returns", "check_ring_allreduce", "check_ring_pattern",
     "check_ring_sums", "check_reduce_scatter", "check_all_gather", "check_halves_pattern",
+    "check_tree_allreduce", "check_tree_pattern", "check_tree_sums",
 })  # fmt: skip
+# Checks whose ranks call collectives or wait on stragglers but never train: no torch._dynamo.
+NO_DDP = POINT_TO_POINT | {
+    "check_hierarchical_allreduce", "check_hierarchical_pattern", "check_hierarchical_sums",
+    "check_step_with_backups",
+}  # fmt: skip
 
 
 def _checks_called(sub: Any) -> set[str]:
@@ -44,7 +57,7 @@ def _checks_called(sub: Any) -> set[str]:
 
 def _trains_ddp(sub: Any) -> bool:
     """Might a grade cell's check train with DDP (any check not known to be point-to-point)?"""
-    return not _checks_called(sub) <= POINT_TO_POINT
+    return not _checks_called(sub) <= NO_DDP
 
 
 def rank_imports(sub: Any) -> tuple[str, ...]:

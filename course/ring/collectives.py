@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["COLLECTIVES", "FUNCTIONAL", "Collective", "async_op", "sizes_of"]
+__all__ = ["COLLECTIVES", "FUNCTIONAL", "Collective", "async_op", "contributed", "sizes_of"]
 
 # ProcessGroup method -> the torch.distributed name a student would recognise
 COLLECTIVES = {
@@ -53,6 +53,8 @@ class Collective:
     nbytes: int  # their bytes
     async_op: bool | None  # as the caller of the torch.distributed function asked; None: unknown
     t: float  # time.perf_counter() when the call was made
+    group: tuple[int, ...] = ()  # the global ranks it ran on; () where the recorder cannot tell
+    contributed: int = -1  # bytes this rank put in, as the relay counts them; -1: unknown
 
 
 def sizes_of(args: tuple) -> tuple[int, int]:
@@ -62,6 +64,20 @@ def sizes_of(args: tuple) -> tuple[int, int]:
         items = a if isinstance(a, list | tuple) else [a]
         tensors += [t for t in items if isinstance(t, torch.Tensor)]
     return sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors)
+
+
+# Methods whose first argument is the input; the others take (outputs, inputs, ...).
+_INPUT_FIRST = {"allreduce", "allreduce_coalesced", "broadcast", "reduce", "barrier"}
+
+
+def contributed(method: str, args: tuple) -> int:
+    """The bytes a process group method's caller put in (``args`` after the group itself):
+    what the relay records per member (an all-reduce's tensor, a reduce-scatter's whole
+    input, an all-gather's shard)."""
+    position = 0 if method in _INPUT_FIRST or method == "monitored_barrier" else 1
+    if len(args) <= position:
+        return 0
+    return sizes_of((args[position],))[1]
 
 
 def async_op() -> bool | None:

@@ -11,7 +11,9 @@ Each rank runs the code under :class:`Recorder`, which wraps the process group's
 counts each message once however the code imported ``send`` (``from torch.distributed import
 send`` included) and leaves ``P2POp``'s check of its op untouched. Collectives are flagged the
 same way, at the process group's methods, plus the ``_functional_collectives`` functions,
-each as a :class:`Collective` (name, elements, ``async_op``, time): the bucket checks read them.
+each as a :class:`Collective` (name, elements, ``async_op``, time; at a process group's method
+also the group's global ranks and the bytes this rank put in): the bucket checks read them,
+and the hierarchical all-reduce's notebook verdict.
 ``barrier`` is recorded as a collective too; whether it breaks a ring is for the verdict
 (``course.ring.verdict.ring_violations`` lets it pass: it moves no tensor data).
 
@@ -39,7 +41,14 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
 from course.ranks.confined import rank_dir
-from course.ring.collectives import COLLECTIVES, FUNCTIONAL, Collective, async_op, sizes_of
+from course.ring.collectives import (
+    COLLECTIVES,
+    FUNCTIONAL,
+    Collective,
+    async_op,
+    contributed,
+    sizes_of,
+)
 from course.ring.encoding import check_encodable, decode_tensor, encoded_tensor
 from course.ring.logs import as_list, log_path, read_trace
 from course.ring.trace import Message, Trace
@@ -103,7 +112,8 @@ class Recorder:
                     self._patch(owner, method, wrap)
             for method, name in COLLECTIVES.items():
                 if method in mine:
-                    self._patch(owner, method, functools.partial(self._wrap_coll, name))
+                    wrap = functools.partial(self._wrap_coll, name, method=method)
+                    self._patch(owner, method, wrap)
         with contextlib.suppress(ImportError):
             import torch.distributed._functional_collectives as fc
 
@@ -166,9 +176,13 @@ class Recorder:
 
         return recv_anysource
 
-    def _wrap_coll(self, name: str, original: Callable) -> Callable:
+    def _wrap_coll(self, name: str, original: Callable, method: str | None = None) -> Callable:
         def collective(*args: Any, **kwargs: Any) -> Any:
-            call = Collective(name, *sizes_of(args), async_op(), time.perf_counter())
+            group, put_in = (), -1
+            if method is not None and args:  # a process group's method: args[0] is the group
+                group, put_in = _ranks_of(args[0]), contributed(method, args[1:])
+            sizes = sizes_of(args)
+            call = Collective(name, *sizes, async_op(), time.perf_counter(), group, put_in)
             self.collectives.append(call)
             self._write({"op": "collective", **asdict(call)})
             return original(*args, **kwargs)
@@ -227,6 +241,13 @@ class Recorder:
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
+
+
+def _ranks_of(group: Any) -> tuple[int, ...]:
+    """The global ranks of a process group, or () where torch does not know it."""
+    with contextlib.suppress(Exception):
+        return tuple(dist.get_process_group_ranks(group))
+    return ()
 
 
 def _record_rank(fn: Callable[[torch.Tensor], Any], numel: int, directory: str) -> None:

@@ -24,9 +24,17 @@ import torch
 
 from course.ranks.frames import DTYPES, Event
 from course.ring.encoding import decode_tensor
+from course.ring.hierarchy import Call
 from course.ring.trace import Message, Trace
 
-__all__ = ["BITS", "SecretEncoding", "collectives_in", "part_span", "relayed_trace"]
+__all__ = [
+    "BITS",
+    "SecretEncoding",
+    "collectives_in",
+    "part_span",
+    "relayed_calls",
+    "relayed_trace",
+]
 
 BITS = 20  # the bits a rank's mark is drawn from: exact in float64 up to 8192 elements
 MAX_NUMEL = (1 << (53 - 2 * BITS)) - 1
@@ -130,3 +138,20 @@ def _message(event: Event, rank: int, op: str, order: int, encoding: SecretEncod
         payload = torch.frombuffer(bytearray(event.data), dtype=torch.uint8).view(dtype)
         offset, holds = encoding.decode(payload)
     return Message(rank, peer, op, order, nbytes // itemsize, nbytes, offset, holds)
+
+
+def relayed_calls(events: Sequence[Event], world_size: int, part: int) -> list[Call]:
+    """Part ``part`` of a run as a list of calls (collectives with their groups and each
+    member's bytes, and point-to-point sends), from the relay's record alone, in the order
+    the relay completed them; ValueError as for :func:`relayed_trace`."""
+    spans = {r: part_span(events, r, part) for r in range(world_size)}
+    calls = []
+    for e in events:
+        if e.kind in NAMES:
+            inside = [spans[m][0] <= s < spans[m][1] for m, s in zip(e.group, e.seq, strict=True)]
+            if any(inside):
+                size = torch.empty((), dtype=DTYPES[e.dtype]).element_size() if e.dtype else 1
+                calls.append(Call(NAMES[e.kind], tuple(e.group), tuple(e.nbytes), size))
+        elif e.kind == "send" and spans[e.src][0] <= e.seq[0] < spans[e.src][1]:
+            calls.append(Call("send", (e.src, e.dst), tuple(e.nbytes)))
+    return calls

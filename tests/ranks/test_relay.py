@@ -216,3 +216,47 @@ def test_ddp_left_waiting_is_blocked_not_crashed() -> None:
     failure = result.failures[1]
     assert failure.kind == "blocked" and failure.where.startswith("test_relay.py line")
     assert "until the relay gave up waiting: rank 0 had already finished" in failure.message
+
+
+def first_come() -> list[int] | None:
+    """Rank 0 receives from any source, twice: rank 2 sends at once, rank 1 only after it
+    hears from rank 0; a subgroup's receive names the sender's rank in the group."""
+    rank = dist.get_rank()
+    if rank == 0:
+        buf = torch.empty(1)
+        first = dist.recv(buf)
+        dist.send(torch.zeros(1), 1)
+        second = dist.recv(buf)
+        pair = dist.new_group([0, 2])
+        third = dist.recv(buf, group=pair)  # the global rank, as dist.recv returns it
+        return [first, second, third]
+    if rank == 1:
+        dist.recv(torch.empty(1), 0)
+    dist.new_group([0, 2]) if rank == 1 else None
+    dist.send(torch.full((1,), float(rank)), 0)
+    if rank == 2:
+        dist.send(torch.ones(1), 0, group=dist.new_group([0, 2]))
+    return None
+
+
+def test_a_receive_from_any_source_takes_the_first_message() -> None:
+    """Does dist.recv without a source, on the relay, take whichever message reached the
+    relay first and say whose (in a subgroup too), with each delivery in the record?"""
+    result = launch(first_come, 3, backend="relay", timeout=30)
+    assert result.ok, result.failures
+    assert result.results[0] == [2, 1, 2]
+    recvs = [(e.src, e.dst) for e in result.relayed if e.kind == "recv"]
+    assert sorted(recvs) == [(0, 1), (1, 0), (2, 0), (2, 0)]
+
+
+def waits_for_anyone() -> None:
+    if dist.get_rank() == 0:
+        dist.recv(torch.empty(1))
+
+
+def test_a_receive_from_any_source_that_never_comes_says_so() -> None:
+    """Does a receive from any source that no rank sends end on the deadline, saying it
+    waited for any rank?"""
+    result = launch(waits_for_anyone, 2, backend="relay", timeout=30, pg_timeout=2)
+    assert result.failures[0].kind == "blocked", result.failures  # rank 1 had returned
+    assert "waited for a message from any rank that never came" in result.failures[0].traceback
