@@ -130,8 +130,8 @@ def allreduce_times(
 def bandwidth_by_world_size(
     numel: int = 2**22, world_sizes: Sequence[int] = (2, 3, 4), repeats: int = 5
 ) -> dict[int, dict[str, float]]:
-    """Per world size: seconds, algbw = S/t and busbw = algbw * 2(N-1)/N (bytes/s, as
-    nccl-tests defines them, doc/PERFORMANCE.md) of one ``dist.all_reduce`` of ``numel``
+    """Per world size: seconds, algbw = S/t and busbw (bytes/s, as nccl-tests defines them,
+    doc/PERFORMANCE.md; ``course.ring.cost.busbw``) of one ``dist.all_reduce`` of ``numel``
     float32 numbers."""
     size = numel * 4
     rows = {}

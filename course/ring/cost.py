@@ -167,9 +167,9 @@ def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float]) -> tuple[fl
 def crossover_size(alpha: float, beta: float, world_size: int) -> float:
     """The tensor size in bytes where recursive doubling and the ring take equal time.
 
-    Below it the tree's ``log2 N`` steps win; above it the ring's ``2(N-1)/N`` bytes per
-    byte of tensor do: ``S* = alpha (2(N-1) - log2 N) / (beta (log2 N - 2(N-1)/N))``, for N
-    a power of two of at least 4 (on 2 ranks the two are the same exchange).
+    Below it the tree's fewer steps win, above it the ring's fewer bytes: where the two
+    costs of :func:`recursive_doubling` and :func:`ring` meet, for N a power of two of at
+    least 4 (on 2 ranks the two are the same exchange).
     """
     if world_size < 4 or world_size & (world_size - 1):
         raise ValueError(f"need a power of two of at least 4 ranks, got {world_size}")

@@ -130,7 +130,7 @@ def emulated_time(calls: Sequence[Call], world_size: int, ranks_per_node: int) -
 
 
 def flat_ring_time(world_size: int, nbytes: int) -> float:
-    """The flat ring over all N ranks: 2(N-1) steps of S/N bytes, each over a slow link."""
+    """The flat ring over all N ranks (``course.ring.cost.ring``), every step over a slow link."""
     n = world_size
     return 2 * (n - 1) * (ALPHA + nbytes / n * BETA_ACROSS)
 
@@ -147,72 +147,49 @@ def _group_violations(
 ) -> list[Violation]:
     """Collectives on the wrong groups, or carrying too much across nodes: the first call
     that breaks each rule, and how many more break it."""
-    found: dict[str, list[Violation]] = {}
-    world = tuple(range(world_size))
-    shard = -(-numel // r)
-
-    def add(rule: str, violation: Violation) -> None:
-        found.setdefault(rule, []).append(violation)
-
+    found: dict[str, list[str]] = {}
     for call in calls:
         if call.kind == "send" or not _spans(call, r) or call.kind == "barrier":
             continue
-        name = f"dist.{call.kind}"
-        nodes = _nodes(call.group, r)
-        if tuple(sorted(call.group)) == world:
-            add(
-                "world",
-                Violation(
-                    None,
-                    None,
-                    f"{name} ran over the whole world (ranks 0..{world_size - 1}): a flat "
-                    "collective; the hierarchy calls collectives only on a node's ranks, and "
-                    "across nodes on one rank per node",
-                ),
-            )
-            continue
-        where = f"{name} on ranks {listed(call.group)} (nodes {listed(nodes)})"
-        if call.kind != "all_reduce":
-            add(
-                "spans",
-                Violation(
-                    None,
-                    None,
-                    f"{where} spans nodes: across nodes the hierarchy makes only the "
-                    "all-reduce of each rank's shard (the reduce-scatter and all-gather stay "
-                    "inside a node)",
-                ),
-            )
-            continue
-        if len(nodes) != len(call.group):
-            add(
-                "per_node",
-                Violation(
-                    None,
-                    None,
-                    f"{where} has more than one rank of a node: a cross-node group holds one "
-                    f"rank per node (the ranks with the same place in their node, such as "
-                    f"{listed(range(0, world_size, r))})",
-                ),
-            )
-            continue
-        big = max(call.nbytes) // call.itemsize
-        if big > shard:
-            add(
-                "shard",
-                Violation(
-                    None,
-                    None,
-                    f"{where} carried {count(big, 'element')} per rank; across nodes each rank "
-                    f"all-reduces only its shard, at most ceil({numel} / {r}) = "
-                    f"{count(shard, 'element')} (reduce-scatter inside the node first)",
-                ),
-            )
+        broken = _broken_rule(call, world_size, r, numel)
+        if broken:
+            found.setdefault(broken[0], []).append(broken[1])
     out = []
     for same in found.values():
         more = f" (and {count(len(same) - 1, 'more call')} like it)" if len(same) > 1 else ""
-        out.append(Violation(None, None, same[0].text + more))
+        out.append(Violation(None, None, same[0] + more))
     return out
+
+
+def _broken_rule(call: Call, world_size: int, r: int, numel: int) -> tuple[str, str] | None:
+    """The rule a collective that spans nodes breaks, and how, in words (None: none)."""
+    name, nodes = f"dist.{call.kind}", _nodes(call.group, r)
+    if tuple(sorted(call.group)) == tuple(range(world_size)):
+        return "world", (
+            f"{name} ran over the whole world (ranks 0..{world_size - 1}): a flat "
+            "collective; the hierarchy calls collectives only on a node's ranks, and "
+            "across nodes on one rank per node"
+        )
+    where = f"{name} on ranks {listed(call.group)} (nodes {listed(nodes)})"
+    if call.kind != "all_reduce":
+        return "spans", (
+            f"{where} spans nodes: across nodes the hierarchy makes only the all-reduce of "
+            "each rank's shard (the reduce-scatter and all-gather stay inside a node)"
+        )
+    if len(nodes) != len(call.group):
+        return "per_node", (
+            f"{where} has more than one rank of a node: a cross-node group holds one rank "
+            f"per node (the ranks with the same place in their node, such as "
+            f"{listed(range(0, world_size, r))})"
+        )
+    shard, big = -(-numel // r), max(call.nbytes) // call.itemsize
+    if big > shard:
+        return "shard", (
+            f"{where} carried {count(big, 'element')} per rank; across nodes each rank "
+            f"all-reduces only its shard, at most ceil({numel} / {r}) = "
+            f"{count(shard, 'element')} (reduce-scatter inside the node first)"
+        )
+    return None
 
 
 def _missing_levels(
