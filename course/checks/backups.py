@@ -32,10 +32,9 @@ import torch.distributed as dist
 
 from course.checks.compare import fresh_seed
 from course.checks.teaching import failure_message, teaches
-from course.ranks import confined, relay
+from course.ranks import confined
 from course.ranks.frames import Event
 from course.ranks.wording import world_sizes_text
-from course.ring.relayed import part_span
 
 __all__ = ["BackupsReport", "check_step_with_backups"]
 
@@ -115,7 +114,8 @@ def check_step_with_backups(
         relayed = confined.current() is not None
         for i, case in enumerate(todo):
             got = [r[i] for r in result.results]
-            _judge(n, case, grads[i], got, _late_ranks(result.relayed, n, case, i, got, relayed))
+            late = _late_ranks(result.relayed, n, case, (i, len(todo)), got, relayed)
+            _judge(n, case, grads[i], got, late)
             steps += 1
     return BackupsReport(tuple(world_sizes), steps)
 
@@ -127,8 +127,7 @@ def _steps(fn: Callable, todo: list[Case], mine: list[torch.Tensor]) -> list[tup
     """Each case: start together, the straggler late; return (grad, kept, woke, ended)."""
     rank, out = dist.get_rank(), []
     for i, case in enumerate(todo):
-        relay.mark(i)
-        dist.barrier()  # every rank starts the step together, the last one's stragglers done
+        dist.barrier()  # every rank starts the step together: under grading, the case's start
         if rank == case.straggler:
             time.sleep(STRAGGLE)
         woke = time.monotonic()
@@ -145,21 +144,17 @@ def _steps(fn: Callable, todo: list[Case], mine: list[torch.Tensor]) -> list[tup
 
 
 def _late_ranks(
-    events: Sequence[Event], n: int, case: Case, i: int, got: list, relayed: bool
+    events: Sequence[Event], n: int, case: Case, at: tuple[int, int], got: list, relayed: bool
 ) -> list[tuple[int, float]]:
-    """(rank, how late) for each rank but the straggler whose step went on after it woke."""
+    """(rank, how late) for each rank but the straggler whose step went on after it woke;
+    ``at`` is (this case, how many cases)."""
     s = case.straggler
     if s is None:
         return []
     if not relayed:  # the ranks' own clocks: in a notebook, the ranks are the student's
         woke = got[s][2]
         return [(r, got[r][3] - woke) for r in range(n) if r != s and got[r][3] > woke]
-    try:
-        spans = {r: part_span(events, r, i) for r in range(n)}
-    except ValueError as err:
-        raise AssertionError(
-            f"step_with_backups's run cannot be read step by step: {err}"
-        ) from None
+    spans = _spans(events, n, *at)
 
     def own(e: Event) -> int:  # whose request the event is: the sender's send, the receiver's
         return e.src if e.kind == "send" else e.dst
@@ -175,6 +170,21 @@ def _late_ranks(
         if own(e) != s and e.src != s and e.time > woke:
             late[own(e)] = max(late.get(own(e), 0.0), e.time - woke)
     return sorted(late.items())
+
+
+def _spans(events: Sequence[Event], n: int, i: int, cases: int) -> dict[int, tuple[int, int]]:
+    """Each rank's requests (their ``seq``) in case ``i``: between the check's barrier that
+    starts the case and the next one, as the relay recorded them. A rank cannot move these
+    marks: a barrier of its own would wait for the straggler, and is refused."""
+    world = tuple(range(n))
+    barriers = [e for e in events if e.kind == "barrier" and tuple(e.group) == world]
+    if len(barriers) != cases + 1:
+        raise AssertionError(
+            "step_with_backups's run cannot be read step by step: it called dist.barrier "
+            "over all ranks itself, which waits for every rank, the straggler too"
+        )
+    start, end = barriers[i], barriers[i + 1]
+    return {r: (start.seq[start.group.index(r)], end.seq[end.group.index(r)]) for r in world}
 
 
 def _judge(n: int, case: Case, grads: list, got: list, late: list[tuple[int, float]]) -> None:
