@@ -43,6 +43,7 @@ from course.checks import (
     check_answer,
     check_hierarchical_pattern,
     check_hierarchical_sums,
+    check_step_with_backups,
     check_tree_pattern,
     check_tree_sums,
 )
@@ -164,8 +165,8 @@ check_answer(
     buffers, and on this machine 4 ranks share 2 cores, so its steps wait for each other's turn
     on the CPU; each call pays about 1 to 2 ms of fixed work per rank before any byte matters.
     So c) is the model's answer, and the measurement is several times over it; a) and b) are
-    below even the model (gloo's all-reduce is a ring at every size; a tree would still take
-    log2 N = 2 messages). This per-call cost is what DDP's buckets amortize (the buckets
+    below even the model: one message cannot carry a sum over 4 ranks, and the log2 N = 2
+    exchanges of a tree would be 2 alpha. This per-call cost is what DDP's buckets amortize (the buckets
     assignment), and what makes small all-reduces latency-bound even where the network is fast.
     On GPUs with NCCL the fixed cost of a call is a few microseconds to tens of them, and NCCL
     picks a tree or a low-latency protocol for small messages; the lesson carries: measure the
@@ -548,6 +549,8 @@ def _node_groups(world_size, ranks_per_node):
 
 # %% nbgrader={"grade": false, "grade_id": "try_hierarchical", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 4 --timeout 20
+from course.checks.teaching import say_if_unimplemented
+
 say_if_unimplemented(hierarchical_allreduce)
 t = torch.full((5,), rank + 1.0)
 hierarchical_allreduce(t, ranks_per_node=2)
@@ -678,8 +681,8 @@ check_answer(
     quarter, c). From the arrivals measured in the straggler cell (rank 3's gradient ready about
     twice as late as the others'), one backup put the step at the third arrival, 32 to 33 ms
     against the 64 to 70 ms of waiting for all four, and dropped rank 3 at every step; the model
-    backup step of exercise 3, run with a straggler a second late, let every other rank finish
-    its step long before the straggler started. b) is the cost without backups: the point of
+    backup step of exercise 3, run with a straggler half a second late, let every other rank
+    finish its step in under a quarter of a second, every rank with the mean of the three. b) is the cost without backups: the point of
     dropping the last gradient is not to wait for it. d) waits for one gradient only, b = 3: the
     batch shrinks to a quarter. The price of backups: each step's batch is (N - b)/N of the full
     one, and the dropped rank's compute is wasted, so b is kept small (Chen et al. used about 5%
@@ -766,11 +769,14 @@ _SENDING = []  # every send's request, kept until the run ends
 #
 # Four ranks, one backup; rank 3 starts half a second late. Rank r's gradient is r in every
 # element, so the kept ranks 0, 1 and 2 should give every rank the mean 1.0, rank 3 too, and
-# ranks 0 to 2 should finish long before rank 3 starts.
+# ranks 0 to 2 should finish long before rank 3 starts. The barrier at the end keeps every
+# rank alive until the straggler has its result (the checks do the same after each step).
 
 # %% nbgrader={"grade": false, "grade_id": "try_backups", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 4 --timeout 20
 import time
+
+from course.checks.teaching import say_if_unimplemented
 
 say_if_unimplemented(step_with_backups)
 start = time.monotonic()
@@ -779,6 +785,7 @@ if rank == 3:
 grad = torch.full((4,), float(rank))
 kept = step_with_backups(grad, backups=1)
 print(f"kept {kept}, mean {grad.tolist()}, step ended at +{time.monotonic() - start:.2f} s")
+dist.barrier()  # before the cell ends: gloo drops the sends still in flight when a rank exits
 
 # %% nbgrader={"grade": true, "grade_id": "step_with_backups_check", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
 # Kept ranks agreed, the straggler dropped, the right mean everywhere, nobody waited for it.
@@ -952,9 +959,9 @@ check_answer(
     busbw = algbw x 2(N-1)/N for an all-reduce: 0.4 x 14/8 = 0.7 GB/s, the bytes each rank's link
     really carried (1400 MB, question ring_2) over the time. It is the figure to set against a
     link's speed, because it does not fall with N as algbw does for a ring on the same links.
-    Measured on this machine for a 4 MB all-reduce: algbw fell from 1.27 GB/s on 2 ranks to 0.80
-    on 3 and 0.56 on 4, and busbw from 1.27 to 1.06 to 0.84; it falls too here, because 4 ranks
-    share 2 cores, but by less. d) 2 x is the limit of 2(N-1)/N for large N, 1.75 on 8 ranks.
+    Measured on this machine for a 4 MB all-reduce, over several runs: algbw on 4 ranks was
+    0.26 to 0.56 of its value on 2, busbw 0.38 to 0.84 of it; busbw falls too here, because 4
+    ranks share 2 cores, but by less. d) 2 x is the limit of 2(N-1)/N for large N, 1.75 on 8 ranks.
     c) multiplies by the ranks, as if one link carried everyone's data. b) holds on 2 ranks
     only, where 2(N-1)/N = 1. nccl-tests' factor differs by collective: (N-1)/N for all-gather
     and reduce-scatter, 1 for broadcast.
