@@ -492,10 +492,13 @@ print("sent to the other node, per rank, in tensors:", [round(b / 2**20, 4) for 
 #   and keep them (say in a dict keyed by world size and ranks_per_node): making a group is
 #   itself a collective.
 # * **Step 1.** Flatten the tensor and pad it with zeros to a multiple of ranks_per_node;
-#   `dist.reduce_scatter_tensor(shard, padded, group=node_group)`.
+#   `dist.reduce_scatter_single(shard, padded, group=node_group)`.
 # * **Step 2.** `dist.all_reduce(shard, group=cross_group)`.
-# * **Step 3.** `dist.all_gather_into_tensor(padded, shard, group=node_group)`; copy the first
+# * **Step 3.** `dist.all_gather_single(padded, shard, group=node_group)`; copy the first
 #   `tensor.numel()` elements back into `tensor`.
+#
+# (`reduce_scatter_single` and `all_gather_single` are torch 2.13's names; the older
+# `reduce_scatter_tensor` and `all_gather_into_tensor` still work, with a deprecation warning.)
 #
 # Graded in two parts: right sums (3 points) on 4 to 8 ranks, nodes of 2 to 4, sizes that
 # ranks_per_node does not divide, float and integer dtypes; and a real hierarchy (3 points),
@@ -513,9 +516,9 @@ def hierarchical_allreduce(tensor: torch.Tensor, ranks_per_node: int) -> None:
     padded = torch.zeros(shard_numel * ranks_per_node, dtype=tensor.dtype)
     padded[: flat.numel()] = flat
     shard = torch.empty(shard_numel, dtype=tensor.dtype)
-    dist.reduce_scatter_tensor(shard, padded, group=node_group)
+    dist.reduce_scatter_single(shard, padded, group=node_group)
     dist.all_reduce(shard, group=cross_group)
-    dist.all_gather_into_tensor(padded, shard, group=node_group)
+    dist.all_gather_single(padded, shard, group=node_group)
     tensor.copy_(padded[: flat.numel()].view(tensor.shape))
 
 

@@ -70,9 +70,9 @@ def hierarchical_allreduce(tensor: torch.Tensor, ranks_per_node: int) -> None:
     padded = torch.zeros(shard_numel * ranks_per_node, dtype=tensor.dtype)
     padded[: flat.numel()] = flat
     shard = torch.empty(shard_numel, dtype=tensor.dtype)
-    dist.reduce_scatter_tensor(shard, padded, group=node_group)
+    dist.reduce_scatter_single(shard, padded, group=node_group)
     dist.all_reduce(shard, group=cross_group)
-    dist.all_gather_into_tensor(padded, shard, group=node_group)
+    dist.all_gather_single(padded, shard, group=node_group)
     tensor.copy_(padded[: flat.numel()].view(tensor.shape))
 
 

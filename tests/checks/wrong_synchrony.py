@@ -143,9 +143,9 @@ def uncached_groups(tensor, ranks_per_node):
     padded = torch.zeros(shard * ranks_per_node, dtype=tensor.dtype)
     padded[: flat.numel()] = flat
     mine = torch.empty(shard, dtype=tensor.dtype)
-    dist.reduce_scatter_tensor(mine, padded, group=node_group)
+    dist.reduce_scatter_single(mine, padded, group=node_group)
     dist.all_reduce(mine, group=cross_group)
-    dist.all_gather_into_tensor(padded, mine, group=node_group)
+    dist.all_gather_single(padded, mine, group=node_group)
     tensor.copy_(padded[: flat.numel()].view(tensor.shape))
 
 
@@ -167,10 +167,10 @@ def dropped_remainder(tensor, ranks_per_node):
     flat = tensor.view(-1)
     shard = flat.numel() // ranks_per_node
     mine = torch.empty(shard, dtype=tensor.dtype)
-    dist.reduce_scatter_tensor(mine, flat[: shard * ranks_per_node].clone(), group=node_group)
+    dist.reduce_scatter_single(mine, flat[: shard * ranks_per_node].clone(), group=node_group)
     dist.all_reduce(mine, group=cross_group)
     out = torch.empty(shard * ranks_per_node, dtype=tensor.dtype)
-    dist.all_gather_into_tensor(out, mine, group=node_group)
+    dist.all_gather_single(out, mine, group=node_group)
     flat[: shard * ranks_per_node] = out
 
 
