@@ -97,27 +97,31 @@ def check_step_with_backups(
         raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
             f"expected your step_with_backups function, got {type(fn).__name__}: run its cell"
         )
+    world_sizes = tuple(world_sizes)
+    if not world_sizes or any(type(n) is not int or n < 2 for n in world_sizes):
+        raise ValueError(f"world_sizes must be integers of at least 2, got {world_sizes}")
+    rng = random.Random(fresh_seed(None))  # noqa: S311 - test data, not a secret
+    steps = sum(_check_world_size(fn, n, rng) for n in world_sizes)
+    return BackupsReport(world_sizes, steps)
+
+
+def _check_world_size(fn: Callable, n: int, rng: random.Random) -> int:
+    """Run and judge the cases of one world size; return how many were judged."""
     from course.ranks import PerRank, launch
 
-    rng = random.Random(fresh_seed(None))  # noqa: S311 - test data, not a secret
-    steps = 0
-    for n in world_sizes:
-        todo = cases(n, rng)
-        g = torch.Generator().manual_seed(rng.randrange(2**31))
-        grads = [[torch.randn(c.numel, generator=g).to(c.dtype) for _ in range(n)] for c in todo]
-        mine = PerRank([grads[i][r] for i in range(len(todo))] for r in range(n))
-        result = launch(_steps, n, fn, todo, mine, timeout=LAUNCH_TIMEOUT)
-        if not result.ok:
-            raise AssertionError(
-                failure_message("step_with_backups", n, result.failures, "", WAITED)
-            )
-        relayed = confined.current() is not None
-        for i, case in enumerate(todo):
-            got = [r[i] for r in result.results]
-            late = _late_ranks(result.relayed, n, case, (i, len(todo)), got, relayed)
-            _judge(n, case, grads[i], got, late)
-            steps += 1
-    return BackupsReport(tuple(world_sizes), steps)
+    todo = cases(n, rng)
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    grads = [[torch.randn(c.numel, generator=g).to(c.dtype) for _ in range(n)] for c in todo]
+    mine = PerRank([grads[i][r] for i in range(len(todo))] for r in range(n))
+    result = launch(_steps, n, fn, todo, mine, timeout=LAUNCH_TIMEOUT)
+    if not result.ok:
+        raise AssertionError(failure_message("step_with_backups", n, result.failures, "", WAITED))
+    relayed = confined.current() is not None
+    for i, case in enumerate(todo):
+        got = [r[i] for r in result.results]
+        late = _late_ranks(result.relayed, n, case, (i, len(todo)), got, relayed)
+        _judge(n, case, grads[i], got, late)
+    return len(todo)
 
 
 # --- the rank side ---------------------------------------------------------------------

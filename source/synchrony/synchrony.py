@@ -527,20 +527,15 @@ _GROUPS = {}
 
 def _node_groups(world_size, ranks_per_node):
     """This rank's (node group, cross-node group), made once; every rank makes every group."""
-    if (world_size, ranks_per_node) not in _GROUPS:
-        rank, nodes, mine = dist.get_rank(), world_size // ranks_per_node, {}
-        for node in range(nodes):
-            ranks = [node * ranks_per_node + j for j in range(ranks_per_node)]
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                mine["node"] = group
-        for j in range(ranks_per_node):
-            ranks = [node * ranks_per_node + j for node in range(nodes)]
-            group = dist.new_group(ranks)
-            if rank in ranks:
-                mine["cross"] = group
-        _GROUPS[world_size, ranks_per_node] = mine["node"], mine["cross"]
-    return _GROUPS[world_size, ranks_per_node]
+    key = (world_size, ranks_per_node)
+    if key not in _GROUPS:
+        step = ranks_per_node
+        nodes = [list(range(first, first + step)) for first in range(0, world_size, step)]
+        across = [list(range(local, world_size, step)) for local in range(step)]
+        made = [(ranks, dist.new_group(ranks)) for ranks in nodes + across]
+        mine = [group for ranks, group in made if dist.get_rank() in ranks]
+        _GROUPS[key] = (mine[0], mine[1])
+    return _GROUPS[key]
     ### END SOLUTION
 
 

@@ -35,3 +35,10 @@ def test_each_misconception_fails_saying_why(impl: str, words: str) -> None:
     """Does each wrong step fail on 3 ranks with the reason that fits it?"""
     with pytest.raises(AssertionError, match=words):
         check_step_with_backups(getattr(wrong_backups, impl), world_sizes=(3,))
+
+
+@pytest.mark.parametrize("sizes", [(), (1,), (3.0,), ("4",)])
+def test_world_sizes_that_cannot_hold_a_straggler_are_refused(sizes: tuple) -> None:
+    """Is a world size below 2, or not an integer, refused at once, saying what is expected?"""
+    with pytest.raises(ValueError, match="integers of at least 2"):
+        check_step_with_backups(synchrony_impls.step_with_backups, world_sizes=sizes)
