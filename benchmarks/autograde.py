@@ -20,7 +20,7 @@ Students rotate over the kinds of benchmarks/autograde_class.toml (right, wrong 
 deadlocking, crashing, hostile). A submission nbgrader fails, or one still running when a
 command's cap stops it, counts as failed: a result, not an error of the benchmark.
 
-Measured on 2 cores, `--students 5` (25 submissions, all five assignments), the machine
+Measured on 2 cores, `--students 5` (25 submissions, the first five assignments), the machine
 otherwise quiet: stock nbgrader 684.5 s (27.4 s a submission: it runs every measuring cell),
 ours 102.3 s (4.1 s: the judge runs only the checks, in a warm nbgrader, every assignment at
 once, each submission's forkserver started before nbgrader, importing once what its ranks
