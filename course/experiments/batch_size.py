@@ -4,19 +4,14 @@
     curves = sweep(world_sizes=(1, 2, 4, 8))   # {(N, rule): loss per epoch}
 
 Each of N ranks trains the same small classifier (a 2-layer MLP) under DDP on its shard of
-one fixed data set, with a fixed per-rank batch, for the same number of epochs: a global
-batch of N times the per-rank batch, and N times fewer steps per epoch. Three learning-rate
+one fixed data set, with a fixed per-rank batch, for the same number of epochs. Three
+learning-rate
 rules, after Goyal et al. 2017 ("Accurate, Large Minibatch SGD: Training ImageNet in 1
 Hour"): the N = 1 learning rate unchanged (``"same lr"``), the linear scaling rule
 ``lr * N`` from the first step (``"lr x N"``), and the linear rule reached by a linear warmup
 over the first steps (``"lr x N, warmup"``). The loss is the whole data set's, after each
 epoch (the first value before any step); every rank holds the same model, so rank 0's is
 every rank's.
-
-With the defaults (lr 0.2 at N = 1) the linear rule holds at N = 4 and 8. With lr 0.5, lr x N
-overshoots at N = 4 (the loss spikes above its start in the first epoch, on data seeds 0 and
-2 of 0-2) and a one-epoch warmup (16 steps at N = 4) avoids the spike; at N = 8 (lr 4) both
-diverge: the linear rule has a limit, as Goyal et al. found beyond 8k images per batch.
 
     torchrun --nproc-per-node 4 -m course.experiments.batch_size
 """

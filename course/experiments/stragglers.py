@@ -2,8 +2,8 @@
 
     from course.experiments.stragglers import straggler_run, step_seconds, backup_step
     spans = straggler_run(world_size=4, slow_rank=3, slowdown=2.0)
-    step_seconds(spans)                  # per rank: the median step, slow rank's for all
-    backup_step(arrivals(spans)[0], b=1) # what dropping the slowest gradient would give
+    step_seconds(spans)                  # per rank: the median step
+    backup_step(arrivals(spans)[0], b=1) # a step with one backup worker, from the arrivals
 
 Each rank trains the same small MLP under DDP on its own batch. The compute is emulated:
 the model's forward sleeps ``compute_s`` seconds (``slowdown`` times that on the slow rank),
@@ -126,9 +126,9 @@ def arrivals(spans: Sequence[Sequence[dict[str, float]]]) -> list[list[float]]:
 
 
 def backup_step(ready: Sequence[float], b: int, allreduce_s: float = 0.0) -> dict[str, object]:
-    """What a step with ``b`` backup workers would take, from when each rank's gradient was
-    ready: it goes on at the ``(N-b)``-th arrival, with the ``N-b`` earliest gradients, and
-    averages over those (Chen et al. 2016); ``allreduce_s`` is the all-reduce after it."""
+    """A step with ``b`` backup workers (Chen et al. 2016), played on the times each rank's
+    gradient was ready: its seconds, the ranks kept and dropped, and what the sum of the
+    kept gradients is divided by; ``allreduce_s`` is the all-reduce after it."""
     n = len(ready)
     if not 0 <= b < n:
         raise ValueError(f"need 0 <= b < {n} backups, got {b}")

@@ -165,12 +165,9 @@ def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float]) -> tuple[fl
 
 
 def crossover_size(alpha: float, beta: float, world_size: int) -> float:
-    """The tensor size in bytes where recursive doubling and the ring take equal time.
-
-    Below it the tree's fewer steps win, above it the ring's fewer bytes: where the two
-    costs of :func:`recursive_doubling` and :func:`ring` meet, for N a power of two of at
-    least 4 (on 2 ranks the two are the same exchange).
-    """
+    """The tensor size in bytes where the alpha-beta costs of :func:`recursive_doubling` and
+    :func:`ring` are equal, for N a power of two of at least 4 (on 2 ranks the two are the
+    same exchange)."""
     if world_size < 4 or world_size & (world_size - 1):
         raise ValueError(f"need a power of two of at least 4 ranks, got {world_size}")
     steps = math.log2(world_size)

@@ -26,7 +26,7 @@
 #    one, `tree_allreduce`, and find the crossover yourself;
 # 3. **hierarchy**: ranks on several machines, where the links between machines are slower
 #    than those inside one; you write `hierarchical_allreduce` on process subgroups;
-# 4. **stragglers**: one slow rank, and what every other rank does while it catches up;
+# 4. **stragglers**: one slow rank, and what it does to the others' steps;
 # 5. **the batch size**: what N ranks do to the batch, and to the learning rate it needs.
 #
 # As before, `%%ranks N` runs a cell on N gloo ranks, and `course.ranks.run(fn, N, ...)` runs a
@@ -55,8 +55,8 @@ from course.ranks import run
 # The alpha-beta model prices a message of n bytes at t(n) = alpha + n beta: **alpha** is
 # what any message pays (the system calls, the network stack, the handshake of a send with
 # its receive), **beta** the time per byte, one over the link's bandwidth. The cell times one
-# `dist.send` / `dist.recv` between two ranks at sizes from 1 KB to 64 MB (each the median of
-# several round trips, halved), fits the model by least squares, and draws both.
+# `dist.send` / `dist.recv` between two ranks at sizes from 1 KB to 64 MB (each the fastest of
+# many round trips, halved), fits the model to those times, and draws both.
 
 # %% nbgrader={"grade": false, "grade_id": "alpha_beta_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.experiments import latency
@@ -281,8 +281,8 @@ check_answer(
 #
 # Receive into a buffer of the tensor's own shape and dtype, never into the tensor you are
 # still sending. Graded in two parts: right sums (4 points) on world sizes 2 to 6, and a real
-# recursive doubling (4 points): at every step the right partner, the whole tensor, and a
-# partial sum that holds exactly the ranks it should, read from a recorded run.
+# recursive doubling (4 points) on 2 to 8: at every step the right partner, the whole tensor,
+# and a partial sum that holds exactly the ranks it should, read from a recorded run.
 
 # %% nbgrader={"grade": false, "grade_id": "tree_allreduce", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def tree_allreduce(tensor: torch.Tensor) -> None:
@@ -355,7 +355,7 @@ print(check_tree_pattern(tree_allreduce))
 # and the model's crossover marked. For a fair race, paste your `ring_allreduce` from the
 # ring assignment into the first cell below (Python against Python): left as it is, the
 # ring is gloo's own `dist.all_reduce`, a ring in C++. Where does the measured crossover fall against
-# the model's, and why (question synchrony_2)?
+# the model's?
 
 # %% nbgrader={"grade": false, "grade_id": "your_ring", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ring_allreduce(tensor: torch.Tensor) -> None:
@@ -575,8 +575,7 @@ print(check_hierarchical_pattern(hierarchical_allreduce))
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_4_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 4. Stragglers
 #
-# A synchronous step is as fast as its slowest rank. On a real cluster a rank falls behind
-# for reasons of its own: a slower or hotter chip, a noisy neighbour on a shared host, a
+# On a real cluster one rank can fall behind the others for reasons of its own: a slower or hotter chip, a noisy neighbour on a shared host, a
 # garbage-collection pause, a bad link, a longer sequence in its batch.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_5_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -807,10 +806,10 @@ print(check_step_with_backups(step_with_backups))
 # ranks, each still taking a batch of 16 (DDP averages their gradients), for the same 4 epochs
 # and the same learning rate. Compared with 1 rank, its loss after 4 epochs is:
 #
-# * a) The same: each sample is seen as often as before, four times.
-# * b) Lower: a batch 4 times larger gives a less noisy gradient each step.
+# * a) The same: each sample is seen as often as before; keep the rate.
+# * b) Lower: the 4 times larger batch is less noisy; keep the rate.
 # * c) Higher: 4 times fewer steps of the same size; scale the rate by 4.
-# * d) Diverged: the average over 4 ranks makes every step 4 times longer.
+# * d) Diverged: the mean over 4 ranks makes steps 4 times longer; divide it.
 #
 # Set `answer_synchrony_7` to your letter and run the cell below it.
 
@@ -872,8 +871,8 @@ pictures.loss_curves_figure(curves)
 # unscaled rate over the first epochs. On the model and data of the last question (4 ranks,
 # 4 epochs, the same seed), what does a one-epoch warmup to 2.0 change?
 #
-# * a) Nothing: with the same rate after warmup, the loss ends just the same.
-# * b) It makes things worse: the first epoch's steps are too small to help.
+# * a) Nothing: the first epoch's spike comes back once the rate is 2.0.
+# * b) It makes it worse: its small early steps leave the spike for later.
 # * c) It does not help: the spike comes from the batch, not from the rate.
 # * d) It stops the first epoch's spike, and the loss ends near one rank's.
 #
@@ -899,9 +898,9 @@ check_answer(
     it went 0.834, 0.163, ... and ended at 0.034. At the start the weights are far from any
     minimum and the gradients are large: a step 4 times longer than the one that worked on 1 rank
     overshoots, and from there training may not recover within the epochs it has. Once the loss
-    has come down, the scaled rate is safe. a) the spike is in the first epoch, before warmup
-    ends, and its damage stays. b) warmup's early steps are as long as 1 rank's, which worked.
-    c) the same batch of 64 at the warmed-up rate did not spike. Warmup is insurance: with data
+    has come down, the scaled rate is safe: a) once the rate reached 2.0 the loss was 0.163 and
+    falling, and no spike came, then or later (b); warmup's early steps are as long as 1
+    rank's, which worked. c) the same batch of 64 at the warmed-up rate did not spike. Warmup is insurance: with data
     seed 1 the scaled rate did not spike at all and warmup ended a little higher (0.048 against
     0.018), and at 8 ranks (a rate of 4.0) both diverged: the linear rule stops working at some
     batch size, which is why large-batch training adds tricks such as LARS.
@@ -922,6 +921,13 @@ check_answer(
 cold = batch_size.sweep(world_sizes=(1, 4), rules=("lr x N",), lr=0.5)
 for (n, rule), losses in cold.items():
     print(f"N = {n}, lr {0.5 * n:g}:", "  ".join(f"{x:.3f}" for x in losses))
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "part_6_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 6. Reading a bandwidth figure
+#
+# Benchmarks of collectives (nccl-tests, and the ring assignment's own) print two bandwidths
+# for one run: the algorithm bandwidth, the tensor's size over the time, and the bus
+# bandwidth. The last question is about the second.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_9_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question synchrony_9: bus bandwidth
@@ -998,7 +1004,5 @@ for n, row in rows.items():
 # here every rank is a process on one machine with 2 cores, every link is loopback TCP, and
 # ranks take turns on the CPU. On a real network alpha is smaller, the links run in parallel,
 # and no rank waits for a core, so the tree's crossover sits nearer the model's, busbw stays
-# flatter as N grows, and a straggler costs what its own slowness costs. What holds
-# everywhere: a synchronous step pays for its slowest rank and its slowest link, and every
-# call has a fixed cost of its own. The explanations of the questions come with your
-# feedback.
+# flatter as N grows, and no rank waits for another's turn on a core. The explanations of
+# the questions come with your feedback.
