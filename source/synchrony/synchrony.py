@@ -247,9 +247,11 @@ check_answer(
     the alpha and beta fitted here (the crossover figure after exercise 1 marks it). In general
     S* = alpha (2(N-1) - log2 N) / (beta (log2 N - 2(N-1)/N)), 8.8 alpha / beta on 8 ranks.
     Measured with the model tree and ring (both Python point-to-point code) on 4 ranks, the tree
-    was 1.9 to 12.6 times faster at 1 KB and the ring 1.2 to 3.3 times faster at 32 MB; the
-    crossover fell between 1 and 32 MB, most often at 4 MB, at or above the model's, because each
-    of the ring's 6 dependent steps costs more than alpha here (question synchrony_2). a) alpha /
+    was 1.9 to 6 times faster over 1 to 64 KB (the median; one small size alone varies, a
+    call's fixed cost dominating there) and the ring 1.1 to 2.6 times faster at 16 and 32 MB;
+    the crossover fell between 1 and 32 MB, most often at 4 MB, at or above the model's,
+    because each of the ring's 6 dependent steps costs more than alpha here (question
+    synchrony_2). a) alpha /
     beta is where one message reaches half its bandwidth, not where the two algorithms tie. c)
     saving 4 alpha is right, but the tree also sends 0.5 S more per rank, and the two balance at
     8 alpha / beta, not 2. d) the tree sends 2 S per rank against the ring's 1.5 S, so large
