@@ -62,6 +62,8 @@ def hub_config(cls: Any, proxy: Path) -> str:
         "JupyterHub.hub_port": hub,
         "ConfigurableHTTPProxy.api_url": f"http://127.0.0.1:{api}",
         "ConfigurableHTTPProxy.command": [str(proxy)],
+        # where the hub finds a proxy left by a run that died, and stops it before its own
+        "ConfigurableHTTPProxy.pid_file": str(cls.root / "hub" / "jupyterhub-proxy.pid"),
         "JupyterHub.db_url": f"sqlite:///{cls.root / 'hub' / 'jupyterhub.sqlite'}",
         "JupyterHub.cookie_secret_file": str(cls.root / "hub" / "cookie_secret"),
         "JupyterHub.pid_file": str(cls.root / "hub" / "jupyterhub.pid"),
@@ -87,6 +89,7 @@ def hub_config(cls: Any, proxy: Path) -> str:
                 "cwd": str(cls.course),
                 "environment": service_env,
                 "oauth_no_confirm": True,
+                "timeout": 120,  # seconds to come up: a loaded machine needs more than 30
             }
         ],
     }  # fmt: skip

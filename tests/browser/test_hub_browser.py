@@ -99,7 +99,14 @@ def cls() -> Iterator[hub.Class]:
             proc.wait()
         for user in (*the_class.users, the_class.grader):
             subprocess.run(["pkill", "-KILL", "-u", user], check=False)  # the test's own accounts
+        _stop_proxy(the_class)  # a hub that died starting leaves its proxy (its own session)
         hub.remove_accounts(the_class)
+
+
+def _stop_proxy(the_class: hub.Class) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        pid = int((the_class.root / "hub" / "jupyterhub-proxy.pid").read_text())
+        os.kill(pid, 9)
 
 
 def _wait_for(the_class: hub.Class, proc: subprocess.Popen) -> None:
