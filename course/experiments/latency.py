@@ -19,12 +19,13 @@ loopback interface: alpha is the kernel's and gloo's software path (tens of micr
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
 from course.ranks import run
+from course.ring.bandwidth import AllReduce, timed_calls
 from course.ring.cost import algbw, busbw, fit_alpha_beta
 
 __all__ = [
@@ -80,9 +81,6 @@ def pingpong(sizes: Sequence[int] = SIZES, repeats: int = 11) -> dict[int, float
     return run(pingpong_rank, 2, tuple(sizes), repeats)[0]
 
 
-AllReduce = Callable[[torch.Tensor], object]
-
-
 def allreduce_rank(
     fn: AllReduce, numels: Sequence[int], repeats: int = 5
 ) -> dict[int, list[float]]:
@@ -90,17 +88,7 @@ def allreduce_rank(
 
     Every call is started together (a barrier before it) after one warm-up call.
     """
-    times: dict[int, list[float]] = {}
-    for numel in numels:
-        tensor = torch.ones(numel)
-        fn(tensor)
-        times[numel] = []
-        for _ in range(repeats):
-            dist.barrier()
-            start = time.perf_counter()
-            fn(tensor)
-            times[numel].append(time.perf_counter() - start)
-    return times
+    return {numel: timed_calls(fn, torch.ones(numel), repeats) for numel in numels}
 
 
 def time_allreduce(

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from course.ranks import run
 from course.ring.cost import busbw
 
-__all__ = ["BusbwRow", "compare_busbw", "measure_busbw"]
+__all__ = ["BusbwRow", "compare_busbw", "measure_busbw", "timed_calls"]
 
 AllReduce = Callable[[torch.Tensor], object]
 
@@ -38,21 +38,28 @@ class BusbwRow:
     gbps: float
 
 
+def timed_calls(fn: AllReduce, tensor: torch.Tensor, iters: int) -> list[float]:
+    """On each rank: one warm-up call of ``fn(tensor)``, then the seconds of ``iters`` calls,
+    each started together on every rank (a barrier before it)."""
+    fn(tensor)
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        start = time.perf_counter()
+        fn(tensor)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def _time_rank(
     contenders: dict[str, AllReduce], megabytes: Sequence[float], iters: int
 ) -> dict[tuple[str, float], list[float]]:
-    """On each rank: one warm-up call, then ``iters`` timed calls per contender and size."""
+    """On each rank: :func:`timed_calls` per size and contender, the contenders alternating."""
     times: dict[tuple[str, float], list[float]] = {}
     for mb in megabytes:
         tensor = torch.ones(int(mb * 2**20) // 4)
         for name, fn in contenders.items():
-            fn(tensor)
-            times[name, mb] = []
-            for _ in range(iters):
-                dist.barrier()
-                start = time.perf_counter()
-                fn(tensor)
-                times[name, mb].append(time.perf_counter() - start)
+            times[name, mb] = timed_calls(fn, tensor, iters)
     return times
 
 
