@@ -20,8 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from course.checks.allreduce import LAUNCH_TIMEOUT, SHOWN, trace_collectives
 from course.checks.compare import fresh_seed
-from course.checks.ring import LAUNCH_TIMEOUT, SHOWN, trace_collectives
 from course.checks.ring_cases import (
     Case,
     collectives_called,
