@@ -15,9 +15,11 @@ from course.ring.trace import ranks_in
 __all__ = [
     "BAD",
     "FULL",
+    "GATHERED",
     "INK",
     "NODE",
     "OWN",
+    "SHARDED",
     "Sizes",
     "colorscale",
     "counter",
@@ -28,6 +30,7 @@ __all__ = [
 
 OWN, FULL, BAD, INK, NODE = "#e6e6e6", "#f28e2b", "#d62728", "#333333", "#4c72b0"
 PARTIAL_LIGHT, PARTIAL_DARK = (198, 219, 239), (33, 113, 181)
+GATHERED, SHARDED = "rgb(158,202,225)", "#59a14f"  # FSDP: a gathered slot, a gradient shard
 
 
 def phase_name(step: int, world_size: int) -> str:
