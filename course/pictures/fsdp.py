@@ -16,6 +16,7 @@ rank holds over the step (ranks are alike), the current event marked. :class:`Fs
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
@@ -25,6 +26,9 @@ from course.pictures.fsdp_layout import CURSOR, GRID, MARK, OUTLINE, OUTLINE_TEX
 from course.pictures.fsdp_schedule import Event, Schedule, fsdp_schedule, schedule_from_trace
 from course.pictures.view import Frame
 from course.ranks.wording import count
+
+if TYPE_CHECKING:
+    from course.pictures.fsdp_widget import FsdpWidget
 
 __all__ = ["FsdpView", "fsdp_figure", "fsdp_widget", "run_figure", "schedule_figure"]
 
@@ -200,7 +204,7 @@ def fsdp_widget(
     prefetch: bool = False,
     trace: Iterable[object] | None = None,
     unit_numels: Sequence[int] | None = None,
-) -> object:
+) -> FsdpWidget:
     """The FSDP step with play/step controls (``course.pictures.fsdp_widget``); with a
     ``trace`` (one rank's collectives) and its ``unit_numels``, the step of your own run."""
     from course.pictures.fsdp_widget import FsdpWidget

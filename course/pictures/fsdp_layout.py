@@ -22,11 +22,11 @@ DYNAMIC = (GRID, OUTLINE, OUTLINE_TEXT, CURSOR, MARK)
 # The grid's values (course.pictures.fsdp): not held, own shard, gathered, full grad, grad shard
 COLOURS = (OWN, NODE, GATHERED, FULL, SHARDED)
 LEGEND = (
-    "slot not held",
-    "parameters: own shard (always kept)",
-    "parameters: gathered from another rank",
-    "gradient: full (before reduce-scatter)",
-    "gradient: own shard of the mean (kept)",
+    "empty slot (not held)",
+    "params: own shard (always kept)",
+    "params: gathered from another rank",
+    "grads: full, before reduce-scatter",
+    "grads: own shard of the mean (kept)",
 )
 HEIGHT = 700
 
@@ -65,7 +65,7 @@ def _outline() -> list[go.Scatter]:
         mode="lines",
         line={"color": INK, "width": 3},
         hoverinfo="skip",
-        name="the unit the current event acts on",
+        showlegend=False,  # the legend's entry is a trace of its own: this one starts empty
     )
     text = go.Scatter(
         x=[],
@@ -106,7 +106,7 @@ def _memory(view: FsdpView) -> list[go.Scatter]:
         go.Scatter(
             x=[0, view.last],
             y=[1, 1],
-            name="the whole model's parameters (1 x)",
+            name="the whole model (1 x)",
             line={"color": "#999999", "width": 1, "dash": "dot"},
             hoverinfo="skip",
             xaxis="x2",
@@ -142,7 +142,7 @@ def _cursor(view: FsdpView) -> go.Scatter:
         mode="lines",
         hoverinfo="skip",
         line={"color": INK, "width": 1.5},
-        name="now (the current event)",
+        name="the current event",
     )
 
 
@@ -160,8 +160,16 @@ def _mark() -> go.Scatter:
 
 
 def _legend() -> list[go.Scatter]:
-    """One square per colour of the grid: a heatmap has no legend entries of its own."""
-    return [
+    """The box, then one square per colour of the grid: a heatmap has no legend entries."""
+    box = go.Scatter(
+        x=[None],
+        y=[None],
+        mode="lines",
+        name="the unit of the current event",
+        line={"color": INK, "width": 3},
+        hoverinfo="skip",
+    )
+    squares = [
         go.Scatter(
             x=[None],
             y=[None],
@@ -177,6 +185,7 @@ def _legend() -> list[go.Scatter]:
         )
         for name, colour in zip(LEGEND, COLOURS, strict=True)
     ]
+    return [box, *squares]
 
 
 def layout(view: FsdpView) -> go.Layout:
@@ -189,13 +198,13 @@ def layout(view: FsdpView) -> go.Layout:
     rank_text = [t for r in range(n) for t in (f"rank {r} params", "grads")]
     return go.Layout(
         height=HEIGHT,
-        margin={"l": 20, "r": 20, "t": 80, "b": 130, "autoexpand": False},
+        margin={"l": 110, "r": 20, "t": 80, "b": 130, "autoexpand": False},
         plot_bgcolor="white",
         title={"font": {"size": 15}, "x": 0.01, "xanchor": "left", "y": 0.98, "yanchor": "top"},
-        legend={"x": 0.6, "y": 0.45, "yanchor": "top", "font": {"size": 12}},
+        legend={"x": 1.0, "xanchor": "right", "y": 0.45, "yanchor": "top", "font": {"size": 12}},
         xaxis={
             **axis,
-            "domain": [0.08, 0.52],
+            "domain": [0.0, 0.5],
             "side": "top",
             "tickvals": unit_ticks,
             "ticktext": [f"unit {u}" for u in range(view.units)],
@@ -213,7 +222,7 @@ def layout(view: FsdpView) -> go.Layout:
         },
         xaxis2={
             **axis,
-            "domain": [0.6, 1.0],
+            "domain": [0.65, 1.0],
             "anchor": "y2",
             "range": [-0.5, view.last + 0.5],
             "title": {"text": "event", "standoff": 2},
@@ -225,6 +234,6 @@ def layout(view: FsdpView) -> go.Layout:
             "range": [0, top],
             "showgrid": True,
             "gridcolor": "#eeeeee",
-            "title": {"text": "held by one rank (x model size)"},
+            "title": {"text": "held by one rank<br>(x model size)"},
         },
     )
