@@ -386,7 +386,7 @@ check_answer(
     explanation="""
     Measured order in backward on 6 layers (units 0, 2, ..., 10 of the Sequential): gather 10,
     gather 8, compute 10, gather 6, compute 8, ... : FSDP2 prefetches one unit ahead in backward
-    implicitly, in the order forward ran, while in forward it prefetches only when told (the
+    implicitly, in the reverse of forward's order, while in forward it prefetches only when told (the
     measured forward order was gather 0, compute 0, gather 2, ...). So the backward peak is 2
     layers. b) is forward's default, not backward's. c) would hold every layer at once, the memory
     of no sharding. d) is reshard_after_forward=False. On gloo the prefetched gather overlaps
