@@ -328,10 +328,11 @@ check_answer(
     calls shows why: with the prefetch a rank issues layer 1's gather before layer 0 computes, so
     while layer 0 runs, layer 0's parameters, its buffer and layer 1's gather buffer are all
     alive. d) FSDP2 allocates each gather's output afresh. c) one prefetch target is one layer.
-    What the prefetch buys is overlap, and on gloo that is little: the rank spent 2 to 5% of the
-    time between issuing a prefetched gather and copying it out in matmuls, and the step took
-    0.8 to 1.5 times as long as without prefetch over runs, no steady gain on 2 shared cores. On
-    GPUs, NCCL's gathers run on their own stream beside the compute, where it pays.
+    What the prefetch buys is overlap, and on gloo that is little: over runs on 2 ranks, the
+    matmuls took 2 to 30 ms of a recorded forward of 70 to 200 ms (the rest FSDP2's and gloo's),
+    the prefetch moved about 2 ms of them into the gathers' windows, the time waited for gathers
+    did not fall steadily (3 to 17 ms with it, 5 to 9 without), and a step took 0.5 to 1.5 times
+    as long as without it. On GPUs, NCCL's gathers run on their own stream beside the compute.
     """,
     giveaways=(
         r"3 layers in forward",
@@ -386,8 +387,8 @@ check_answer(
     explanation="""
     Measured order in backward on 6 layers (units 0, 2, ..., 10 of the Sequential): gather 10,
     gather 8, compute 10, gather 6, compute 8, ... : FSDP2 prefetches one unit ahead in backward
-    implicitly, in the reverse of forward's order, while in forward it prefetches only when told (the
-    measured forward order was gather 0, compute 0, gather 2, ...). So the backward peak is 2
+    implicitly, in the reverse of forward's order, while in forward it prefetches only when told
+    (the measured forward order was gather 0, compute 0, gather 2, ...). So the backward peak is 2
     layers. b) is forward's default, not backward's. c) would hold every layer at once, the memory
     of no sharding. d) is reshard_after_forward=False. On gloo the prefetched gather overlaps
     little: gloo runs it on its own threads, which compete with the matmuls for 2 shared cores.
