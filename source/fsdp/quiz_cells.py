@@ -103,7 +103,7 @@ check_answer(
     1 + 2 = 4 bytes per parameter, a quarter of fp32 Adam's 16. Every parameter of a unit is
     sharded, whatever the unit's size, and its gradient is reduce-scattered into a shard of the
     same size; Adam then keeps its moments for the shards only. What the units change is the peak
-    of gathered parameters during the step (the next question), not what stays between steps. a)
+    of gathered parameters during the step (question fsdp_3), not what stays between steps. a)
     and c) mistake one unit for no sharding; b) is ZeRO-1's gradients. The same holds on GPUs;
     there the caching allocator may also keep freed blocks reserved.
     """,
@@ -213,8 +213,8 @@ check_answer(
     explanation="""
     Measured: 0.753 model sizes in forward and 1.507 in backward, 2.26 in all (3.01 with
     resharding: 0.753 and 2.26). Each layer's gather sends (N-1)/N = 0.75 of it, and gloo's
-    reduce_scatter_tensor sends an all-reduce's bytes, 2(N-1)/N = 1.5 (the zero assignment's first
-    question), so without the backward gather a step is 0.75 + 1.5 per layer. With NCCL, whose
+    reduce_scatter_tensor sends an all-reduce's bytes, 2(N-1)/N = 1.5 (question zero_1),
+    so without the backward gather a step is 0.75 + 1.5 per layer. With NCCL, whose
     reduce-scatter is a ring half of 0.75, the same flag turns 3(N-1)/N = 2.25 into 2(N-1)/N = 1.5:
     b) is that answer, not gloo's. c) forgets that backward then has nothing to gather. d) FSDP
     reduce-scatters each unit's gradient in backward (4 reduce_scatter_tensor calls measured), not
@@ -270,7 +270,7 @@ check_answer(
     Measured: 589824 bytes, 9 layers of 65536. Without resharding every layer's gathered parameters
     stay from its forward to its backward, so the forward ends with all 8 gathered, and FSDP2
     holds a flat all-gather buffer besides: the one it copies a layer's parameters out of, kept in
-    forward until the next layer's copy-out (the question before last). With resharding the peak
+    forward until the next layer's copy-out (question fsdp_3). With resharding the peak
     is 2 layers. c) is the textbook count, which leaves out FSDP2's buffer; a) and b) describe
     resharding after forward. reshard_after_forward=False is ZeRO-2's memory for parameters (a
     full replica) with ZeRO-3's sharded gradients and state: fewer gathers for more memory.
@@ -468,7 +468,8 @@ check_answer(
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_8_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 held = fsdp_precision.held_on_ranks(2, param_dtype="bf16")[0]
-print(held)
+print({k: held[k] for k in ("params", "grads", "state", "peak unsharded")}, "bytes per parameter")
+print("dtypes held:", held["dtypes"])
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_9_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fsdp_9: reducing in bf16
