@@ -1,0 +1,585 @@
+# A fragment of source/fsdp/fsdp.py: the quiz items, each with its measuring cell, in jupytext
+# percent format with nbgrader metadata. Not a notebook of its own: include these cells in
+# the notebook. Each item runs on 2 to 4 gloo ranks in a few seconds.
+#
+# The imports these cells need (the notebook's setup cell):
+#
+#     from course.checks import check_answer
+#     from course.experiments import fsdp, fsdp_precision, fsdp_timeline
+#     from course.ranks import run
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question fsdp_1: one weight on three ranks
+#
+# *Difficulty 1/3*
+#
+# torch's `fully_shard` shards an `nn.Linear` weight of shape (7, 5) over 3 ranks (FSDP2, as
+# `zero` used it). 7 rows do not split evenly over 3 ranks. What does each rank keep of the
+# weight, rank 0, 1 and 2 in turn?
+#
+# * a) 12, 12 and 11 of its 35 elements, flattened and split evenly.
+# * b) 3, 3 and 1 rows, each shard's storage with room for 3 rows.
+# * c) 3, 2 and 2 rows, as even as whole rows allow, unpadded.
+# * d) All 7 rows each: a weight that does not split is replicated.
+#
+# Set `answer_fsdp_1` to your letter and run the cell below it.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_fsdp_1 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_fsdp_1 = "b"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "fsdp_1_check", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_fsdp_1", answer_fsdp_1, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_fsdp_1",
+    answer_fsdp_1,
+    choices="abcd",
+    key="b",
+    explanation="""
+    The weight becomes a DTensor with placement Shard(0): it is cut along dim 0 into pieces of
+    ceil(7 / 3) = 3 rows, the last rank keeping what is left. Measured local shapes: (3, 5), (3, 5),
+    (1, 5), and each local tensor a view into 60 bytes of storage (3 rows of 5 float32), rank 2's
+    too: FSDP2 pads every shard to the same size so that its all-gather moves equal pieces, and
+    the gathered weight is 9 rows (180 bytes), of which the module uses 7. A (2, 3) weight on 3
+    ranks leaves rank 2 an empty shard of shape (0, 3). a) is FSDP1's flat parameter (and the
+    `fully_shard` you write here: one flat, padded shard per unit), not FSDP2's per-parameter
+    sharding. c) is numpy's array_split. d) fully_shard never replicates a weight for its size.
+    This is FSDP2's own layout, the same on GPUs with NCCL.
+    """,
+    giveaways=(
+        r"\(3, 5\), \(3, 5\),\s+\(1, 5\)",
+        r"ceil\(7 / 3\) = 3 rows",
+        r"60 bytes of storage",
+    ),
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it**, for a bias of 10 elements on 4 ranks: the placement, each rank's local shape,
+# and the bytes of the storage behind it.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+layout = run(fsdp.shard_layout, 4, (10,))
+for rank, shard in enumerate(layout):
+    print(rank, shard["placements"], shard["global"], "->", shard["local"], shard["storage"], "B")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question fsdp_2: units and what a rank holds
+#
+# *Difficulty 1/3*
+#
+# A model of 8 equal fp32 layers trains with Adam on 4 ranks under torch's `fully_shard`. Between
+# two steps, what do a rank's parameters, gradients and Adam state come to, per parameter of the
+# model, with each layer a unit of its own, and with one unit wrapping the whole model?
+#
+# * a) 4 bytes with a unit per layer; 16 with one unit, never sharded.
+# * b) 4 bytes with a unit per layer; 8 with one unit, gradients whole.
+# * c) 16 bytes either way: sharding saves memory only inside the step.
+# * d) 4 bytes either way: units set only what is gathered at once.
+#
+# Set `answer_fsdp_2` to your letter and run the cell below it.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_fsdp_2 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_fsdp_2 = "d"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "fsdp_2_check", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_fsdp_2", answer_fsdp_2, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_fsdp_2",
+    answer_fsdp_2,
+    choices="abcd",
+    key="d",
+    explanation="""
+    Measured on 4 ranks, both ways: 131072 bytes of parameters, 131072 of gradients and 262144 of
+    Adam's two moments on each rank, for a model of 524288 bytes (131072 parameters): exactly 1 +
+    1 + 2 = 4 bytes per parameter, a quarter of fp32 Adam's 16. Every parameter of a unit is
+    sharded, whatever the unit's size, and its gradient is reduce-scattered into a shard of the
+    same size; Adam then keeps its moments for the shards only. What the units change is the peak
+    of gathered parameters during the step (question fsdp_3), not what stays between steps. a)
+    and c) mistake one unit for no sharding; b) is ZeRO-1's gradients. The same holds on GPUs;
+    there the caching allocator may also keep freed blocks reserved.
+    """,
+    giveaways=(
+        r"1 \+\s+1 \+ 2 = 4 bytes",
+        r"both ways: 131072",
+        r"not what stays between steps",
+    ),
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it**, on 2 ranks with a unit per layer: the bytes a rank holds after an Adam step, and
+# the model's full size.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+held = fsdp.memory_on_ranks(2, per_layer=True)[0]
+print({k: held[k] for k in ("model", "params", "grads", "state")})
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question fsdp_3: one unit for the whole model
+#
+# *Difficulty 3/3*
+#
+# The same model, 8 layers of M/8 bytes each (M the fp32 model's bytes), on 4 ranks, now with
+# one `fully_shard` unit wrapping all of it (reshard after forward left on). What is the peak
+# of unsharded parameter bytes a rank holds during a forward and backward, measured?
+#
+# * a) M / 4: each rank gathers only the part it trains on.
+# * b) M: the whole model, gathered once and freed after.
+# * c) 2 M: the gathered model exists twice over for a while.
+# * d) 4 M: one whole model gathered from each of the 4 ranks.
+#
+# Set `answer_fsdp_3` to your letter and run the cell below it.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_fsdp_3 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_fsdp_3 = "c"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "fsdp_3_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_fsdp_3", answer_fsdp_3, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_fsdp_3",
+    answer_fsdp_3,
+    choices="abcd",
+    key="c",
+    explanation="""
+    Measured: 1048576 bytes at the peak for a model of 524288, twice the model. FSDP2 all-gathers a
+    unit into one flat buffer, then copies it out into a tensor of each parameter's own
+    (split_with_sizes_copy, in its all_gather_copy_out): for that copy-out both exist, and in
+    forward it keeps the flat buffer until the next unit's copy-out (to overlap them on a GPU).
+    With one unit per layer the same doubling costs 2 layers, 131072 bytes (1/4 of M). b) is the
+    textbook count of one gathered unit. a) is data parallelism's mistake: every rank runs the
+    whole model on its own batch and needs all its parameters. d) counts the gather's inputs, but
+    the buffer is one model's size. The same copy-out runs on GPUs with NCCL; the CUDA caching
+    allocator keeps freed blocks reserved on top of this.
+    """,
+    giveaways=(
+        r"1048576",
+        r"split_with_sizes_copy",
+        r"twice the model",
+    ),
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it**, with a unit per layer instead, on 2 ranks: the peak of unsharded parameter bytes,
+# sampled before every op of a forward and backward (`fsdp.UnshardedPeak`), in layers.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+held = fsdp.memory_on_ranks(2, per_layer=True)[0]
+print(f"peak unsharded: {held['peak unsharded'] / held['layer']:.2f} layers of 8")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question fsdp_4: keeping the gathered layers
+#
+# *Difficulty 2/3*
+#
+# `fully_shard(layer, reshard_after_forward=False)` keeps each layer gathered from its forward
+# to its backward, so backward gathers nothing. On 4 gloo ranks, how many model sizes (fp32
+# bytes) does a rank send in one forward and backward, each of 4 layers a unit, then?
+#
+# * a) 2.25 sizes: per layer one gather and gloo's reduce-scatter.
+# * b) 1.5 sizes: per layer one gather and one ring reduce-scatter.
+# * c) 3 sizes: the flag saves memory; the gathers stay the same.
+# * d) 0.75 sizes: the gradients are reduced later, by the optimizer.
+#
+# Set `answer_fsdp_4` to your letter and run the cell below it.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_4_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_fsdp_4 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_fsdp_4 = "a"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "fsdp_4_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_fsdp_4", answer_fsdp_4, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_fsdp_4",
+    answer_fsdp_4,
+    choices="abcd",
+    key="a",
+    explanation="""
+    Measured: 0.753 model sizes in forward and 1.507 in backward, 2.26 in all (3.01 with
+    resharding: 0.753 and 2.26). Each layer's gather sends (N-1)/N = 0.75 of it, and gloo's
+    reduce_scatter_tensor sends an all-reduce's bytes, 2(N-1)/N = 1.5 (question zero_1),
+    so without the backward gather a step is 0.75 + 1.5 per layer. With NCCL, whose
+    reduce-scatter is a ring half of 0.75, the same flag turns 3(N-1)/N = 2.25 into 2(N-1)/N = 1.5:
+    b) is that answer, not gloo's. c) forgets that backward then has nothing to gather. d) FSDP
+    reduce-scatters each unit's gradient in backward (4 reduce_scatter_tensor calls measured), not
+    in the optimizer. The price is memory: every layer stays gathered until its backward.
+    """,
+    giveaways=(
+        r"0\.75 \+ 1\.5",
+        r"2\.26 in all",
+        r"1\.507 in backward",
+    ),
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it**, with resharding after forward left on (the default): the bytes a rank sent in
+# forward and in backward, in model sizes, and the collectives FSDP2 called, on 4 ranks.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+sent = fsdp.traffic_on_ranks(4, reshard_after_forward=True)
+print(f"forward {sent['forward']:.3f}, backward {sent['backward']:.3f} model sizes", sent["calls"])
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_5_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question fsdp_5: what stays gathered
+#
+# *Difficulty 2/3*
+#
+# The model of 8 equal layers, a unit per layer, 4 ranks, with `reshard_after_forward=False` on
+# every layer. What is the peak of unsharded parameter bytes a rank holds during a forward and
+# backward, in layers, measured?
+#
+# * a) 1 layer: each layer is still freed as soon as it has run.
+# * b) 2 layers: the one running and the one being gathered next.
+# * c) 8 layers: all of them, gathered one by one and kept to the end.
+# * d) 9 layers: all of them, and a gather buffer of one more on top.
+#
+# Set `answer_fsdp_5` to your letter and run the cell below it.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_5_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_fsdp_5 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_fsdp_5 = "d"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "fsdp_5_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_fsdp_5", answer_fsdp_5, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_fsdp_5",
+    answer_fsdp_5,
+    choices="abcd",
+    key="d",
+    explanation="""
+    Measured: 589824 bytes, 9 layers of 65536. Without resharding every layer's gathered parameters
+    stay from its forward to its backward, so the forward ends with all 8 gathered, and FSDP2
+    holds a flat all-gather buffer besides: the one it copies a layer's parameters out of, kept in
+    forward until the next layer's copy-out (question fsdp_3). With resharding the peak
+    is 2 layers. c) is the textbook count, which leaves out FSDP2's buffer; a) and b) describe
+    resharding after forward. reshard_after_forward=False is ZeRO-2's memory for parameters (a
+    full replica) with ZeRO-3's sharded gradients and state: fewer gathers for more memory.
+    The same holds on GPUs.
+    """,
+    giveaways=(
+        r"589824",
+        r"9 layers of 65536",
+        r"forward ends with all 8",
+    ),
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_5_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it**, on a model of 4 layers instead of 8 (2 ranks): the peak of unsharded parameter
+# bytes without resharding after forward, in layers.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+held = fsdp.memory_on_ranks(2, reshard_after_forward=False, depth=4)[0]
+print(f"peak unsharded: {held['peak unsharded'] / held['layer']:.2f} layers of 4")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_6_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question fsdp_6: prefetching the next layer
+#
+# *Difficulty 2/3*
+#
+# `layer.set_modules_to_forward_prefetch([next_layer])` on each of 6 layers makes torch's
+# `fully_shard` issue the next layer's all-gather before a layer's forward computes. On 2 gloo
+# ranks, what is then the peak of unsharded parameter bytes during the forward, in layers?
+#
+# * a) 1 layer: the prefetched gather takes the place of the usual one.
+# * b) 3 layers: one more than the 2 it holds in a forward without it.
+# * c) 6 layers: a prefetch gathers every layer still to come at once.
+# * d) 2 layers, as without it: the next gather reuses a freed buffer.
+#
+# Set `answer_fsdp_6` to your letter and run the cell below it.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_6_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_fsdp_6 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_fsdp_6 = "b"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "fsdp_6_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_fsdp_6", answer_fsdp_6, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_fsdp_6",
+    answer_fsdp_6,
+    choices="abcd",
+    key="b",
+    explanation="""
+    Measured: 3 layers in forward with the prefetch, 2 without (the gathered layer and its flat
+    buffer, kept until the next layer's copy-out), and 2 in backward either way. The order of
+    calls shows why: with the prefetch a rank issues layer 1's gather before layer 0 computes, so
+    while layer 0 runs, layer 0's parameters, its buffer and layer 1's gather buffer are all
+    alive. d) FSDP2 allocates each gather's output afresh. c) one prefetch target is one layer.
+    What the prefetch buys is overlap, and on gloo that is little: over runs on 2 ranks, the
+    matmuls took 2 to 30 ms of a recorded forward of 70 to 200 ms (the rest FSDP2's and gloo's),
+    the prefetch moved about 2 ms of them into the gathers' windows, the time waited for gathers
+    did not fall steadily (3 to 17 ms with it, 5 to 9 without), and a step took 0.5 to 1.5 times
+    as long as without it. On GPUs, NCCL's gathers run on their own stream beside the compute.
+    """,
+    giveaways=(
+        r"3 layers in forward",
+        r"its buffer and layer 1's gather buffer",
+        r"issues layer 1's gather before",
+    ),
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_6_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it**, without the prefetch: the order in which rank 0 issued all-gathers and ran each
+# unit's matmuls in forward (units named by their index in the `nn.Sequential`), and the peak
+# of unsharded bytes in each pass, in layers.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+timeline = fsdp_timeline.prefetch_on_ranks(2, forward_prefetch=False)[0]
+events = timeline["events"]
+backward_start = min(start for what, _, start, _ in events if what == "pre_backward")
+print(fsdp_timeline.gather_order(events, backward_start))
+print({phase: peak / timeline["layer"] for phase, peak in timeline["peak"].items()})
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_7_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question fsdp_7: gathers in backward
+#
+# *Difficulty 2/3*
+#
+# Backward runs the layers last to first, and with resharding after forward each layer must be
+# gathered again. With no `set_modules_to_backward_prefetch` call at all, when does a rank issue
+# the all-gather of the layer that comes next in backward, measured on 2 gloo ranks?
+#
+# * a) Before the current layer's backward: torch does this by itself.
+# * b) After the current layer's backward: there is no prefetch unless set.
+# * c) All at the start of backward, so every layer is ready when needed.
+# * d) Never: backward reuses the parameters gathered during forward.
+#
+# Set `answer_fsdp_7` to your letter and run the cell below it.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_7_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_fsdp_7 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_fsdp_7 = "a"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "fsdp_7_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_fsdp_7", answer_fsdp_7, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_fsdp_7",
+    answer_fsdp_7,
+    choices="abcd",
+    key="a",
+    explanation="""
+    Measured order in backward on 6 layers (units 0, 2, ..., 10 of the Sequential): gather 10,
+    gather 8, compute 10, gather 6, compute 8, ... : FSDP2 prefetches one unit ahead in backward
+    implicitly, in the reverse of forward's order, while in forward it prefetches only when told
+    (the measured forward order was gather 0, compute 0, gather 2, ...). So the backward peak is 2
+    layers. b) is forward's default, not backward's. c) would hold every layer at once, the memory
+    of no sharding. d) is reshard_after_forward=False. On gloo the prefetched gather overlaps
+    little: gloo runs it on its own threads, which compete with the matmuls for 2 shared cores.
+    """,
+    giveaways=(
+        r"gather 10,\s+gather 8, compute 10",
+        r"prefetches one unit ahead in backward",
+        r"implicitly",
+    ),
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_7_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it**, with forward prefetch set: the order of gathers and matmuls in the forward
+# (units named by their index in the `nn.Sequential`), and how much of the gathers' time rank 0
+# spent computing.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_7_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+timeline = fsdp_timeline.prefetch_on_ranks(2, forward_prefetch=True, memory=False)[0]
+events = timeline["events"]
+backward_start = min(start for what, _, start, _ in events if what == "pre_backward")
+print(fsdp_timeline.gather_order(events, backward_start))
+print(fsdp_timeline.overlap([e for e in events if e[2] < backward_start]))
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_8_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question fsdp_8: bytes of mixed precision
+#
+# *Difficulty 2/3*
+#
+# ZeRO's paper counts 2 + 2 + 12 = 16 bytes per parameter for mixed-precision Adam (fp16
+# parameters and gradients, fp32 master copy and moments). Under torch's `fully_shard` with
+# `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` on 4 ranks,
+# how many bytes per model parameter does a rank hold between steps?
+#
+# * a) 6 bytes: 16 / 4, plus the whole model in bf16, gathered and kept.
+# * b) 4.5 bytes: 16 / 4, plus a bf16 copy of its shard for the gathers.
+# * c) 4 bytes: an fp32 shard, its fp32 gradient, Adam's 2 fp32 moments.
+# * d) 3.5 bytes: as in fp32 training, but with the gradient shard in bf16.
+#
+# Set `answer_fsdp_8` to your letter and run the cell below it.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_8_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_fsdp_8 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_fsdp_8 = "c"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "fsdp_8_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_fsdp_8", answer_fsdp_8, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_fsdp_8",
+    answer_fsdp_8,
+    choices="abcd",
+    key="c",
+    explanation="""
+    Measured: 1 + 1 + 2 bytes per parameter (parameters, gradients, Adam state), all float32 local
+    shards, the same as without the policy. FSDP2 casts the fp32 shard to bf16 as it gathers,
+    computes in bf16, casts the bf16 gradient to fp32 for the reduce-scatter, and keeps nothing in
+    bf16 between steps. The bf16 copies are transient: the unsharded parameters, whose peak fell
+    from 2 to 1 byte per parameter with the policy (2 of 4 layers gathered, 2 bytes instead of 4).
+    ZeRO-3's 16 / N also gives 4, but made of a 2-byte parameter, a 2-byte gradient and 12 of
+    fp32 state; here the gradient is fp32 and no 16-bit parameter persists. d) would need
+    reduce_dtype=bf16. The same holds on GPUs.
+    """,
+    giveaways=(
+        r"1 \+ 1 \+ 2 bytes",
+        r"keeps nothing in\s+bf16",
+        r"from 2 to 1 byte",
+    ),
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_8_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it**, on 2 ranks: the bytes per model parameter a rank holds after an Adam step under
+# the policy, their dtypes, and the peak of unsharded bytes during the next step.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_8_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+held = fsdp_precision.held_on_ranks(2, param_dtype="bf16")[0]
+print({k: held[k] for k in ("params", "grads", "state", "peak unsharded")}, "bytes per parameter")
+print("dtypes held:", held["dtypes"])
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_9_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question fsdp_9: reducing in bf16
+#
+# *Difficulty 3/3*
+#
+# With `param_dtype=torch.bfloat16` each rank's gradients come out of backward in bf16. On 4 gloo
+# ranks, how far is the averaged gradient `fully_shard` leaves in the shards from the fp64 mean
+# of those same bf16 gradients (relative L2 error), reduced in bf16, and in fp32?
+#
+# * a) bf16: about 3e-3; fp32: about 1e-9 or less, nearly exact.
+# * b) About 3e-3 either way: the bf16 inputs had already lost it.
+# * c) About 1e-7 either way: a sum of 4 rounds off too little.
+# * d) bf16: about 3e-5, its 16 bits; fp32: about 1e-9 or less.
+#
+# Set `answer_fsdp_9` to your letter and run the cell below it.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_9_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_fsdp_9 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_fsdp_9 = "a"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "fsdp_9_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_fsdp_9", answer_fsdp_9, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_fsdp_9",
+    answer_fsdp_9,
+    choices="abcd",
+    key="a",
+    explanation="""
+    Measured: 2.6e-3 reducing in bf16 on 4 ranks (1.8e-3 on 2), and 1.6e-10 to 2.2e-10 in fp32.
+    bf16 keeps 8 significant bits (a relative rounding step of 2^-8, 3.9e-3), and every partial
+    sum of the reduction is rounded to it, more of them with more ranks. bf16 values are exact in
+    fp32, and a sum of 4 of them rounds at 2^-24 if at all; the division by 4 is exact. b) is the
+    usual worry, but the reference here is the mean of the same bf16 gradients: what the
+    reduction adds is the question. c) confuses bf16 with fp32's precision, d) bf16's 16 bits of
+    storage with its precision. This is why FSDP's mixed-precision recipes reduce in fp32. NCCL's
+    reductions also add partial sums in the tensor's dtype, so bf16 rounds there too.
+    """,
+    giveaways=(
+        r"2\.6e-3",
+        r"1\.6e-10",
+        r"partial\s+sum of the reduction is rounded",
+    ),
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_9_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it**, on 2 ranks, reducing in bf16: the relative error of the averaged gradient against
+# the fp64 mean of the ranks' own bf16 gradients (each rank recomputes its gradient with a
+# plain bf16 copy of the model).
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_9_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(f"{fsdp_precision.reduce_on_ranks(2, reduce_dtype='bf16'):.2e}")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_10_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Question fsdp_10: small gradients in 16 bits
+#
+# *Difficulty 2/3*
+#
+# A small model (6 tanh layers of 64, inputs and targets of standard deviation 0.03, the mean
+# squared error over 256 samples) has small gradients, many near 1e-7. Run in bf16 without any
+# loss scaling, what share of the gradient elements that are non-zero in fp32 come out 0?
+#
+# * a) More than in fp16: bf16 keeps 8 significant bits to fp16's 11.
+# * b) About as many as in fp16: both formats store 16 bits a number.
+# * c) None at all: bf16 reaches as far down as fp32, to about 1e-38.
+# * d) All of them: bf16 flushes what is below 2^-8 of the loss to 0.
+#
+# Set `answer_fsdp_10` to your letter and run the cell below it.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_10_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+answer_fsdp_10 = ""  # your answer: one letter, "a" to "d"
+### BEGIN SOLUTION
+answer_fsdp_10 = "c"
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "fsdp_10_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+check_answer("answer_fsdp_10", answer_fsdp_10, choices="abcd")
+### BEGIN HIDDEN TESTS
+check_answer(
+    "answer_fsdp_10",
+    answer_fsdp_10,
+    choices="abcd",
+    key="c",
+    explanation="""
+    Measured: 0 in bf16, where fp16 zeroed 22% of them (0.02% with the loss times 1024). fp16's
+    smallest number is 2^-24, about 6e-8 (its smallest normal one 6.1e-5), and the median
+    gradient here is 7e-8: without scaling, fp16 loses what it cannot reach. bf16 has fp32's 8
+    exponent bits, down to 1.2e-38, and gives up significand bits instead: it rounds more (a)
+    holds for rounding, not for underflow) but flushes nothing here. That is why bf16 training
+    needs no loss scaler. A scale can also overflow: 2^16 applied to this fp16 loss made every
+    gradient infinite (fp16's largest number is 65504); torch's GradScaler starts at 2^16 but
+    scales an fp32 loss under autocast and lowers the scale when it sees infinities. Formats are
+    the same on GPUs.
+    """,
+    giveaways=(
+        r"0 in bf16",
+        r"fp32's 8\s+exponent bits",
+        r"needs no loss scaler",
+    ),
+)
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_10_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# **Measure it**, in fp16, without and with a loss scale of 1024: the share of non-zero fp32
+# gradient elements that come out 0, the infinite ones, and the median gradient's size.
+
+# %% nbgrader={"grade": false, "grade_id": "fsdp_10_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+for scale in (1.0, 1024.0):
+    print(scale, fsdp_precision.underflow(scale, "fp16"))
