@@ -128,8 +128,12 @@ def _one_run(fully_shard: Any, run: int, spec: dict, batches: list) -> dict[str,
     out: dict[str, Any] = {"problems": problems, "sizes": every.tolist(), "steps": []}
     left = [n for n, p in model.named_parameters() if p.requires_grad and "flat_shard" not in n]
     out["left"] = left
-    if problems or any(v != sizes.tolist() for v in every.view(-1, sizes.numel()).tolist()):
-        return out  # uneven shards: no training, the verdict says why
+    if (
+        problems
+        or -1 in sizes.tolist()
+        or any(v != sizes.tolist() for v in every.view(-1, sizes.numel()).tolist())
+    ):
+        return out  # no flat_shard, or uneven shards: no training, the verdict says why
     skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
     peak = [0]
     if spec.get("memory"):

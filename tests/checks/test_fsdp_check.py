@@ -60,9 +60,7 @@ def test_a_wrong_fully_shard_fails_with_its_reason(name: str) -> None:
 def test_what_only_one_check_sees_passes_the_values(name: str) -> None:
     """Is a mistake that moves or holds the wrong bytes (but trains right in fp32) given the
     values' points?"""
-    assert "largest difference" in check_fully_shard(
-        student_fn(name), world_sizes=(2,), repeats=1
-    )
+    assert "largest difference" in check_fully_shard(student_fn(name), world_sizes=(2,), repeats=1)
 
 
 def test_torch_fully_shard_is_not_the_exercise() -> None:
@@ -72,7 +70,7 @@ def test_torch_fully_shard_is_not_the_exercise() -> None:
     def fn(module, *, param_dtype=None, reduce_dtype=None):
         return torch_fully_shard(module)
 
-    with pytest.raises(AssertionError, match="no flat_shard|could not be sent|failed on"):
+    with pytest.raises(AssertionError, match="has no flat_shard tensor"):
         check_fully_shard(fn, world_sizes=(2,), repeats=1, **QUICK)
 
 
