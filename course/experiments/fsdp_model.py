@@ -16,8 +16,9 @@ reduce_dtype=fp32)``). Nothing here shards, gathers or reduce-scatters: that is 
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -192,6 +193,18 @@ def _grads(model: TinyLM, batch: Batch, dtype: torch.dtype | None) -> list[torch
     ]
 
 
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Within: torch computes on one thread (a tiny model on a shared machine: more threads
+    only wait for each other), as it was after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def oracle(
     batches: Sequence[Sequence[Batch]], kind: str, *, mixed: bool = False, scale: float = 1.0,
     seed: int = 0, **size: int,
@@ -199,7 +212,14 @@ def oracle(
     """After each step, each unit's flat parameters, training in one process with the mean
     over ranks of the per-rank gradients (times ``scale``: N gives the sum, a wrong answer's
     hint); ``batches[r][k]`` is rank r's k-th batch."""
-    model = tiny_lm(seed, **size)
+    with _one_thread():
+        return _trained(batches, kind, mixed, scale, tiny_lm(seed, **size))
+
+
+def _trained(
+    batches: Sequence[Sequence[Batch]], kind: str, mixed: bool, scale: float, model: TinyLM
+) -> list[list[torch.Tensor]]:
+    """:func:`oracle`'s loop: each step's flat units after stepping on the mean gradient."""
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(kind, trained)
     after = []

@@ -31,9 +31,9 @@ CHECKS = {
 }
 
 
-def test_the_model_solution_passes_on_three_world_sizes() -> None:
-    """Does the model solution pass the values on 2, 3 and 4 ranks, and each other check?"""
-    assert "largest difference" in check_fully_shard(fully_shard, repeats=1)
+def test_the_model_solution_passes_every_check() -> None:
+    """Does the model solution pass the values on 3 ranks, and each other check?"""
+    assert "largest difference" in check_fully_shard(fully_shard, world_sizes=(3,), repeats=1)
     assert "nothing else" in check_fsdp_traffic(fully_shard, world_sizes=(3,))
     assert "counted on the ranks" in check_fsdp_memory(fully_shard)
     assert "bf16 all-gathers" in check_fsdp_mixed_precision(fully_shard, world_sizes=(3,))
@@ -41,7 +41,7 @@ def test_the_model_solution_passes_on_three_world_sizes() -> None:
 
 @pytest.mark.slow
 def test_the_model_solution_passes_the_defaults() -> None:
-    """Do the checks as the grade cells call them (every world size, twice) pass it?"""
+    """Do the checks as the grade cells call them (2, 3 and 4 ranks, twice) pass it?"""
     assert "2 runs each" in check_fully_shard(fully_shard)
     assert "world sizes 2 and 3" in check_fsdp_mixed_precision(fully_shard)
 
