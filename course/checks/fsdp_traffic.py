@@ -60,7 +60,10 @@ def rank_steps(
             for rank in range(n):
                 out[rank].append(_step_of(calls, rank))
         return out
-    return [[_reported(step) for step in reply] for reply in replies]
+    try:
+        return [[_reported(step) for step in reply] for reply in replies]
+    except (TypeError, ValueError):
+        raise AssertionError("the ranks' record of their calls cannot be read: rerun") from None
 
 
 def _step_of(calls: Sequence[Any], rank: int) -> Step:

@@ -15,6 +15,7 @@ from course.checks import (
     check_fully_shard,
 )
 from course.checks.fsdp import value_problem
+from course.checks.fsdp_replies import valid_reply
 from course.checks.fsdp_traffic import expected_step, traffic_problem
 from course.experiments.fsdp_model import oracle, tiny_lm, units
 
@@ -110,3 +111,19 @@ def _shard(flat: torch.Tensor, rank: int, n: int) -> torch.Tensor:
     full = torch.zeros(n * s)
     full[: flat.numel()] = flat
     return full[rank * s : (rank + 1) * s].clone()
+
+
+def test_a_reply_the_check_cannot_read_fails_with_a_message() -> None:
+    """Is a malformed reply (not the rank code's shape), or a shard of the wrong dtype or
+    size after training, failed with words before any arithmetic?"""
+    with pytest.raises(AssertionError, match="cannot read"):
+        valid_reply([{"sizes": ["x"]}], 1, 0, 2)
+    batches = [[b] * 5 for b in _two_batches()]
+    want = oracle(batches, "sgd")[-1]
+    run = {"frozen": torch.zeros(1), "start": torch.zeros(1)}
+    half = [_shard(w, 0, 2).half() for w in want]
+    assert "1-D float32" in value_problem({**run, "shards": half}, 0, 2, want, {})[1]
+    short = [_shard(w, 0, 2)[:-1] for w in want]
+    assert "after training" in value_problem({**run, "shards": short}, 0, 2, want, {})[1]
+    moved = {**run, "frozen": None, "shards": [_shard(w, 0, 2) for w in want]}
+    assert "gone from its module" in value_problem(moved, 0, 2, want, {})[1]
