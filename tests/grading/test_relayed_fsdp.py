@@ -70,3 +70,14 @@ def test_a_forged_record_earns_no_traffic_points() -> None:
     forged = StudentCode((("impls", IMPLS + FORGED),), "fully_shard")
     with RankBox(), pytest.raises(AssertionError, match="it called all_reduce"):
         check_fsdp_traffic(forged, world_sizes=(2,))
+
+
+def test_a_deadlock_says_where_each_rank_waited_through_the_relay() -> None:
+    """Does a fully_shard whose last rank waits for a message no rank sends fail, confined,
+    within the deadline, naming the call each rank was blocked in?"""
+    fn = StudentCode((("impls", IMPLS + "\nKNOBS['hang_on_last_rank'] = True\n"),), "fully_shard")
+    with RankBox(), pytest.raises(AssertionError) as failure:
+        check_fully_shard(fn, world_sizes=(2,), repeats=1, timeout=10.0)
+    message = str(failure.value)
+    assert "rank 0 deadlocked in dist.all_gather_into_tensor" in message, message
+    assert "rank 1 deadlocked in dist.recv" in message, message
