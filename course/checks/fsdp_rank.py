@@ -12,6 +12,7 @@ here, on the rank, from the tensors the model and its hooks reach: that number r
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
@@ -43,6 +44,8 @@ def _children(obj: Any) -> list[Any]:  # noqa: PLR0911 - one return per kind of 
         return list(obj.__closure__ or ())
     if isinstance(obj, types.MethodType):
         return [obj.__self__]
+    if isinstance(obj, functools.partial):
+        return [obj.func, *obj.args, *obj.keywords.values()]
     if isinstance(obj, types.CellType):
         return [obj.cell_contents] if _filled(obj) else []
     if hasattr(obj, "__dict__") and not isinstance(obj, type):

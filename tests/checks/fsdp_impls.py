@@ -28,6 +28,7 @@ KNOBS = {
     "hang_on_last_rank": False,  # the last rank waits for a message: a deadlock
     "free_after_backward": True,
     "honour_param_dtype": True,  # else gather and compute in float32 whatever is asked
+    "count_tied_once": True,  # else a tied weight takes two slices of the flat parameters
 }
 
 
@@ -50,7 +51,7 @@ def _managed(module):
             if not p.requires_grad and KNOBS["skip_frozen"]:
                 continue
             places.append((mod, name, p))
-            if all(p is not q for q in order):
+            if all(p is not q for q in order) or not KNOBS["count_tied_once"]:
                 order.append(p)
     return places, order
 

@@ -20,6 +20,7 @@ WRONG: dict[str, tuple[dict[str, bool], str, tuple[str, ...]]] = {
         "values",
         ("the head and the embedding differ", "both names"),
     ),
+    "tied_twice": ({"count_tied_once": False}, "values", ("the root's shard", "counted twice")),
     "frozen_sharded": ({"skip_frozen": False}, "values", ("the root's shard", "frozen")),
     "unpadded": ({"pad": False}, "values", ("block 0's shard holds", "ceil(", "pad")),
     "keeps_params": (
