@@ -14,6 +14,8 @@ from course.checks.buckets import check_bucketed_allreduce
 from course.checks.calls import check_returns
 from course.checks.compression import check_error_feedback_hook
 from course.checks.ddp import check_reduce_hook, check_weighted_loss
+from course.checks.fsdp import check_fsdp_traffic, check_fully_shard
+from course.checks.fsdp_memory import check_fsdp_memory, check_fsdp_mixed_precision
 from course.checks.halves import check_all_gather, check_halves_pattern, check_reduce_scatter
 from course.checks.hierarchy import (
     check_hierarchical_allreduce,
@@ -34,6 +36,10 @@ __all__ = [
     "check_answer",
     "check_bucketed_allreduce",
     "check_error_feedback_hook",
+    "check_fsdp_memory",
+    "check_fsdp_mixed_precision",
+    "check_fsdp_traffic",
+    "check_fully_shard",
     "check_halves_pattern",
     "check_hierarchical_allreduce",
     "check_hierarchical_pattern",

@@ -43,6 +43,9 @@ NO_DDP = POINT_TO_POINT | {
     "check_hierarchical_allreduce", "check_hierarchical_pattern", "check_hierarchical_sums",
     "check_step_with_backups",
 }  # fmt: skip
+# The FSDP checks (check_fully_shard, check_fsdp_traffic, check_fsdp_memory,
+# check_fsdp_mixed_precision) are not in NO_DDP: their ranks train without DDP, but an
+# optimizer's step imports torch._dynamo all the same (measured on torch 2.13).
 
 
 def _checks_called(sub: Any) -> set[str]:

@@ -29,12 +29,14 @@ from test_accumulation_check import (
 )
 from test_buckets_check import Blocking, OverlappingDDP
 from test_ddp_check import mean_loss, reduce_hook, sum_hook, weighted_loss
+from wrong_fsdp import student_fn as wrong_fsdp
 
 from course.checks import accumulation as accumulation_check
 from course.checks import (
     check_accumulation_syncs,
     check_accumulation_values,
     check_error_feedback_hook,
+    check_fully_shard,
     check_overlapping_ddp,
     check_reduce_hook,
     check_train_uneven,
@@ -272,6 +274,7 @@ def test_each_weighted_loss_rank_is_sent_its_own_samples_only(no_leftovers, tmp_
         (check_weighted_loss, mean_loss),
         (check_overlapping_ddp, Blocking),
         (check_accumulation_values, no_division),
+        (check_fully_shard, wrong_fsdp("sums")),
     ],
 )
 def test_a_failure_replays_from_the_seed_it_prints(no_leftovers, check, wrong) -> None:

@@ -1,0 +1,196 @@
+"""Grade a student's ``fully_shard(module, *, param_dtype=None, reduce_dtype=None)``.
+
+    from course.checks import check_fully_shard, check_fsdp_traffic
+    print(check_fully_shard(fully_shard))        # raises AssertionError that teaches
+
+Ranks build the check's model (``course.experiments.fsdp_model.tiny_lm``), apply the
+student's ``fully_shard`` to each block then the root, train STEPS steps with SGD, then a
+fresh model with Adam, on batches made here from a fresh seed (each rank is sent its own),
+and send back each unit's ``flat_shard`` (:mod:`course.checks.fsdp_rank`). Here, in the
+caller: each shard's size (ceil(P/N), float32), the shards reassembled in rank order, the
+padding stripped, against the single-process oracle trained here on the same batches with
+the mean of the per-rank gradients; the frozen table unchanged; no original parameter left
+registered. The traffic verdict reads each step's collectives from the relay's own record
+under grading (:mod:`course.checks.fsdp_traffic`), from the ranks' recorders in a notebook.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from course.checks.compare import MODEL_SEED, fresh_seed, rank_generators
+from course.checks.fsdp_rank import part, train_sharded
+from course.checks.fsdp_replies import readback_problem, shard_problem, unit_error, valid_reply
+from course.checks.fsdp_traffic import expected_step, rank_steps, traffic_problem
+from course.checks.teaching import CheckFailed, failure_message, teaches
+from course.experiments.fsdp_model import STEPS, Unit, make_batches, oracle, tiny_lm, units
+from course.ranks import PerRank
+from course.ranks.wording import world_sizes_text
+
+__all__ = [
+    "LAUNCH_TIMEOUT",
+    "RTOL",
+    "check_fsdp_traffic",
+    "check_fully_shard",
+    "run_fully_shard",
+    "value_problem",
+]
+
+RTOL = 1e-4  # of the largest parameter: fp32 sums in another order (measured: below 1e-7)
+LAUNCH_TIMEOUT = 30.0
+NAME = "fully_shard"
+FSDP_DEADLOCK = (
+    "Every rank was waiting and none could go on: a deadlock. Every rank must make the same "
+    "collectives in the same order: an all-gather before each unit's forward and again "
+    "before its backward, one reduce-scatter after its backward, on every rank."
+)
+
+
+def need_callable(fn: Any) -> None:
+    """Fail unless ``fn`` is callable (the student's function)."""
+    if not callable(fn):
+        raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
+            f"expected your {NAME} function, got {type(fn).__name__}: run its cell first"
+        )
+
+
+def run_fully_shard(
+    fn: Any, n: int, specs: list[dict], seed: int, timeout: float = LAUNCH_TIMEOUT
+) -> tuple[list, list, tuple]:
+    """Every rank's batches (made here), their validated replies, and the relay's record."""
+    from course.ranks import launch
+
+    size = specs[0].get("size", {})
+    batches = [make_batches(STEPS, g, **size) for g in rank_generators(seed, n)]
+    try:
+        result = launch(train_sharded, n, fn, specs, PerRank(batches), timeout=timeout)
+    except TypeError as err:  # the launcher could not pickle the student's code
+        raise CheckFailed(f"{NAME} could not be sent to the ranks: {err}") from None
+    if result.failures:
+        doing = f" (seed {seed})"
+        raise CheckFailed(failure_message(NAME, n, result.failures, doing, FSDP_DEADLOCK))
+    replies = [valid_reply(r, len(specs), rank, n) for rank, r in enumerate(result.results)]
+    return batches, replies, result.relayed
+
+
+def value_problem(
+    run: dict, rank: int, n: int, want: list[torch.Tensor], hints: dict[str, list],
+    rtol: float = RTOL,
+) -> tuple[float, str | None]:  # fmt: skip
+    """(error relative to the largest parameter, what is wrong in words or None)."""
+    problem = readback_problem(run, n, want, [u.name for u in units(tiny_lm(MODEL_SEED))])
+    if problem:
+        return math.inf, problem
+    shards = run["shards"]
+    scale = max(t.abs().max().item() for t in want)
+    err = max(unit_error(shards, i, rank, n, w) for i, w in enumerate(want)) / scale
+    if err <= rtol:
+        return err, None
+    for why, other in hints.items():
+        if max(unit_error(shards, i, rank, n, w) for i, w in enumerate(other)) / scale <= rtol:
+            return err, why
+    return err, ""
+
+
+def _gathered(replies_by_rank: list[list[dict]], k: int) -> list[dict]:
+    return [reply[k] for reply in replies_by_rank]
+
+
+SPECS = [{"optimizer": "sgd"}, {"optimizer": "adam"}]
+
+
+@teaches
+def check_fully_shard(
+    fully_shard: Any, world_sizes: Sequence[int] = (2, 3, 4), repeats: int = 2,
+    seed: int | None = None, timeout: float = LAUNCH_TIMEOUT,
+) -> str:  # fmt: skip
+    """After STEPS steps of SGD, and of Adam, every unit's shards match the oracle's."""
+    need_callable(fully_shard)
+    model = tiny_lm(MODEL_SEED)
+    layout = units(model)
+    worst = 0.0
+    for n in world_sizes:
+        for _ in range(repeats):  # twice: a race shows on one run of two
+            case = fresh_seed(seed)
+            batches, replies, _ = run_fully_shard(fully_shard, n, SPECS, case, timeout)
+            for k, spec in enumerate(SPECS):
+                kind = spec["optimizer"]
+                want = oracle(batches, kind)[-1]
+                hints = {SUMMED: oracle(batches, kind, scale=n)[-1]} if kind == "sgd" else {}
+                for rank, run in enumerate(_gathered(replies, k)):
+                    where = f"{NAME} on rank {rank} of {n} ({kind.upper()}, seed {case})"
+                    problem = shard_problem(run, n, layout, model)
+                    if problem:
+                        raise AssertionError(f"{where}: {problem}.")
+                    err, why = value_problem(run, rank, n, want, hints)
+                    if why is not None:
+                        raise AssertionError(differs(where, err, why))
+                    worst = max(worst, err)
+    return (
+        f"{NAME} trains like one process on the mean gradient: SGD and Adam, {STEPS} steps, "
+        f"{world_sizes_text(world_sizes)}, {repeats} runs each (largest difference "
+        f"{worst:.1e} of the largest parameter, tolerance {RTOL:g})."
+    )
+
+
+SUMMED = "the gradients are summed, not averaged: divide by world_size"
+
+
+def differs(where: str, err: float, why: str, rtol: float = RTOL) -> str:
+    """The failure message of a value verdict."""
+    if err == math.inf:
+        return f"{where}: {why}."
+    hint = why or (
+        "check the order of the managed parameters (first appearance in named_parameters), "
+        "the views' offsets in the gathered tensor, and that the reduce-scattered gradient "
+        "is the mean over ranks"
+    )
+    return (
+        f"{where}: the shards differ from the single-process oracle's after {STEPS} steps by "
+        f"{err:.2e} of the largest parameter (tolerance {rtol:g}): {hint}."
+    )
+
+
+@teaches
+def check_fsdp_traffic(
+    fully_shard: Any, world_sizes: Sequence[int] = (2, 3), seed: int | None = None,
+    timeout: float = LAUNCH_TIMEOUT,
+) -> str:  # fmt: skip
+    """Per step and unit: 2 all-gathers of the shard, 1 reduce-scatter, nothing else."""
+    need_callable(fully_shard)
+    layout = units(tiny_lm(MODEL_SEED))
+    for n in world_sizes:
+        case = fresh_seed(seed)
+        _, replies, relayed = run_fully_shard(fully_shard, n, SPECS[:1], case, timeout)
+        judge_traffic(replies, relayed, n, layout, 0, (4, 4))
+    return (
+        f"{NAME}'s traffic on {world_sizes_text(world_sizes)}: per step and unit 2 all-gathers "
+        "of the shard and 1 reduce-scatter of the padded unit, nothing else (recorded)."
+    )
+
+
+def judge_traffic(
+    replies: list, relayed: tuple, n: int, layout: list[Unit], k: int, sizes: tuple[int, int]
+) -> None:
+    """Fail, with the step and rank, where run ``k``'s steps sent anything but FSDP's calls."""
+    runs = _gathered(replies, k)
+    for rank, run in enumerate(runs):
+        problem = shard_problem(run, n, layout, tiny_lm(MODEL_SEED))
+        if problem:
+            raise AssertionError(f"{NAME} on rank {rank} of {n}: {problem}.")
+    steps = rank_steps(relayed, [r["steps"] for r in runs], n, [part(k, j) for j in range(STEPS)])
+    want = expected_step(layout, n, *sizes)
+    for rank, mine in enumerate(steps):
+        if len(mine) != STEPS:
+            raise AssertionError(f"{NAME}: rank {rank} of {n} did not make {STEPS} steps")
+        for j, got in enumerate(mine):
+            problem = traffic_problem(got, want, layout, n)
+            if problem:
+                raise AssertionError(
+                    f"{NAME}'s step {j} on rank {rank} of {n} ({len(layout)} units) "
+                    f"(recorded): {problem}"
+                )

@@ -1,0 +1,121 @@
+"""Grade what a student's ``fully_shard`` holds, and its mixed-precision policy.
+
+    from course.checks import check_fsdp_memory, check_fsdp_mixed_precision
+    print(check_fsdp_memory(fully_shard))
+
+Memory: a larger instance of the check's model (:data:`MEMORY_SIZE`: six blocks of about
+4,200 elements, a root of about 450) trains five SGD steps; the model calls a probe between
+blocks and inside each, forward and backward, and the rank counts the bytes of gathered
+parameters the model and its hooks reach (distinct storages, the flat shards and the frozen
+table left out; :mod:`course.checks.fsdp_rank`). That count is made on the rank, so it runs
+on trust (a student's code runs in that process); it is checked here against the root (its
+forward wraps every block's) plus two blocks, the one computing and the one before it.
+Keeping every unit gathered holds the root plus all six.
+
+Mixed precision: ``param_dtype=torch.bfloat16, reduce_dtype=torch.float32`` against the
+oracle that computes on bf16 copies of the fp32 masters and averages fp32 gradients
+(``course.experiments.fsdp_model.oracle(mixed=True)``), with SGD; the all-gathers must move
+2-byte elements and the reduce-scatters 4-byte ones (the relay's record under grading), and
+every flat_shard must stay float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from course.checks.compare import MODEL_SEED, fresh_seed
+from course.checks.fsdp import (
+    LAUNCH_TIMEOUT,
+    NAME,
+    differs,
+    judge_traffic,
+    need_callable,
+    run_fully_shard,
+    value_problem,
+)
+from course.checks.fsdp_replies import shard_problem
+from course.checks.teaching import teaches
+from course.experiments.fsdp_model import STEPS, oracle, tiny_lm, units
+from course.ranks.wording import world_sizes_text
+
+__all__ = ["MEMORY_SIZE", "MP_RTOL", "check_fsdp_memory", "check_fsdp_mixed_precision"]
+
+MEMORY_SIZE = {"width": 32, "hidden": 64, "depth": 6}
+# Of the largest parameter, after 5 SGD steps on 2, 3 and 4 ranks, 3 seeds each (measured):
+# the model solution at most 6e-8 from the mixed oracle; a bf16 reduce-scatter at least
+# 1.6e-4 away, float32 compute at least 3.6e-4. Both of those also fail on the record
+# (2-byte reduce-scatters, 4-byte all-gathers), judged first; the tolerance leaves room for
+# a master parameter whose bf16 rounding flips when fp32 sums run in another order.
+MP_RTOL = 1e-4
+MP = {"optimizer": "sgd", "param_dtype": "bfloat16", "reduce_dtype": "float32"}
+
+
+@teaches
+def check_fsdp_memory(
+    fully_shard: Any, world_size: int = 2, timeout: float = LAUNCH_TIMEOUT
+) -> str:
+    """The gathered parameters held at any probe: at most the root plus two blocks."""
+    need_callable(fully_shard)
+    model = tiny_lm(MODEL_SEED, **MEMORY_SIZE)
+    layout = units(model)
+    n = world_size
+    spec = {"optimizer": "sgd", "memory": True, "size": MEMORY_SIZE}
+    _, replies, _ = run_fully_shard(fully_shard, n, [spec], fresh_seed(None), timeout)
+    unit_bytes = [u.padded(n) * n * 4 for u in layout]
+    root, block = unit_bytes[-1], max(unit_bytes[:-1])
+    limit, full = root + 2 * block, sum(unit_bytes)
+    for rank, (run,) in enumerate(replies):
+        problem = shard_problem(run, n, layout, model)
+        if problem:
+            raise AssertionError(f"{NAME} on rank {rank} of {n}: {problem}.")
+        peak = run.get("peak")
+        if not isinstance(peak, int) or peak < 0:
+            raise AssertionError(f"rank {rank} of {n} sent back no count of the bytes it held")
+        if peak > limit:
+            raise AssertionError(
+                f"{NAME} on rank {rank} of {n} held {peak} bytes of gathered parameters at "
+                f"once ({peak / block:.1f} blocks' worth; all {len(layout)} units gathered are "
+                f"{full}); FSDP holds the root ({root}) and at most two blocks ({block} each), "
+                f"{limit}: free each unit's gathered parameters after its forward "
+                "(untyped_storage().resize_(0)) and after its reduce-scatter, and keep no "
+                "reference to the original parameters."
+            )
+    return (
+        f"{NAME} on {n} ranks held at most {max(r[0]['peak'] for r in replies)} bytes of "
+        f"gathered parameters (limit {limit}: the root and two blocks; all units: {full}; "
+        "counted on the ranks)."
+    )
+
+
+@teaches
+def check_fsdp_mixed_precision(
+    fully_shard: Any, world_sizes: Sequence[int] = (2, 3), seed: int | None = None,
+    timeout: float = LAUNCH_TIMEOUT,
+) -> str:  # fmt: skip
+    """bf16 compute and gathers, fp32 reduce-scatters and masters, as the mixed oracle."""
+    need_callable(fully_shard)
+    model = tiny_lm(MODEL_SEED)
+    layout = units(model)
+    worst = 0.0
+    for n in world_sizes:
+        case = fresh_seed(seed)
+        batches, replies, relayed = run_fully_shard(fully_shard, n, [MP], case, timeout)
+        judge_traffic(replies, relayed, n, layout, 0, (2, 4))
+        want = oracle(batches, "sgd", mixed=True)[-1]
+        hints = {
+            "it matches float32 compute: gather the shard cast to param_dtype, and compute "
+            "with those bf16 parameters": oracle(batches, "sgd")[-1]
+        }
+        for rank, (run,) in enumerate(replies):
+            where = f"{NAME}(param_dtype=bf16, reduce_dtype=fp32) on rank {rank} of {n}"
+            err, why = value_problem(run, rank, n, want, hints, MP_RTOL)
+            if why is not None:
+                raise AssertionError(differs(f"{where} (seed {case})", err, why, MP_RTOL))
+            worst = max(worst, err)
+    return (
+        f"{NAME} with param_dtype=bf16, reduce_dtype=fp32 matches the mixed-precision oracle "
+        f"after {STEPS} SGD steps on {world_sizes_text(world_sizes)} (largest difference "
+        f"{worst:.1e} of the largest parameter, tolerance {MP_RTOL:g}); bf16 all-gathers, "
+        "fp32 reduce-scatters (recorded), fp32 shards."
+    )

@@ -1,0 +1,83 @@
+"""Under grading, the FSDP checks run through the relay, and the traffic verdict is its record.
+
+The model solution passes every FSDP check confined, its collectives carried by the relay.
+An all-reduce of the whole gradient, disguised in the rank's own recorder as the
+reduce-scatter FSDP makes, passes the traffic check on the notebook's path (which reads
+what the ranks recorded) and fails it under grading (the relay saw the all-reduce).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from course.checks import (
+    check_fsdp_memory,
+    check_fsdp_mixed_precision,
+    check_fsdp_traffic,
+    check_fully_shard,
+)
+from course.grading import sandbox
+from course.grading.rankbox import RankBox
+from course.grading.student import StudentCode
+
+pytestmark = [
+    pytest.mark.ranks,
+    pytest.mark.slow,
+    pytest.mark.skipif(not sandbox.available(), reason="needs bubblewrap, setpriv and prlimit"),
+]
+
+IMPLS = (Path(__file__).resolve().parent.parent / "checks" / "fsdp_impls.py").read_text()
+
+# The gradient all-reduced whole, then the rank's own record of that call rewritten as the
+# reduce-scatter of the padded unit that FSDP makes.
+FORGED = """
+import course.ring.recorder as _recorder
+from course.ring.collectives import Collective as _Collective
+
+def _forged_reduce_scatter(out, grad, *args, **kwargs):
+    n, r = dist.get_world_size(), dist.get_rank()
+    dist.all_reduce(grad)
+    out.copy_(grad.view(n, -1)[r])
+    numel, size = grad.numel() + out.numel(), grad.element_size()
+    for seen in _recorder._active:
+        seen.collectives[-1] = _Collective(
+            "reduce_scatter_tensor", numel, numel * size, False, 0.0, tuple(range(n)),
+            grad.numel() * size,
+        )
+
+dist.reduce_scatter_tensor = _forged_reduce_scatter
+"""
+
+
+def test_the_model_solution_passes_through_the_relay() -> None:
+    """Does the model solution pass values, traffic, memory and mixed precision confined?"""
+    fn = StudentCode((("impls", IMPLS),), "fully_shard")
+    with RankBox():
+        assert "largest difference" in check_fully_shard(fn, world_sizes=(3,), repeats=1)
+        assert "nothing else" in check_fsdp_traffic(fn, world_sizes=(2,))
+        assert "counted on the ranks" in check_fsdp_memory(fn)
+        assert "bf16 all-gathers" in check_fsdp_mixed_precision(fn, world_sizes=(2,))
+
+
+def test_a_forged_record_earns_no_traffic_points() -> None:
+    """Does an all-reduce the rank rewrites in its own record as a reduce-scatter pass the
+    traffic on the notebook's path, and fail it under grading (the relay's record)?"""
+    namespace: dict = {"__name__": "__main__"}
+    exec(IMPLS + FORGED, namespace)  # noqa: S102 - the attack, run where it still works
+    assert "nothing else" in check_fsdp_traffic(namespace["fully_shard"], world_sizes=(2,))
+    forged = StudentCode((("impls", IMPLS + FORGED),), "fully_shard")
+    with RankBox(), pytest.raises(AssertionError, match="it called all_reduce"):
+        check_fsdp_traffic(forged, world_sizes=(2,))
+
+
+def test_a_deadlock_says_where_each_rank_waited_through_the_relay() -> None:
+    """Does a fully_shard whose last rank waits for a message no rank sends fail, confined,
+    within the deadline, naming the call each rank was blocked in?"""
+    fn = StudentCode((("impls", IMPLS + "\nKNOBS['hang_on_last_rank'] = True\n"),), "fully_shard")
+    with RankBox(), pytest.raises(AssertionError) as failure:
+        check_fully_shard(fn, world_sizes=(2,), repeats=1, timeout=10.0)
+    message = str(failure.value)
+    assert "rank 0 deadlocked in dist.all_gather_into_tensor" in message, message
+    assert "rank 1 deadlocked in dist.recv" in message, message
