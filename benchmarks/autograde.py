@@ -67,7 +67,15 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CLASS = tomllib.loads((HERE / "autograde_class.toml").read_text())
 KINDS = tuple(CLASS)
-ASSIGNMENTS = ("ring_allreduce", "ddp_gradients", "buckets", "accumulation", "zero", "synchrony")
+ASSIGNMENTS = (
+    "ring_allreduce",
+    "ddp_gradients",
+    "buckets",
+    "accumulation",
+    "zero",
+    "fsdp",
+    "synchrony",
+)
 SIDES = ("stock", "ours")
 CAP = 600  # seconds a command may spend per submission before it is stopped
 STOCK = ("CourseDirectory.ignore", "ClearSolutions.code_stub")

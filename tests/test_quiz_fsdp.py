@@ -1,9 +1,8 @@
 """Do the measurements of torch's ``fully_shard`` on gloo ranks support each keyed answer of
 the fsdp quiz, and no other?
 
-Keys are read from the source notebook's hidden checks (``source/fsdp/fsdp.ipynb``), or, until
-that notebook includes them, from the fragment ``source/fsdp/quiz_cells.py`` that holds the
-items. Every sharded step measured is torch's own (FSDP2); the package holds no FSDP.
+Keys are read from the source notebook's hidden checks (``source/fsdp/fsdp.ipynb``). Every
+sharded step measured is torch's own (FSDP2); the package holds no FSDP.
 """
 
 from __future__ import annotations
@@ -12,34 +11,24 @@ import itertools
 import re
 from pathlib import Path
 
-import jupytext
 import nbformat
 import pytest
 from quiz import SOURCE, keys, supported
 
 from course.experiments import fsdp, fsdp_precision, fsdp_timeline
 from course.instructor import bank
-from course.instructor.selfstudy import quiz_items
 
 pytestmark = pytest.mark.ranks
 
-FRAGMENT = SOURCE / "fsdp" / "quiz_cells.py"
+NOTEBOOK = SOURCE / "fsdp" / "fsdp.ipynb"
 PACKAGE = Path(fsdp.__file__).parent
 
 
-def _fragment() -> nbformat.NotebookNode:
-    return jupytext.read(FRAGMENT, fmt="py:percent")
+def _source() -> nbformat.NotebookNode:
+    return nbformat.read(NOTEBOOK, as_version=4)
 
 
-def _keys() -> dict[str, str]:
-    if (SOURCE / "fsdp" / "fsdp.ipynb").exists():
-        found = keys("fsdp")
-        if "fsdp_1" in found:
-            return found
-    return {item.item_id: item.key for item in quiz_items(_fragment())}
-
-
-KEYS = _keys()
+KEYS = keys("fsdp")
 
 
 def _near(x: float, y: float, rel: float = 0.03) -> bool:
@@ -224,22 +213,20 @@ def _release(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
-def test_fsdp_items_keep_the_house_form(tmp_path) -> None:
+def test_fsdp_items_keep_the_house_form() -> None:
     """Do the items keep the bank's form limits, and no give-away show in the cells a student
     gets or in the experiments' prose?"""
-    (tmp_path / "fsdp").mkdir()
-    nbformat.write(_fragment(), tmp_path / "fsdp" / "fsdp.ipynb")
-    items = bank.items_of(tmp_path / "fsdp" / "fsdp.ipynb")
+    items = bank.items_of(NOTEBOOK)
     assert len(items) >= 8 and {i.item_id for i in items} == set(KEYS)
     assert all(2 <= len(i.giveaways) <= 3 for i in items)
     difficulty = {
         cell.metadata["nbgrader"]["grade_id"].removesuffix("_question"): int(found.group(1))
-        for cell in _fragment().cells
+        for cell in _source().cells
         if (found := re.search(r"\*Difficulty (\d)/3\*", cell.source))
     }
     assert {i.item_id: int(i.points) for i in items} == difficulty
     assert bank.form_problems(bank.form(items)) == []
-    assert bank.giveaway_leaks(_release(_fragment()), items) == []
+    assert bank.giveaway_leaks(_release(_source()), items) == []
     for path in sorted(PACKAGE.glob("fsdp*.py")):
         text = bank.prose(path.read_text())
         leaks = [g for i in items for g in i.giveaways if re.search(g, text, re.IGNORECASE)]

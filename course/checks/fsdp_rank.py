@@ -127,7 +127,7 @@ def _one_run(fully_shard: Any, run: int, spec: dict, batches: list) -> dict[str,
     problems = _shard(fully_shard, model, kw)
     sizes = torch.tensor([s.numel() if isinstance(s, torch.Tensor) else -1 for s in _shards(model)])
     every = torch.zeros(dist.get_world_size() * sizes.numel(), dtype=sizes.dtype)
-    dist.all_gather_into_tensor(every, sizes)  # the check's own: every rank's shard sizes
+    dist.all_gather_single(every, sizes)  # the check's own: every rank's shard sizes
     out: dict[str, Any] = {"problems": problems, "sizes": every.tolist(), "steps": []}
     left = [n for n, p in model.named_parameters() if p.requires_grad and "flat_shard" not in n]
     out["left"] = left

@@ -23,7 +23,7 @@ __all__ = ["Step", "expected_step", "rank_steps", "traffic_problem"]
 Step = Counter  # (kind, elements, bytes per element) -> calls, one rank's step
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "barrier")
 REDUCE_SCATTER_ONLY = (
-    "after backward each unit's gradient is reduce-scattered (dist.reduce_scatter_tensor), "
+    "after backward each unit's gradient is reduce-scattered (dist.reduce_scatter_single), "
     "once, so each rank gets its shard of the mean: nothing else moves in a step"
 )
 

@@ -26,7 +26,15 @@ import nbformat
 __all__ = ["make_work_copies", "with_seals"]
 
 # The order the course is taken in; an assignment not listed comes after, by name.
-COURSE_ORDER = ("ring_allreduce", "ddp_gradients", "buckets", "accumulation", "zero", "synchrony")
+COURSE_ORDER = (
+    "ring_allreduce",
+    "ddp_gradients",
+    "buckets",
+    "accumulation",
+    "zero",
+    "fsdp",
+    "synchrony",
+)
 
 
 def course_order(path: Path) -> tuple[int, str]:

@@ -31,6 +31,7 @@ __all__ = [
     "animate",
     "animate_half",
     "half_widget",
+    "note",
     "ring_widget",
     "show_trace",
 ]
@@ -165,7 +166,7 @@ class RingWidget(widgets.VBox):
         return f"{head}</b> (bold: shown at this step)<ul>{''.join(items)}</ul>"
 
 
-def _note(text: str) -> widgets.HTML:
+def note(text: str) -> widgets.HTML:
     """One line in place of the widget, saying why there is nothing to draw."""
     return widgets.HTML(f"<p class='ring-report'>{html.escape(text)}</p>")
 
@@ -212,13 +213,13 @@ def animate(
     from course.ring.recorder import record  # torch only when a real run is asked for
 
     if not 2 <= world_size <= MAX_WORLD_SIZE:
-        return _note(f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, not world_size={world_size}")
+        return note(f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, not world_size={world_size}")
     message = not_implemented(fn)
     if message:
-        return _note(f"Nothing to animate yet: {message}")
+        return note(f"Nothing to animate yet: {message}")
     most = max_numel(world_size)
     if numel is not None and not 1 <= numel <= most:
-        return _note(
+        return note(
             f"numel={numel} cannot be recorded on {world_size} ranks: each recorded element "
             f"must spell out the ranks it holds exactly in float64, so 1 to {most:,} elements "
             "fit. Use a smaller numel (or fewer ranks)."
@@ -281,7 +282,7 @@ def animate_half(
 
     message = not_implemented(fn)
     if message:
-        return _note(f"Nothing to animate yet: {message}")
+        return note(f"Nothing to animate yet: {message}")
     from course.ring.encoding import max_numel
 
     numel = min(default_numel(world_size), max_numel(world_size)) if numel is None else numel

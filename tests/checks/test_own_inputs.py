@@ -1,5 +1,5 @@
 """Is each rank a check starts (uneven data, ZeRO, comm hook, weighted loss, overlap,
-accumulation, error feedback) sent its own inputs only?
+accumulation, FSDP, error feedback) sent its own inputs only?
 
 A recording stand-in for the student's code runs the right answer, then saves what it can
 reach on its rank: every tensor alive there and every int its callers hold. The checker's
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import fsdp_impls
 import halves_impls
 import pytest
 import torch
@@ -50,6 +51,8 @@ from course.checks import overlap as overlap_check
 from course.checks import uneven as uneven_check
 from course.checks import zero as zero_check
 from course.checks.compare import rank_generators
+from course.experiments.fsdp_model import STEPS as FSDP_STEPS
+from course.experiments.fsdp_model import make_batches as fsdp_batches
 
 pytestmark = pytest.mark.ranks
 
@@ -59,7 +62,7 @@ SEED = 424_242  # any seed but MODEL_SEED: the data's, which no rank may hold
 @pytest.fixture(autouse=True)
 def _sent_by_value() -> Iterator[None]:
     """Send this module and the model solution to the ranks by value, as a cell would be."""
-    modules = [sys.modules[__name__], halves_impls] + [
+    modules = [sys.modules[__name__], halves_impls, fsdp_impls] + [
         sys.modules[f.__module__] for f in (train_uneven, OverlappingDDP, reduce_hook)
     ]
     for module in modules:
@@ -163,6 +166,18 @@ def _recording_overlap(where: str) -> type:
     return RecordingOverlap
 
 
+def _recording_fully_shard(where: str) -> Callable[..., Any]:
+    """The model fully_shard, which records what its rank reaches when it shards the root."""
+
+    def fully_shard(module: Any, **kwargs: Any) -> Any:
+        sharded = fsdp_impls.fully_shard(module, **kwargs)
+        if hasattr(module, "blocks"):  # the root: every block is sharded by now
+            _record(where, {(4, 6)})
+        return sharded
+
+    return fully_shard
+
+
 def _recording_step(where: str) -> Callable[..., None]:
     """The right accumulation step, which then records what its rank reaches."""
 
@@ -222,6 +237,12 @@ SENT_OWN = {
         _recording_overlap,
         "overlapping",
         lambda: overlap_check._overlap_inputs(3, SEED, 2),  # noqa: SLF001 - the checker's
+    ),
+    "fsdp": (
+        check_fully_shard,
+        _recording_fully_shard,
+        "trains like one process",
+        lambda: [fsdp_batches(FSDP_STEPS, g) for g in rank_generators(SEED, 3)],
     ),
     **{
         f"accumulation {check.__name__.rsplit('_', 1)[1]}": (

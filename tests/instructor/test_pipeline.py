@@ -280,6 +280,37 @@ def test_synchrony_samples_grade_as_their_specs_expect(tmp_path):
     assert "waited for the straggler" in eve["step_with_backups_check"]
 
 
+def test_the_fsdp_samples_cover_the_failure_kinds():
+    """Do the fsdp samples include right work, wrong answers with weights that train but
+    gather once, a deadlock, and an all-reduce its own record calls a reduce-scatter?"""
+    subs = {s.student: s for s in load_specs() if s.assignment == "fsdp"}
+    assert {"ada", "ben", "cy", "eve"} <= set(subs)
+    assert subs["ben"].answers == {"*": "wrong"}
+    texts = {k: " ".join(s.cells.values()) for k, s in subs.items() if isinstance(s.cells, dict)}
+    assert "register_full_backward_pre_hook" not in texts["ben"]
+    assert "rank 0 never sends" in texts["cy"]
+    assert "dist.all_reduce(grad)" in texts["eve"] and "recorder._active" in texts["eve"]
+
+
+@pytest.mark.nbgrader
+@pytest.mark.ranks
+@pytest.mark.slow
+def test_fsdp_samples_grade_as_their_specs_expect(tmp_path):
+    """Do Ben's gather-once, Cy's deadlock and Eve's forged record get their expected
+    grades, each failure saying what happened? (Ada's is left to `make demo`; the checks'
+    own tests cover the model solution: tests/checks/test_fsdp_check.py.)"""
+    root = pipeline.prepare_course(tmp_path / "course")
+    specs = [s for s in load_specs() if s.assignment == "fsdp" and s.student != "ada"]
+    start = time.monotonic()
+    seconds = _run(root, specs, "fsdp")
+    print(f"autograde fsdp: {seconds} ({time.monotonic() - start:.0f} s in all)")
+    assert check_expectations(grades.grade_rows(root), specs) == []
+    ben, cy, eve = (_autograded_errors(root, s, "fsdp") for s in ("ben", "cy", "eve"))
+    assert "backward" in ben["fully_shard_traffic"]
+    assert "deadlock" in cy["fully_shard_matches"].lower()
+    assert "all_reduce" in eve["fully_shard_traffic"]
+
+
 @pytest.mark.nbgrader
 @pytest.mark.slow
 @pytest.mark.timeout(600)

@@ -1,13 +1,93 @@
-# A fragment of source/fsdp/fsdp.py: the quiz items, each with its measuring cell, in jupytext
-# percent format with nbgrader metadata. Not a notebook of its own: include these cells in
-# the notebook. Each item runs on 2 to 4 gloo ranks in a few seconds.
-#
-# The imports these cells need (the notebook's setup cell):
-#
-#     from course.checks import check_answer
-#     from course.experiments import fsdp, fsdp_precision, fsdp_timeline
-#     from course.ranks import run
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: nbgrader,-all
+#     notebook_metadata_filter: kernelspec
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
 
+# %% [markdown] nbgrader={"grade": false, "grade_id": "intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# # Fully sharded data parallelism (FSDP), with mixed precision
+#
+# Your ZeRO-2 optimizer sharded the gradients and Adam's state, but every rank still held
+# every parameter. **Fully sharded data parallelism** (ZeRO stage 3; Zhao et al. 2023,
+# "PyTorch FSDP"; `torch.distributed.fsdp.fully_shard` in PyTorch 2.13) shards the parameters
+# too: each rank keeps 1/N of them, and a parameter exists in full only while it is needed.
+#
+# FSDP cuts the model into **units**, usually one per block. For each unit, in a step:
+#
+# 1. before the unit's forward, **all-gather** its shards: every rank now holds the unit's
+#    full parameters;
+# 2. after the unit's forward, **free** them: back to the shard;
+# 3. before the unit's backward, all-gather them again;
+# 4. after the unit's backward, **reduce-scatter** its gradient: each rank keeps its shard of
+#    the mean gradient, and frees the rest.
+#
+# Then each rank's optimizer steps its own shards, as in ZeRO. The two halves of your ring
+# carry all of it; here you use torch's own, `dist.all_gather_single` and
+# `dist.reduce_scatter_single`.
+#
+# In this notebook you will
+#
+# 1. watch one FSDP step, unit by unit, on every rank;
+# 2. measure what units cost and save: memory per rank, and the traffic of gathering twice;
+# 3. write `fully_shard(module)`, graded against a single process, on a model with a tied
+#    weight, a frozen parameter and units whose size N does not divide;
+# 4. measure what prefetching the next unit buys and costs;
+# 5. add mixed precision: bf16 compute, fp32 master shards and fp32 reduction;
+# 6. measure what PyTorch's own `fully_shard` does on this machine.
+#
+# As before, `%%ranks N` runs a cell on N gloo ranks, and `course.ranks.run(fn, N, ...)` runs a
+# function on N ranks and returns each rank's value in rank order.
+
+# %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %load_ext course
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from course.checks import (
+    check_answer,
+    check_fsdp_memory,
+    check_fsdp_mixed_precision,
+    check_fsdp_traffic,
+    check_fully_shard,
+)
+from course.experiments import fsdp, fsdp_precision, fsdp_timeline
+from course.pictures import fsdp as pictures
+from course.pictures.fsdp_record import animate_fully_shard
+from course.ranks import run
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "part_1_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 1. One step, unit by unit
+#
+# A model of 3 units on 4 ranks. Each rank's band has a row for parameters and one for
+# gradients, and each unit a slot per rank: slot k is rank k's shard. Press play, or step
+# through it: in forward each unit is gathered, computes and is freed; in backward, in reverse
+# order, it is gathered again, computes its gradient, and the gradient is reduce-scattered so
+# that each rank keeps its shard of the mean. The panel on the right follows what one rank
+# holds, as a fraction of the model's size.
+
+# %% nbgrader={"grade": false, "grade_id": "watch_step", "locked": true, "schema_version": 3, "solution": false, "task": false}
+pictures.fsdp_figure(units=3, world_size=4)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "part_2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 2. What a rank holds
+#
+# Between two steps a rank holds its shards: of the parameters, of their gradients and of the
+# optimizer's state. Inside a step it holds more: each unit's parameters while the unit
+# computes. The items below measure both on torch's own `fully_shard` (FSDP2), a model of 8
+# equal `nn.Linear` layers in fp32, each layer a unit of its own unless said otherwise. What
+# FSDP2 holds unsharded is summed before every operation a rank runs
+# (`course.experiments.fsdp.UnshardedPeak`).
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fsdp_1: one weight on three ranks
@@ -180,6 +260,15 @@ check_answer(
 held = fsdp.memory_on_ranks(2, per_layer=True)[0]
 print(f"peak unsharded: {held['peak unsharded'] / held['layer']:.2f} layers of 8")
 
+# %% [markdown] nbgrader={"grade": false, "grade_id": "part_3_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 3. Gathering twice
+#
+# Freeing a unit after its forward means gathering it again for its backward: per unit and
+# step two all-gathers and one reduce-scatter. `fully_shard(..., reshard_after_forward=False)`
+# keeps each unit gathered from its forward to its backward instead. The bytes here are read
+# from the kernel's TCP counters of each rank's sockets (`course.ring.wire.WireMeter`), so they
+# count what gloo really sends.
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fsdp_4: keeping the gathered layers
 #
@@ -291,6 +380,201 @@ check_answer(
 # %% nbgrader={"grade": false, "grade_id": "fsdp_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 held = fsdp.memory_on_ranks(2, reshard_after_forward=False, depth=4)[0]
 print(f"peak unsharded: {held['peak unsharded'] / held['layer']:.2f} layers of 4")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_1_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Exercise 1: `fully_shard`
+#
+# Write `fully_shard(module, *, param_dtype=None, reduce_dtype=None)`, called first on each
+# unit of a model (each block), then on the root, on the default process group of N ranks.
+# It shards `module` in place and returns it. Leave `param_dtype` and `reduce_dtype` aside
+# until exercise 2.
+#
+# **The shard.** The unit's *managed* parameters are its trainable (`requires_grad=True`)
+# parameters that no submodule sharded before it manages, each counted **once** (a tied
+# weight, one parameter reached under two names, is one parameter), in the order they first
+# appear in `module.named_parameters()`. Concatenate them flattened (float32) and zero-pad to
+# N·s elements, s = ceil(total / N): rank r keeps elements [r·s, (r+1)·s) as
+# `module.flat_shard`, an `nn.Parameter` registered on `module`. The original parameters stop
+# being parameters of any module, so `model.parameters()` yields the shards (and any frozen
+# parameter), and any `torch.optim` optimizer built on it steps the shards. Frozen parameters
+# (`requires_grad=False`) stay where they are, unsharded and untouched.
+#
+# **A step.** Before the unit's forward, all-gather the full flat parameters
+# (`dist.all_gather_single`), and put views of the gathered tensor in place of **every**
+# original parameter, under every name it had (a tied weight has two); after the forward,
+# free the gathered storage. Before the unit's backward, gather again. When the unit's
+# gradient is complete, reduce-scatter it (`dist.reduce_scatter_single`) and divide by N, so
+# that after `loss.backward()` each rank's `flat_shard.grad` is its shard of the **mean**
+# gradient over ranks (what DDP leaves in `.grad`, cut to the shard); free the rest.
+#
+# The torch pieces you need:
+#
+# * `module.register_forward_pre_hook`, `module.register_forward_hook` and
+#   `module.register_full_backward_pre_hook` run your code before a unit's forward, after
+#   it, and before its backward (the root's input is token ids, with no gradient, so torch
+#   warns that the root's backward hook fires on its outputs: that is what you want);
+# * `del sub._parameters[name]` unregisters a parameter; `setattr(sub, name, view)` then
+#   sets a plain tensor in its place, which the module's forward uses as it would the
+#   parameter;
+# * a gathered tensor made a leaf (`requires_grad=True`) collects the gradients of all its
+#   views in its own `.grad`, and `tensor.register_post_accumulate_grad_hook(fn)` runs `fn`
+#   once that gradient is complete;
+# * `tensor.untyped_storage().resize_(0)` frees a tensor's memory and keeps the tensor (and the
+#   views autograd saved for backward); `resize_(nbytes)` gives it memory back, to gather
+#   into. Gather into `tensor.data`: an in-place write through `.data` does not count as a
+#   change of the tensor autograd saved.
+#
+# Graded in four parts on 2 to 4 ranks, each run with fresh batches (a race shows as a run
+# that differs): training matches one process (6 points): 5 steps with SGD and 5 with Adam,
+# twice on each world size, every parameter within 1e-4 of the largest, the frozen one
+# unchanged, the tied one trained as one; the collectives (3 points): per unit and step, two
+# all-gathers of the shard and one reduce-scatter of the padded unit, nothing else, read from
+# a record of the run; the memory (2 points): on a larger model, at most the root and two
+# blocks gathered at any moment; and mixed precision (exercise 2).
+
+# %% nbgrader={"grade": false, "grade_id": "fully_shard", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def fully_shard(module, *, param_dtype=None, reduce_dtype=None):
+    """Shard ``module``'s managed parameters over the default group; gather them per use."""
+    ### BEGIN SOLUTION
+    n, rank = dist.get_world_size(), dist.get_rank()
+
+    def own_modules(mod):  # mod and its submodules, none inside one sharded before
+        yield mod
+        for child in mod.children():
+            if not hasattr(child, "flat_shard"):
+                yield from own_modules(child)
+
+    places = [  # every (module, name) of a managed parameter
+        (mod, name, p)
+        for mod in own_modules(module)
+        for name, p in mod._parameters.items()
+        if p is not None and p.requires_grad
+    ]
+    order = list({id(p): p for _, _, p in places}.values())  # each parameter once, in order
+    total = sum(p.numel() for p in order)
+    s = math.ceil(total / n)
+    flat = torch.zeros(n * s)
+    flat[:total] = torch.cat([p.detach().float().reshape(-1) for p in order])
+    module.flat_shard = nn.Parameter(flat[rank * s : (rank + 1) * s].clone())
+    offsets, start = {}, 0
+    for p in order:
+        offsets[id(p)] = (start, p.numel(), p.shape)
+        start += p.numel()
+    places = [(mod, name, *offsets[id(p)]) for mod, name, p in places]
+    for mod, name, *_ in places:
+        del mod._parameters[name]  # no longer a parameter: the shard is
+    del order, offsets, flat  # keep no reference to the full parameters
+    dtype = param_dtype or torch.float32
+    state = {"full": None}
+
+    def gather():
+        if state["full"] is None:
+            state["full"] = torch.empty(n * s, dtype=dtype, requires_grad=True)
+            state["full"].register_post_accumulate_grad_hook(reduce)
+        full = state["full"]
+        full.untyped_storage().resize_(n * s * full.element_size())
+        dist.all_gather_single(full.data, module.flat_shard.detach().to(dtype))
+        for mod, name, lo, numel, shape in places:
+            setattr(mod, name, full[lo : lo + numel].view(shape))
+
+    def free():
+        state["full"].untyped_storage().resize_(0)
+
+    def reduce(full):
+        grad = full.grad.to(reduce_dtype or full.grad.dtype) / n
+        shard = torch.empty(s, dtype=grad.dtype)
+        dist.reduce_scatter_single(shard, grad)
+        shard = shard.float()
+        g = module.flat_shard.grad
+        module.flat_shard.grad = shard if g is None else g + shard
+        full.grad = None
+        free()
+
+    module.register_forward_pre_hook(lambda mod, args: gather())
+    module.register_forward_hook(lambda mod, args, out: free())
+    module.register_full_backward_pre_hook(lambda mod, grad_out: gather())
+    return module
+    ### END SOLUTION
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "try_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Test as you go
+#
+# On 2 ranks, the check's own model (`course.experiments.fsdp_model.tiny_lm`: an embedding
+# tied to the output head, a frozen table of positions, 3 blocks and a gain vector), each
+# block a unit, then the root. The cell prints what `model.parameters()` yields, one SGD
+# step's loss, and the shapes of the gradients the shards got: with a right `fully_shard`,
+# only flat shards of ceil(P / 2) elements (and the frozen table, with no gradient).
+
+# %% nbgrader={"grade": false, "grade_id": "try_fully_shard", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %%ranks 2 --timeout 60
+import warnings
+
+from course.checks.teaching import say_if_unimplemented
+from course.experiments.fsdp_model import loss_of, make_batches, tiny_lm
+
+# The root's input is token ids, which need no gradient; torch warns of it at every backward.
+warnings.filterwarnings("ignore", "Full backward hook is firing")
+
+say_if_unimplemented(fully_shard)  # a note if the cell above is still the empty stub
+model = tiny_lm(0)
+for block in model.blocks:
+    fully_shard(block)
+fully_shard(model)
+print({name: tuple(p.shape) for name, p in model.named_parameters()})
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+batch = make_batches(1, torch.Generator().manual_seed(rank))[0]
+loss = loss_of(model, batch)
+loss.backward()
+opt.step()
+print(f"loss {loss.item():.4f}, gradients:", [tuple(p.grad.shape) for p in model.parameters() if p.grad is not None])
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "visible_fsdp_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# The grader's checks, on fewer cases. Each stops within its deadline and says which unit,
+# rank and step went wrong.
+
+# %% nbgrader={"grade": false, "grade_id": "visible_fsdp", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(check_fully_shard(fully_shard, world_sizes=(2,), repeats=1))
+print(check_fsdp_traffic(fully_shard, world_sizes=(2,)))
+
+# %% nbgrader={"grade": true, "grade_id": "fully_shard_matches", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
+# Trains like one process on the mean gradient: SGD and Adam, 5 steps, 2 to 4 ranks, twice.
+print(check_fully_shard(fully_shard, world_sizes=(2,), repeats=1))
+### BEGIN HIDDEN TESTS
+print(check_fully_shard(fully_shard))
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "fully_shard_traffic", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+# Per unit and step: two all-gathers and one reduce-scatter of the padded unit, nothing else.
+print(check_fsdp_traffic(fully_shard, world_sizes=(2,)))
+### BEGIN HIDDEN TESTS
+print(check_fsdp_traffic(fully_shard))
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "fully_shard_memory", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# At most the root and two blocks gathered at once, on a larger model.
+### BEGIN HIDDEN TESTS
+print(check_fsdp_memory(fully_shard))
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "watch_yours_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Your step, animated
+#
+# The same picture, drawn from **your** `fully_shard`, recorded on 3 real ranks: each
+# all-gather and reduce-scatter your code called, in order, matched to the units by size. A
+# call that fits no unit is listed under the figure.
+
+# %% nbgrader={"grade": false, "grade_id": "watch_yours", "locked": true, "schema_version": 3, "solution": false, "task": false}
+animate_fully_shard(fully_shard, world_size=3)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "part_4_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 4. Prefetching the next unit
+#
+# A unit's gather and its compute need not take turns: FSDP can issue the next unit's
+# all-gather before the current one computes, so that the bytes move while the arithmetic
+# runs. torch's `fully_shard` does some of this by itself, and more when told
+# (`set_modules_to_forward_prefetch`, `set_modules_to_backward_prefetch`). The items below
+# read the order of FSDP2's own gathers and of each layer's compute from a timeline of one step
+# (`course.experiments.fsdp_timeline`).
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_6_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fsdp_6: prefetching the next layer
@@ -412,6 +696,29 @@ events = timeline["events"]
 backward_start = min(start for what, _, start, _ in events if what == "pre_backward")
 print(fsdp_timeline.gather_order(events, backward_start))
 print(fsdp_timeline.overlap([e for e in events if e[2] < backward_start]))
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "widget_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### All of it, with the switches
+#
+# The step of part 1 again, with the settings of this part and the last: the world size, the
+# number of units, `reshard_after_forward`, and prefetching. The panel shows the textbook's
+# count (what the gathered units and gradients take); set it beside what you measured of
+# torch's `fully_shard` above.
+
+# %% nbgrader={"grade": false, "grade_id": "watch_widget", "locked": true, "schema_version": 3, "solution": false, "task": false}
+pictures.fsdp_widget(units=4, world_size=4)
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "part_5_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## 5. Mixed precision
+#
+# Compute in bf16 is twice as fast on hardware built for it and halves what a gathered unit
+# takes; the updates still need fp32, or small steps are lost to rounding. So FSDP keeps
+# **fp32 master shards**, casts each to `param_dtype` for the gather and the compute, and
+# casts the gradient to `reduce_dtype` for the reduce-scatter. In torch:
+# `fully_shard(layer, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+# reduce_dtype=torch.float32))`. The ZeRO paper counts a mixed-precision model with Adam at
+# 2 + 2 + 12 bytes per parameter replicated: a bf16 parameter, a bf16 gradient, and an fp32
+# master copy with Adam's two fp32 moments.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_8_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fsdp_8: bytes of mixed precision
@@ -583,3 +890,46 @@ check_answer(
 # %% nbgrader={"grade": false, "grade_id": "fsdp_10_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for scale in (1.0, 1024.0):
     print(scale, fsdp_precision.underflow(scale, "fp16"))
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## Exercise 2: mixed precision
+#
+# Give your `fully_shard` its two dtypes (edit the cell of exercise 1; a grader runs that one):
+#
+# * `param_dtype`: gather the shard cast to `param_dtype` (the gather moves 2 bytes per
+#   element in bf16), and compute with those parameters; the gradient then comes out in
+#   `param_dtype` too;
+# * `reduce_dtype`: cast the unit's gradient to `reduce_dtype` before the reduce-scatter;
+# * the master shard, `flat_shard`, and its `.grad` stay float32 whatever the two are.
+#
+# Graded (4 points) with `param_dtype=torch.bfloat16, reduce_dtype=torch.float32` on 2 and 3
+# ranks, against a single process that does the same arithmetic (bf16 compute on bf16 copies of
+# the fp32 masters, gradients averaged in fp32, an fp32 step), and by the dtypes of the
+# collectives in a record of the run: all-gathers of 2 bytes per element, reduce-scatters of 4.
+
+# %% nbgrader={"grade": false, "grade_id": "visible_mixed", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(check_fsdp_mixed_precision(fully_shard, world_sizes=(2,)))
+
+# %% nbgrader={"grade": true, "grade_id": "fully_shard_mixed_precision", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+# bf16 gathers and compute, fp32 reduce-scatters and master shards: 2 and 3 ranks.
+print(check_fsdp_mixed_precision(fully_shard, world_sizes=(2,)))
+### BEGIN HIDDEN TESTS
+print(check_fsdp_mixed_precision(fully_shard))
+### END HIDDEN TESTS
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "gpu_notes", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ## What changes on GPUs
+#
+# Everything above ran on CPU ranks talking gloo over loopback, and the layouts, the counts of
+# bytes held and the orders of calls are FSDP2's own: they hold on GPUs. What does not carry:
+#
+# * **overlap**: with NCCL, collectives run on their own CUDA stream, and a prefetched gather
+#   overlaps the compute almost entirely; on CPU, gloo's threads and the ranks' arithmetic share
+#   the same cores;
+# * **bytes on the wire**: NCCL's reduce-scatter is a ring half, (N-1)/N of the tensor, where
+#   gloo's sends an all-reduce's bytes;
+# * **memory**: the CUDA caching allocator keeps freed blocks reserved, so
+#   `torch.cuda.memory_reserved` runs above what is allocated; FSDP2 also records streams to
+#   keep buffers alive until the collectives that use them are done;
+# * **speed of bf16**: on CPU, bf16 matmuls are emulated on many machines and can be slower than
+#   fp32; on tensor cores they are several times faster.
