@@ -93,7 +93,7 @@ def fully_shard(module, *, param_dtype=None, reduce_dtype=None):  # noqa: C901, 
         full = state["full"]
         full.untyped_storage().resize_(n * s * full.element_size())
         shard = module.flat_shard.detach().to(gather_dtype)
-        dist.all_gather_into_tensor(full.data, shard)
+        dist.all_gather_single(full.data, shard)
         for mod, name, lo, numel, shape in places:
             setattr(mod, name, full[lo : lo + numel].view(shape))
 
@@ -110,7 +110,7 @@ def fully_shard(module, *, param_dtype=None, reduce_dtype=None):  # noqa: C901, 
         if KNOBS["average"]:
             grad = grad / n
         out = torch.empty(s, dtype=dtype)
-        dist.reduce_scatter_tensor(out, grad.contiguous())
+        dist.reduce_scatter_single(out, grad.contiguous())
         out = out.float()
         shard = module.flat_shard
         shard.grad = out if shard.grad is None else shard.grad + out

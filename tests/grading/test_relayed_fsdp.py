@@ -47,7 +47,7 @@ def _forged_reduce_scatter(out, grad, *args, **kwargs):
             grad.numel() * size,
         )
 
-dist.reduce_scatter_tensor = _forged_reduce_scatter
+dist.reduce_scatter_single = _forged_reduce_scatter
 """
 
 
@@ -79,5 +79,5 @@ def test_a_deadlock_says_where_each_rank_waited_through_the_relay() -> None:
     with RankBox(), pytest.raises(AssertionError) as failure:
         check_fully_shard(fn, world_sizes=(2,), repeats=1, timeout=10.0)
     message = str(failure.value)
-    assert "rank 0 deadlocked in dist.all_gather_into_tensor" in message, message
+    assert "rank 0 deadlocked in dist.all_gather_single" in message, message
     assert "rank 1 deadlocked in dist.recv" in message, message
