@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -158,13 +159,18 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """A fresh cluster of two workers for one test; everything it started is killed after."""
-    started = Cluster(tmp_path)
+def cluster() -> Iterator[Cluster]:
+    """A fresh cluster of two workers for one test; everything it started is killed after.
+    Its folder is a short one of /tmp's: a worker's forkserver listens on a Unix socket in
+    it, and such a path may hold 107 bytes at most, which pytest's own folders (under
+    pytest-xdist, one more level deep) can exceed."""
+    work = Path(tempfile.mkdtemp(prefix="dask-"))
+    started = Cluster(work)
     try:
         yield started
     finally:
         started.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_the_cluster_gives_the_local_pools_grades(released, local, cluster) -> None:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from course import ranks
 from course.ranks import RankError, forkserver, launch, launcher, run, run_source
+from course.ranks.clock import WALL_FACTOR
 
 pytestmark = pytest.mark.usefixtures("no_leftovers", "by_value")
 
@@ -294,7 +295,7 @@ def test_spin() -> None:
     start = time.monotonic()
     with pytest.raises(RankError) as info:
         run(one_rank_spins, 2, timeout=2)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < WALL_FACTOR * 2 + 3  # however loaded the machine is
     spin = info.value.failures[0]
     assert spin.kind == "spin" and "test_launcher.py line" in spin.where
     assert info.value.failures[1].kind == "blocked"
