@@ -39,7 +39,9 @@ def recorded_step(fully_shard: Callable[..., Any]) -> list[tuple[str, int]]:
     return [(c.name, c.numel * n // (n + 1)) for c in seen.collectives]
 
 
-def animate_fully_shard(fully_shard: Callable[..., Any], world_size: int = 3) -> Any:
+def animate_fully_shard(
+    fully_shard: Callable[..., Any], world_size: int = 3, timeout: float = 60.0
+) -> Any:
     """The FSDP widget playing your ``fully_shard``'s own step on ``world_size`` ranks, or one
     line saying why there is nothing to play (the stub, a failing run, a bad world size)."""
     from course.checks.teaching import not_implemented
@@ -53,7 +55,7 @@ def animate_fully_shard(fully_shard: Callable[..., Any], world_size: int = 3) ->
     if message:
         return note(f"Nothing to animate yet: {message}")
     try:
-        calls = run(recorded_step, world_size, fully_shard, timeout=60)[0]
+        calls = run(recorded_step, world_size, fully_shard, timeout=timeout)[0]
     except RankError as err:
         return note(f"Your fully_shard did not finish a step on {world_size} ranks: {err}")
     numels = [u.numel for u in units(tiny_lm(MODEL_SEED))]
