@@ -62,20 +62,13 @@ from course.instructor.commands import env, gradebook_url, nbgrader
 from course.instructor.pipeline import prepare_course
 from course.instructor.selfstudy import grade_id
 from course.instructor.submissions import Submission, load_specs, submit
+from course.instructor.workcopies import COURSE_ORDER
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CLASS = tomllib.loads((HERE / "autograde_class.toml").read_text())
 KINDS = tuple(CLASS)
-ASSIGNMENTS = (
-    "ring_allreduce",
-    "ddp_gradients",
-    "buckets",
-    "accumulation",
-    "zero",
-    "fsdp",
-    "synchrony",
-)
+ASSIGNMENTS = COURSE_ORDER
 SIDES = ("stock", "ours")
 CAP = 600  # seconds a command may spend per submission before it is stopped
 STOCK = ("CourseDirectory.ignore", "ClearSolutions.code_stub")

@@ -17,7 +17,7 @@ from course.pictures.fsdp import FsdpView
 from course.pictures.fsdp_layout import HEIGHT
 from course.pictures.fsdp_schedule import Schedule, fsdp_schedule
 from course.pictures.style import BAD
-from course.pictures.widgets import SPEEDS, STEP_MS, RingWidget, _button, widgets
+from course.pictures.widgets import RingWidget, widgets
 
 __all__ = ["MAX_UNITS", "MAX_WORLD_SIZE", "FsdpWidget"]
 
@@ -31,18 +31,7 @@ class FsdpWidget(RingWidget):
         self, schedule: Schedule, label: str = "reference", simulate: bool = False
     ) -> None:
         self.label, self.formulas = label, True
-        self.play = widgets.Play(interval=STEP_MS, description="play", show_repeat=False)
-        self.slider = widgets.IntSlider(description="event", continuous_update=True)
-        widgets.jslink((self.play, "value"), (self.slider, "value"))
-        self.back = _button("step-backward", "one event back", lambda _: self.step_by(-1))
-        self.forward = _button("step-forward", "one event forward", lambda _: self.step_by(1))
-        self.speed = widgets.SelectionSlider(options=list(SPEEDS), value="1x", description="speed")
-        self.speed.observe(self._on_speed, "value")
-        self.status = widgets.HTML().add_class("ring-status")
-        self.report = widgets.HTML().add_class("ring-report")
-        rows: list[widgets.Widget] = [
-            widgets.HBox([self.play, self.back, self.forward, self.slider, self.speed])
-        ]
+        rows: list[widgets.Widget] = [self._controls("event")]
         if simulate:
             rows.append(self._settings(schedule))
         self.figure = self._figure(schedule)  # type: ignore[arg-type]

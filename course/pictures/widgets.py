@@ -52,18 +52,7 @@ class RingWidget(widgets.VBox):
         formulas: bool = True,
     ) -> None:
         self.label, self.itemsize, self.formulas = label, trace.itemsize, formulas
-        self.play = widgets.Play(interval=STEP_MS, description="play", show_repeat=False)
-        self.slider = widgets.IntSlider(description="step", continuous_update=True)
-        widgets.jslink((self.play, "value"), (self.slider, "value"))
-        self.back = _button("step-backward", "one step back", lambda _: self.step_by(-1))
-        self.forward = _button("step-forward", "one step forward", lambda _: self.step_by(1))
-        self.speed = widgets.SelectionSlider(options=list(SPEEDS), value="1x", description="speed")
-        self.speed.observe(self._on_speed, "value")
-        self.status = widgets.HTML().add_class("ring-status")
-        self.report = widgets.HTML().add_class("ring-report")
-        rows: list[widgets.Widget] = [
-            widgets.HBox([self.play, self.back, self.forward, self.slider, self.speed])
-        ]
+        rows: list[widgets.Widget] = [self._controls("step")]
         if simulate:
             self.world_size = widgets.IntSlider(
                 value=trace.world_size, min=2, max=MAX_WORLD_SIZE, description="world_size"
@@ -78,6 +67,19 @@ class RingWidget(widgets.VBox):
         super().__init__([*rows, self.status, self.figure, self.report])
         self.slider.observe(lambda change: self.show(change["new"]), "value")
         self.show(0)
+
+    def _controls(self, unit: str) -> widgets.HBox:
+        """Play, one ``unit`` back or forward, a slider and a speed; the status and report."""
+        self.play = widgets.Play(interval=STEP_MS, description="play", show_repeat=False)
+        self.slider = widgets.IntSlider(description=unit, continuous_update=True)
+        widgets.jslink((self.play, "value"), (self.slider, "value"))
+        self.back = _button("step-backward", f"one {unit} back", lambda _: self.step_by(-1))
+        self.forward = _button("step-forward", f"one {unit} forward", lambda _: self.step_by(1))
+        self.speed = widgets.SelectionSlider(options=list(SPEEDS), value="1x", description="speed")
+        self.speed.observe(self._on_speed, "value")
+        self.status = widgets.HTML().add_class("ring-status")
+        self.report = widgets.HTML().add_class("ring-report")
+        return widgets.HBox([self.play, self.back, self.forward, self.slider, self.speed])
 
     def _figure(self, trace: Trace) -> go.FigureWidget:
         """A FigureWidget already at step 0, so nothing is sent before the browser draws it."""
