@@ -2,13 +2,12 @@
 
 What a rank holds, what it sends and what it gathers, read from torch's FSDP2 as it runs:
 
-* **held**: each rank's parameters, gradients and Adam state are its local shards (the
-  DTensors' local tensors, ``Shard(0)``: rows of each parameter), about 1/N of the model;
+* **held**: each rank's parameters, gradients and Adam state: the bytes of its local
+  tensors (the DTensors' local shards);
 * **unsharded**: the full parameters FSDP2 all-gathers for a unit's forward and backward,
-  sampled before every op the rank runs (a ``TorchDispatchMode``) as the bytes of the storages
-  FSDP2 keeps for them (its per-parameter all-gather outputs and unsharded parameters, and any
-  flat all-gather buffer it still holds); these are FSDP2's internal attributes in torch
-  2.13, read, never changed;
+  sampled before every op the rank runs (a ``TorchDispatchMode``) as the bytes of every
+  storage FSDP2's state for them holds at that moment, each counted once; these are FSDP2's
+  internal attributes in torch 2.13, read, never changed;
 * **sent**: bytes on the wire per step (``course.ring.wire``: the kernel's TCP counters).
 
 Rank-side functions take plain arguments and return plain numbers; ``*_on_ranks`` drivers run
@@ -70,7 +69,7 @@ def unsharded_bytes(model: nn.Module) -> int:
     """Bytes of the unsharded parameters FSDP2 holds for ``model`` now (storages counted once)."""
     storages: dict[int, int] = {}
     for group in _groups(model):
-        kept = group.comm_ctx.all_gather_state  # a buffer FSDP2 keeps for a later free
+        kept = group.comm_ctx.all_gather_state
         pending = [group._all_gather_result, kept.all_gather_result if kept else None]  # noqa: SLF001
         tensors = [p.all_gather_output for p in pending if p is not None]
         for param in group.fsdp_params:

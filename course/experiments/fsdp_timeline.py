@@ -91,7 +91,7 @@ def prefetch_step(
 ) -> dict[str, Any]:
     """Rank side: the timeline of one forward and backward of torch's ``fully_shard`` on 6
     layers (each a unit), with or without FSDP2's explicit forward prefetch of the next unit
-    (``set_modules_to_forward_prefetch``); backward left as FSDP2 sets it up. Without
+    (``set_modules_to_forward_prefetch``); backward with no switch set. Without
     ``memory`` no bytes are sampled (the sampling is slower than the ops it samples)."""
     model = _model(forward_prefetch, width)
     x = torch.randn(64, width)

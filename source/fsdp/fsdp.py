@@ -278,8 +278,8 @@ print(f"peak unsharded: {held['peak unsharded'] / held['layer']:.2f} layers of 8
 # to its backward, so backward gathers nothing. On 4 gloo ranks, how many model sizes (fp32
 # bytes) does a rank send in one forward and backward, each of 4 layers a unit, then?
 #
-# * a) 2.25 sizes: per layer one gather and gloo's reduce-scatter.
-# * b) 1.5 sizes: per layer one gather and one ring reduce-scatter.
+# * a) 2.25 sizes: per layer a gather, and a reduce-scatter twice as big.
+# * b) 1.5 sizes: per layer a gather, and a reduce-scatter as big as it.
 # * c) 3 sizes: the flag saves memory; the gathers stay the same.
 # * d) 0.75 sizes: the gradients are reduced later, by the optimizer.
 #
@@ -571,8 +571,8 @@ animate_fully_shard(fully_shard, world_size=3)
 #
 # A unit's gather and its compute need not take turns: FSDP can issue the next unit's
 # all-gather before the current one computes, so that the bytes move while the arithmetic
-# runs. torch's `fully_shard` does some of this by itself, and more when told
-# (`set_modules_to_forward_prefetch`, `set_modules_to_backward_prefetch`). The items below
+# runs. torch's `fully_shard` has two switches for it, `set_modules_to_forward_prefetch` and
+# `set_modules_to_backward_prefetch`, each naming the units to gather ahead. The items below
 # read the order of FSDP2's own gathers and of each layer's compute from a timeline of one step
 # (`course.experiments.fsdp_timeline`).
 
@@ -647,8 +647,8 @@ print({phase: peak / timeline["layer"] for phase, peak in timeline["peak"].items
 # gathered again. With no `set_modules_to_backward_prefetch` call at all, when does a rank issue
 # the all-gather of the layer that comes next in backward, measured on 2 gloo ranks?
 #
-# * a) Before the current layer's backward: torch does this by itself.
-# * b) After the current layer's backward: there is no prefetch unless set.
+# * a) Before the current layer's backward: one layer ahead of need.
+# * b) After the current layer's backward: only once it is needed.
 # * c) All at the start of backward, so every layer is ready when needed.
 # * d) Never: backward reuses the parameters gathered during forward.
 #
@@ -926,8 +926,8 @@ print(check_fsdp_mixed_precision(fully_shard))
 # * **overlap**: with NCCL, collectives run on their own CUDA stream, and a prefetched gather
 #   overlaps the compute almost entirely; on CPU, gloo's threads and the ranks' arithmetic share
 #   the same cores;
-# * **bytes on the wire**: NCCL's reduce-scatter is a ring half, (N-1)/N of the tensor, where
-#   gloo's sends an all-reduce's bytes;
+# * **bytes on the wire**: what each collective sends is the backend's algorithm; NCCL's
+#   reduce-scatter and all-gather are ring halves, (N-1)/N of the tensor each;
 # * **memory**: the CUDA caching allocator keeps freed blocks reserved, so
 #   `torch.cuda.memory_reserved` runs above what is allocated; FSDP2 also records streams to
 #   keep buffers alive until the collectives that use them are done;
