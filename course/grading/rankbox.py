@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Self
@@ -42,7 +43,7 @@ from course.grading.slots import owned_by
 from course.ranks.confined import confined_launches
 from course.ranks.forkserver import Server
 
-__all__ = ["HIDDEN", "RankBox", "discard_early", "start_early"]
+__all__ = ["HIDDEN", "RankBox", "discard_early", "start_early", "sweep_stale_scratch"]
 
 COURSE = Path(__file__).resolve().parents[1]
 # The instructor's modules (the reference ring, the quiz bank) and their bytecode: the
@@ -86,7 +87,9 @@ class RankBox:
 
     def _start(self) -> None:
         """Make the scratch folder and the wrapper, and start the forkserver's imports."""
-        private = Path(tempfile.mkdtemp(prefix="course-grader-"))  # the wrapper lives here
+        sweep_stale_scratch()
+        private = Path(tempfile.mkdtemp(prefix=PREFIX))  # the wrapper lives here
+        (private / OWNER).write_text(str(os.getpid()))
         self._stack.callback(shutil.rmtree, private, ignore_errors=True)
         scratch = private / "scratch"
         scratch.mkdir()
@@ -170,6 +173,44 @@ class _P2PServer(Server):
     import (seconds of a submission's start) only DDP's first forward needs."""
 
     PRELOAD: ClassVar = [m for m in Server.PRELOAD if m != "torch._dynamo"]
+
+
+PREFIX, OWNER = "course-grader-", "owner"
+UNOWNED_AGE = 600.0  # seconds: a folder with no owner file yet older than this was left behind
+
+
+def sweep_stale_scratch(tmp: str | None = None) -> list[Path]:
+    """Unmount and remove the scratch of every box whose process is gone (root only).
+
+    A box unmounts its tmpfs when it ends; a grader killed outright (SIGKILL at nbgrader's
+    cap, a machine fault) cannot, and its mount would stay until reboot. Each box's folder
+    names the pid that made it; the next box started on the machine sweeps those whose pid
+    is dead. Returns the folders removed."""
+    if os.geteuid() != 0:
+        return []
+    gone = []
+    for private in Path(tmp or tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        if not private.is_dir() or private.is_symlink() or _alive(private):
+            continue
+        scratch = private / "scratch"
+        if scratch.is_mount():
+            subprocess.run(["umount", "-l", str(scratch)], capture_output=True, check=False)
+        shutil.rmtree(private, ignore_errors=True)
+        gone.append(private)
+    return gone
+
+
+def _alive(private: Path) -> bool:
+    """Is the process that made ``private`` still running (or too young to tell)?"""
+    try:
+        return psutil.pid_exists(int((private / OWNER).read_text()))
+    except FileNotFoundError:
+        try:
+            return time.time() - private.stat().st_mtime < UNOWNED_AGE
+        except OSError:
+            return True
+    except (OSError, ValueError):
+        return True
 
 
 def _mount_tmpfs(path: Path) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -264,3 +265,33 @@ def test_a_rank_cannot_read_another_ranks_memory_or_the_forkservers() -> None:
     assert result.ok, result.failures
     for seen in result.results:
         assert seen and "read" not in seen, seen
+
+
+def test_the_scratch_of_a_grader_that_died_is_swept_by_the_next(tmp_path) -> None:
+    """A box's folder whose process is gone (its tmpfs still mounted), and one that never
+    named its owner, long ago: are both unmounted and removed when a box starts, while a
+    live one, and one just made, are kept?"""
+    from course.grading import rankbox
+
+    folders = {}
+    for name, owner in (("dead", _dead_pid()), ("live", os.getpid()), ("old", 0), ("new", 0)):
+        private = tmp_path / f"{rankbox.PREFIX}{name}"
+        (private / "scratch").mkdir(parents=True)
+        if owner:
+            (private / rankbox.OWNER).write_text(str(owner))
+        folders[name] = private
+    assert rankbox._mount_tmpfs(folders["dead"] / "scratch")  # noqa: SLF001 - as a box mounts it
+    old = time.time() - 2 * rankbox.UNOWNED_AGE
+    os.utime(folders["old"], (old, old))
+    gone = rankbox.sweep_stale_scratch(str(tmp_path))
+    assert sorted(p.name for p in gone) == sorted(folders[k].name for k in ("dead", "old"))
+    assert not folders["dead"].exists() and not folders["old"].exists()
+    assert folders["live"].is_dir() and folders["new"].is_dir()
+    assert str(folders["dead"]) not in Path("/proc/mounts").read_text()
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
