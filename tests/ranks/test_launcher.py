@@ -416,9 +416,22 @@ def test_dead_forkserver_is_replaced() -> None:
     run(rank_and_sum, 2, 0)
     pid = forkserver.SERVER.pid()
     os.kill(pid, signal.SIGKILL)
-    time.sleep(0.1)
+    _wait_until_dead(pid)  # a loaded machine takes its time to end it
     assert run(rank_and_sum, 2, 0) == [(0, 2, 1.0), (1, 2, 1.0)]
     assert forkserver.SERVER.pid() != pid
+
+
+def _wait_until_dead(pid: int, timeout: float = 30.0) -> None:
+    """Return once ``pid`` has ended (a zombie, or gone); fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"process {pid} still runs {timeout:.0f} s after SIGKILL")
 
 
 # --- other processes: signals, parents dying, two notebooks at once ------------------
