@@ -245,21 +245,41 @@ def schedule_from_calls(
 ) -> Schedule:
     """The step a run's mapped collectives imply: a unit computes right after its forward
     gather and is freed then if it is gathered again later; a backward compute comes just
-    before its reduce-scatter, and the unit is freed right after. (Prefetching cannot be told
-    from the order of calls alone: it is drawn as if every gather waited for its compute.)"""
+    before its reduce-scatter, and the unit is freed right after. A unit that wraps others
+    (the root: its backward gather and its reduce-scatter bracket theirs) stays gathered
+    until the forward ends. (Prefetching cannot be told from the order of calls alone: it is
+    drawn as if every gather waited for its compute.)"""
     regathered = {u for op, u, phase in mapped if op == "all-gather" and phase == "backward"}
+    outer = _wrapping(mapped)
     events: list[Event] = []
     for op, unit, phase in mapped:
+        if phase == "backward" and outer:  # the forward has ended: the wrapping units too
+            events += [Event("free", u, "forward") for u in sorted(outer) if u in regathered]
+            outer = set()
         if op == "all-gather":
             events.append(Event("all-gather", unit, phase))
             if phase == "forward":
                 events.append(Event("compute", unit, "forward"))
-                if unit in regathered:
+                if unit in regathered and unit not in outer:
                     events.append(Event("free", unit, "forward"))
         else:
             events += [Event(k, unit, "backward") for k in ("compute", "reduce-scatter", "free")]
     reshard = bool(regathered)
     return Schedule(world_size, unit_sizes(sizes), tuple(events), reshard, False, tuple(notes))
+
+
+def _wrapping(mapped: Sequence[tuple[str, int, Phase]]) -> set[int]:
+    """Units whose backward gather comes before another unit's and whose reduce-scatter
+    comes after that unit's: they wrap it (as the root wraps the blocks)."""
+    gathered = {
+        u: i for i, (op, u, ph) in enumerate(mapped) if op == "all-gather" and ph == "backward"
+    }
+    reduced = {u: i for i, (op, u, _) in enumerate(mapped) if op == "reduce-scatter"}
+    both = [u for u in gathered if u in reduced]
+    return {
+        u for u in both
+        if any(gathered[u] < gathered[v] and reduced[v] < reduced[u] for v in both if v != u)
+    }  # fmt: skip
 
 
 def schedule_from_trace(

@@ -228,3 +228,23 @@ def test_a_real_recording_maps_onto_the_units():
     assert {name for name, _ in records} == {"all_gather_into_tensor", "reduce_scatter_tensor"}
     calls = [Collective(name, numel, 0, False, 0.0) for name, numel in records]
     assert schedule_from_trace(calls, numels, 3).events == fsdp_schedule(numels, 3).events
+
+
+def test_a_recorded_root_stays_gathered_through_the_blocks_forward():
+    """The order a right fully_shard makes (the root gathered first, reduce-scattered last):
+    is the root drawn gathered while every block computes its forward, and freed only when
+    the forward ends, a block each time after its compute?"""
+    numels, n = [6, 6, 3], 3  # two blocks, then the root
+    ag, rs = "all_gather_into_tensor", "reduce_scatter_tensor"
+    calls = [(ag, 3), (ag, 6), (ag, 6), (ag, 3), (ag, 6), (rs, 6), (ag, 6), (rs, 6), (rs, 3)]
+    s = schedule_from_trace(calls, numels, n)
+    assert list(s.notes) == []
+    forward = [i for i, e in enumerate(s.events) if e.phase == "forward"]
+    for i in forward:
+        e = s.events[i]
+        if e.kind == "compute" and e.unit < 2:
+            assert s.states[i + 1][2].params == "full", (i, e)  # the root, as a block runs
+    frees = [
+        (e.unit, i) for i, e in enumerate(s.events) if e.kind == "free" and e.phase == "forward"
+    ]
+    assert [u for u, _ in frees] == [0, 1, 2]  # the root's last, once both blocks have run
