@@ -52,13 +52,8 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# Two pytest workers (pytest-xdist), each test file on one of them: on two cores the suite's
-# many waits (browsers, servers, deadlines, nbgrader) overlap with the other's work.
-# `make test PYTEST_WORKERS=0` runs it in one process.
-PYTEST_WORKERS ?= 2
-
 test: setup lint
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+	$(PY) -m pytest
 
 # Students work in copies (git-ignored), never in the committed release/: `make lab` makes
 # work/ (copies of release/) and opens its first notebook; `make lab WORK=selfstudy-work
