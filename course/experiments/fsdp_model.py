@@ -4,7 +4,7 @@
     units(model)                                   # [Unit("block 0", ...), ..., Unit("the root")]
     oracle(per_rank_batches, "sgd")                # each unit's flat parameters after STEPS
 
-A small language-model-like net with the hard cases of Stanford CS336's FSDP tests: the
+A small language-model-like net with the cases an FSDP gets wrong first: the
 embedding's weight is the output head's (tied: one parameter under two names), a frozen
 positional table (``requires_grad=False``), and units whose numel 2, 3 and 4 do not divide.
 The oracle trains the same model in one process, each step's gradient the mean of the
