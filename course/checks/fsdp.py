@@ -16,8 +16,9 @@ under grading (:mod:`course.checks.fsdp_traffic`), from the ranks' recorders in 
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -38,6 +39,7 @@ __all__ = [
     "check_fully_shard",
     "run_fully_shard",
     "value_problem",
+    "worst_error",
 ]
 
 RTOL = 1e-4  # of the largest parameter: fp32 sums in another order (measured: below 1e-7)
@@ -77,12 +79,20 @@ def run_fully_shard(
     return batches, replies, result.relayed
 
 
+Hints = dict[str, Callable[[], list[torch.Tensor]]]  # what a mistake gives, made if asked
+
+
+@functools.cache
+def _unit_names() -> tuple[str, ...]:
+    return tuple(u.name for u in units(tiny_lm(MODEL_SEED)))
+
+
 def value_problem(
-    run: dict, rank: int, n: int, want: list[torch.Tensor], hints: dict[str, list],
-    rtol: float = RTOL,
-) -> tuple[float, str | None]:  # fmt: skip
-    """(error relative to the largest parameter, what is wrong in words or None)."""
-    problem = readback_problem(run, n, want, [u.name for u in units(tiny_lm(MODEL_SEED))])
+    run: dict, rank: int, n: int, want: list[torch.Tensor], hints: Hints, rtol: float = RTOL
+) -> tuple[float, str | None]:
+    """(error relative to the largest parameter, what is wrong in words or None); each hint's
+    values, what a known mistake would give, are made only for shards that miss ``want``."""
+    problem = readback_problem(run, n, want, list(_unit_names()))
     if problem:
         return math.inf, problem
     shards = run["shards"]
@@ -90,10 +100,28 @@ def value_problem(
     err = max(unit_error(shards, i, rank, n, w) for i, w in enumerate(want)) / scale
     if err <= rtol:
         return err, None
-    for why, other in hints.items():
-        if max(unit_error(shards, i, rank, n, w) for i, w in enumerate(other)) / scale <= rtol:
+    for why, made in hints.items():
+        if max(unit_error(shards, i, rank, n, w) for i, w in enumerate(made())) / scale <= rtol:
             return err, why
     return err, ""
+
+
+def worst_error(
+    runs: list[dict], n: int, model: Any, want: list[torch.Tensor], hints: Hints,
+    where: Callable[[int], str], rtol: float = RTOL,
+) -> float:  # fmt: skip
+    """The largest error of the ranks' shards from ``want``; at the first rank whose shards'
+    sizes or values are wrong, fail with ``where(rank)`` and what is wrong."""
+    layout, worst = units(model), 0.0
+    for rank, run in enumerate(runs):
+        problem = shard_problem(run, n, layout, model)
+        if problem:
+            raise AssertionError(f"{where(rank)}: {problem}.")
+        err, why = value_problem(run, rank, n, want, hints, rtol)
+        if why is not None:
+            raise AssertionError(differs(where(rank), err, why, rtol))
+        worst = max(worst, err)
+    return worst
 
 
 def _gathered(replies_by_rank: list[list[dict]], k: int) -> list[dict]:
@@ -111,7 +139,6 @@ def check_fully_shard(
     """After STEPS steps of SGD, and of Adam, every unit's shards match the oracle's."""
     need_callable(fully_shard)
     model = tiny_lm(MODEL_SEED)
-    layout = units(model)
     worst = 0.0
     for n in world_sizes:
         for _ in range(repeats):  # twice: a race shows on one run of two
@@ -120,16 +147,15 @@ def check_fully_shard(
             for k, spec in enumerate(SPECS):
                 kind = spec["optimizer"]
                 want = oracle(batches, kind)[-1]
-                hints = {SUMMED: oracle(batches, kind, scale=n)[-1]} if kind == "sgd" else {}
-                for rank, run in enumerate(_gathered(replies, k)):
-                    where = f"{NAME} on rank {rank} of {n} ({kind.upper()}, seed {case})"
-                    problem = shard_problem(run, n, layout, model)
-                    if problem:
-                        raise AssertionError(f"{where}: {problem}.")
-                    err, why = value_problem(run, rank, n, want, hints)
-                    if why is not None:
-                        raise AssertionError(differs(where, err, why))
-                    worst = max(worst, err)
+                hints: Hints = {}
+                if kind == "sgd":
+                    hints[SUMMED] = lambda b=batches, n=n: oracle(b, "sgd", scale=n)[-1]
+
+                def where(rank: int, n: int = n, kind: str = kind, case: int = case) -> str:
+                    return f"{NAME} on rank {rank} of {n} ({kind.upper()}, seed {case})"
+
+                runs = _gathered(replies, k)
+                worst = max(worst, worst_error(runs, n, model, want, hints, where))
     return (
         f"{NAME} trains like one process on the mean gradient: SGD and Adam, {STEPS} steps, "
         f"{world_sizes_text(world_sizes)}, {repeats} runs each (largest difference "
@@ -177,9 +203,9 @@ def judge_traffic(
     replies: list, relayed: tuple, n: int, layout: list[Unit], k: int, sizes: tuple[int, int]
 ) -> None:
     """Fail, with the step and rank, where run ``k``'s steps sent anything but FSDP's calls."""
-    runs = _gathered(replies, k)
+    runs, model = _gathered(replies, k), tiny_lm(MODEL_SEED)
     for rank, run in enumerate(runs):
-        problem = shard_problem(run, n, layout, tiny_lm(MODEL_SEED))
+        problem = shard_problem(run, n, layout, model)
         if problem:
             raise AssertionError(f"{NAME} on rank {rank} of {n}: {problem}.")
     steps = rank_steps(relayed, [r["steps"] for r in runs], n, [part(k, j) for j in range(STEPS)])

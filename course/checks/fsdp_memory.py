@@ -28,11 +28,10 @@ from course.checks.compare import MODEL_SEED, fresh_seed
 from course.checks.fsdp import (
     LAUNCH_TIMEOUT,
     NAME,
-    differs,
     judge_traffic,
     need_callable,
     run_fully_shard,
-    value_problem,
+    worst_error,
 )
 from course.checks.fsdp_replies import shard_problem
 from course.checks.teaching import teaches
@@ -49,6 +48,10 @@ MEMORY_SIZE = {"width": 32, "hidden": 64, "depth": 6}
 # a master parameter whose bf16 rounding flips when fp32 sums run in another order.
 MP_RTOL = 1e-4
 MP = {"optimizer": "sgd", "param_dtype": "bfloat16", "reduce_dtype": "float32"}
+FP32_COMPUTE = (
+    "it matches float32 compute: gather the shard cast to param_dtype, and compute with "
+    "those bf16 parameters"
+)
 
 
 @teaches
@@ -103,16 +106,15 @@ def check_fsdp_mixed_precision(
         batches, replies, relayed = run_fully_shard(fully_shard, n, [MP], case, timeout)
         judge_traffic(replies, relayed, n, layout, 0, (2, 4))
         want = oracle(batches, "sgd", mixed=True)[-1]
-        hints = {
-            "it matches float32 compute: gather the shard cast to param_dtype, and compute "
-            "with those bf16 parameters": oracle(batches, "sgd")[-1]
-        }
-        for rank, (run,) in enumerate(replies):
-            where = f"{NAME}(param_dtype=bf16, reduce_dtype=fp32) on rank {rank} of {n}"
-            err, why = value_problem(run, rank, n, want, hints, MP_RTOL)
-            if why is not None:
-                raise AssertionError(differs(f"{where} (seed {case})", err, why, MP_RTOL))
-            worst = max(worst, err)
+        hints = {FP32_COMPUTE: lambda b=batches: oracle(b, "sgd")[-1]}
+
+        def where(rank: int, n: int = n, case: int = case) -> str:
+            return (
+                f"{NAME}(param_dtype=bf16, reduce_dtype=fp32) on rank {rank} of {n} (seed {case})"
+            )
+
+        runs = [run for (run,) in replies]
+        worst = max(worst, worst_error(runs, n, model, want, hints, where, MP_RTOL))
     return (
         f"{NAME} with param_dtype=bf16, reduce_dtype=fp32 matches the mixed-precision oracle "
         f"after {STEPS} SGD steps on {world_sizes_text(world_sizes)} (largest difference "

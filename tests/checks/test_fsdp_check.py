@@ -83,7 +83,7 @@ def test_the_sum_hint_needs_the_sum() -> None:
     run = {"frozen": torch.zeros(1), "start": torch.zeros(1)}
     for shards, expect in ((mean, None), (summed, "summed")):
         got = {**run, "shards": [_shard(w, 0, 2) for w in shards]}
-        err, why = value_problem(got, 0, 2, mean, {"summed": summed})
+        err, why = value_problem(got, 0, 2, mean, {"summed": lambda: summed})
         assert why == expect, (err, why)
 
 
