@@ -24,7 +24,7 @@ from course.experiments.fsdp_model import STEPS, loss_of, make_optimizer, tiny_l
 from course.ranks import relay
 from course.ring.recorder import Recorder
 
-__all__ = ["DTYPES", "part", "train_sharded"]
+__all__ = ["DTYPES", "part", "shard_units", "train_sharded"]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, None: None}
 
@@ -89,7 +89,7 @@ def _held(model: torch.nn.Module, skip: set[int]) -> int:
     return sum(storages.values())
 
 
-def _shard(fully_shard: Any, model: torch.nn.Module, kw: dict) -> list[str]:
+def shard_units(fully_shard: Any, model: torch.nn.Module, **kw: Any) -> list[str]:
     """Apply ``fully_shard`` to each block then the root; problems as text."""
     said = []
     for i, unit in [*enumerate(model.blocks), ("root", model)]:
@@ -124,7 +124,7 @@ def _one_run(fully_shard: Any, run: int, spec: dict, batches: list) -> dict[str,
     table, start = model.pos, model.pos.detach().clone()  # the frozen parameter, as built
     kw = {"param_dtype": DTYPES[spec.get("param_dtype")]}
     kw["reduce_dtype"] = DTYPES[spec.get("reduce_dtype")]
-    problems = _shard(fully_shard, model, kw)
+    problems = shard_units(fully_shard, model, **kw)
     sizes = torch.tensor([s.numel() if isinstance(s, torch.Tensor) else -1 for s in _shards(model)])
     every = torch.zeros(dist.get_world_size() * sizes.numel(), dtype=sizes.dtype)
     dist.all_gather_single(every, sizes)  # the check's own: every rank's shard sizes

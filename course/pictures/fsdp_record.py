@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from course.checks.compare import MODEL_SEED
+from course.checks.fsdp_rank import shard_units
 from course.experiments.fsdp_model import loss_of, make_batches, tiny_lm, units
 from course.ring.recorder import Recorder
 
@@ -30,9 +31,7 @@ def recorded_step(fully_shard: Callable[..., Any]) -> list[tuple[str, int]]:
     """On each rank: ``(collective, elements of the whole unit)`` of one step, in call order."""
     n = dist.get_world_size()
     model = tiny_lm(MODEL_SEED)
-    for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
+    shard_units(fully_shard, model)  # each block, then the root, as the checks do
     batch = make_batches(1, torch.Generator().manual_seed(dist.get_rank()))[0]
     with Recorder() as seen:
         loss_of(model, batch).backward()
