@@ -94,7 +94,7 @@ class RankBox:
         scratch = private / "scratch"
         scratch.mkdir()
         if _mount_tmpfs(scratch):
-            self._stack.callback(subprocess.run, ["umount", "-l", str(scratch)], check=False)
+            self._stack.callback(_unmount, scratch)
         work, runs = scratch / "work", scratch / "runs"
         work.mkdir()
         runs.mkdir()
@@ -194,7 +194,7 @@ def sweep_stale_scratch(tmp: str | None = None) -> list[Path]:
             continue
         scratch = private / "scratch"
         if scratch.is_mount():
-            subprocess.run(["umount", "-l", str(scratch)], capture_output=True, check=False)
+            _unmount(scratch)
         shutil.rmtree(private, ignore_errors=True)
         gone.append(private)
     return gone
@@ -211,6 +211,11 @@ def _alive(private: Path) -> bool:
             return True
     except (OSError, ValueError):
         return True
+
+
+def _unmount(path: Path) -> None:
+    """Detach the tmpfs at ``path`` (lazily: a process still inside it keeps it until it ends)."""
+    subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
 
 def _mount_tmpfs(path: Path) -> bool:
