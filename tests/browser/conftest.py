@@ -43,7 +43,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--disable-quic",
 ]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+STDERR = ".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']"
 START_TIMEOUT = 60.0
 # Quiet JupyterLab: no news or update toasts over the notebook in screenshots.
 QUIET_SETTINGS = {
@@ -59,7 +61,9 @@ __all__ = [
     "open_notebook",
     "run_all",
     "running_lab",
+    "stderr_errors",
     "wait_for_idle",
+    "write_finished",
     "write_notebook",
 ]
 
@@ -102,6 +106,24 @@ def artifact(name: str) -> Path:
 def artifact_fixture():
     """``artifact(name)`` as a fixture: a path under ``test-artifacts/``."""
     return artifact
+
+
+def write_finished(root: Path, assignment: str) -> str:
+    """Write ``assignment``'s release filled in as Ada's sample (the model work: every key,
+    every solution) into ``root``; return the file's name."""
+    from course.instructor.submissions import assemble, load_specs
+
+    ada = next(s for s in load_specs() if (s.student, s.assignment) == ("ada", assignment))
+    release = nbformat.read(REPO / "release" / assignment / f"{assignment}.ipynb", as_version=4)
+    source = nbformat.read(REPO / "source" / assignment / f"{assignment}.ipynb", as_version=4)
+    name = f"{assignment}-finished.ipynb"
+    nbformat.write(assemble(ada, release, source), root / name)
+    return name
+
+
+def stderr_errors(page: object) -> list[str]:
+    """The text of every stderr output on the page that names an error."""
+    return [t for t in page.locator(STDERR).all_text_contents() if "Error" in t]
 
 
 def write_notebook(root: Path, name: str, cells: list[str]) -> str:

@@ -4,20 +4,9 @@ every cell, its own step animated?"""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
 import pytest
 
-from course.instructor.submissions import assemble, load_specs
-
 pytestmark = pytest.mark.browser
-
-REPO = Path(__file__).resolve().parents[2]
-FSDP = "fsdp"
-RELEASE = REPO / "release" / FSDP / f"{FSDP}.ipynb"
-SOURCE = REPO / "source" / FSDP / f"{FSDP}.ipynb"
-STDERR = ".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']"
 
 WIDGET = """\
 from course.pictures.fsdp import fsdp_widget
@@ -58,12 +47,9 @@ def test_fsdp_widget_draws_steps_and_resets(run_notebook, artifact) -> None:
 def test_a_finished_fsdp_notebook_runs_all_cells(lab, page, artifact, helpers) -> None:
     """Filled in as the model sample submission: does every cell run with no error, and does
     the widget play the student's own step, every call matched to a unit?"""
-    ada = next(s for s in load_specs() if (s.student, s.assignment) == ("ada", FSDP))
-    nb = assemble(ada, nbformat.read(RELEASE, as_version=4), nbformat.read(SOURCE, as_version=4))
-    nbformat.write(nb, lab.root_dir / "fsdp-finished.ipynb")
-    helpers.open_notebook(page, lab, "fsdp-finished.ipynb")
+    helpers.open_notebook(page, lab, helpers.write_finished(lab.root_dir, "fsdp"))
     helpers.run_all(page, timeout_s=300)
-    tracebacks = [t for t in page.locator(STDERR).all_text_contents() if "Error" in t]
+    tracebacks = helpers.stderr_errors(page)
     assert not tracebacks, tracebacks[0][:800]
     headings = page.locator(".ring-heading").all_text_contents()
     assert any("your run" in h for h in headings), headings

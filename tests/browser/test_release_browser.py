@@ -9,16 +9,12 @@ import nbformat
 import pytest
 
 from course.instructor.bank import giveaway_leaks, items_of
-from course.instructor.submissions import assemble, load_specs
 from course.instructor.workcopies import COURSE_ORDER
 
 pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[2]
 RING = "ring_allreduce"
-RELEASE = REPO / "release" / RING / f"{RING}.ipynb"
-SOURCE = REPO / "source" / RING / f"{RING}.ipynb"
-STDERR = ".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']"
 
 
 def _widget_rendered(page) -> None:
@@ -61,13 +57,10 @@ def test_restart_and_run_all_runs_every_cell_of_the_release(name, lab, page, art
 
 def test_a_finished_notebook_runs_all_cells_in_the_browser(lab, page, artifact, helpers):
     """Filled in as the model sample submission: does every cell run, no error, no hang?"""
-    ada = next(s for s in load_specs() if (s.student, s.assignment) == ("ada", RING))
-    nb = assemble(ada, nbformat.read(RELEASE, as_version=4), nbformat.read(SOURCE, as_version=4))
-    nbformat.write(nb, lab.root_dir / "finished.ipynb")
-    helpers.open_notebook(page, lab, "finished.ipynb")
+    helpers.open_notebook(page, lab, helpers.write_finished(lab.root_dir, RING))
     helpers.run_all(page, timeout_s=240)
     _widget_rendered(page)
-    tracebacks = [t for t in page.locator(STDERR).all_text_contents() if "Error" in t]
+    tracebacks = helpers.stderr_errors(page)
     assert not tracebacks, tracebacks[0][:800]
     page.screenshot(path=artifact("release-finished.png"), full_page=False)
     bytes_cell = page.locator(".jp-CodeCell", has_text="with WireMeter() as wire:")
@@ -81,17 +74,14 @@ def test_a_finished_notebook_runs_all_cells_in_the_browser(lab, page, artifact, 
 def test_the_finished_accumulation_notebook_runs_all_cells(lab, page, artifact, helpers):
     """The accumulation notebook as the model sample: every cell runs, hangs are cut short?"""
     name = "accumulation"
-    ada = next(s for s in load_specs() if (s.student, s.assignment) == ("ada", name))
-    release = nbformat.read(REPO / "release" / name / f"{name}.ipynb", as_version=4)
-    source = nbformat.read(REPO / "source" / name / f"{name}.ipynb", as_version=4)
-    nbformat.write(assemble(ada, release, source), lab.root_dir / f"{name}.ipynb")
-    helpers.open_notebook(page, lab, f"{name}.ipynb")
+    finished = helpers.write_finished(lab.root_dir, name)
+    helpers.open_notebook(page, lab, finished)
     helpers.run_all(page, timeout_s=240)
     page.wait_for_selector(".js-plotly-plot", timeout=30_000)
     page.locator(".jp-Notebook").first.click()
     page.keyboard.press("Control+s")  # the saved file has every output, rendered or not
     page.wait_for_timeout(2000)
-    saved = nbformat.read(lab.root_dir / f"{name}.ipynb", as_version=4)
+    saved = nbformat.read(lab.root_dir / finished, as_version=4)
     outputs = [o for c in saved.cells if c.cell_type == "code" for o in c.outputs]
     errors = [f"{o.ename}: {o.evalue}" for o in outputs if o.output_type == "error"]
     assert not errors, errors[0][:800]

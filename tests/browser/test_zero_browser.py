@@ -8,15 +8,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course.instructor.submissions import assemble, load_specs
-
 pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[2]
 ZERO = "zero"
 RELEASE = REPO / "release" / ZERO / f"{ZERO}.ipynb"
-SOURCE = REPO / "source" / ZERO / f"{ZERO}.ipynb"
-STDERR = ".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']"
 
 
 def test_release_animates_the_halves(lab, page, artifact, helpers):
@@ -45,12 +41,9 @@ def test_release_animates_the_halves(lab, page, artifact, helpers):
 
 def test_a_finished_zero_notebook_runs_all_cells(lab, page, artifact, helpers):
     """Filled in as the model sample submission: every cell runs, no error, no hang."""
-    ada = next(s for s in load_specs() if (s.student, s.assignment) == ("ada", ZERO))
-    nb = assemble(ada, nbformat.read(RELEASE, as_version=4), nbformat.read(SOURCE, as_version=4))
-    nbformat.write(nb, lab.root_dir / "zero-finished.ipynb")
-    helpers.open_notebook(page, lab, "zero-finished.ipynb")
+    helpers.open_notebook(page, lab, helpers.write_finished(lab.root_dir, ZERO))
     helpers.run_all(page, timeout_s=300)
-    tracebacks = [t for t in page.locator(STDERR).all_text_contents() if "Error" in t]
+    tracebacks = helpers.stderr_errors(page)
     assert not tracebacks, tracebacks[0][:800]
     assert page.locator(".ring-step").count() == 4  # two reference halves, then yours
     page.screenshot(path=artifact("zero-finished.png"), full_page=False)
