@@ -20,9 +20,10 @@ from typing import Any
 import torch
 
 from course.checks.compare import MODEL_SEED, fresh_seed, rank_generators
-from course.checks.ddp import on_ranks
+from course.checks.ddp import TIMEOUT, on_ranks
 from course.checks.refusals import TORCH_ZERO, refuse
-from course.checks.teaching import teaches
+from course.checks.teaching import on_recorded_ranks, teaches
+from course.checks.zero_memory import GRADED_WIDTH, measured
 from course.experiments.zero import (
     FORMULAS,
     Batches,
@@ -32,7 +33,7 @@ from course.experiments.zero import (
     single_process_params,
     toy_model,
 )
-from course.ranks import PerRank
+from course.ranks import PerRank, confined
 from course.ranks.wording import world_sizes_text
 
 __all__ = ["RTOL", "check_zero_matches_ddp", "check_zero_memory"]
@@ -43,9 +44,9 @@ MEMORY_STEPS = 2
 SLACK = 256  # bytes: Adam's step counters and the like
 
 
-def _rank_batches(world_size: int, steps: int, seed: int) -> list[Batches]:
+def _rank_batches(world_size: int, steps: int, seed: int, width: int = 64) -> list[Batches]:
     """Every rank's batches, ``steps`` each, made in the checker from ``seed``."""
-    return [make_batches(steps, g) for g in rank_generators(seed, world_size)]
+    return [make_batches(steps, g, width) for g in rank_generators(seed, world_size)]
 
 
 def _trained(zero_class: Any, batches: Batches) -> torch.Tensor:
@@ -54,10 +55,11 @@ def _trained(zero_class: Any, batches: Batches) -> torch.Tensor:
     return final_params("zero", zero_class, len(batches), MODEL_SEED, batches)
 
 
-def _held(zero_class: Any, batches: Batches) -> dict[str, int]:
-    """On each rank: the bytes held after the student's optimizer stepped on ``batches``."""
+def _held(zero_class: Any, batches: Batches, snapshots: bool) -> dict[str, int]:
+    """On each rank: the bytes held after the student's optimizer stepped on ``batches``
+    (measured from outside too, under grading: ``snapshots``)."""
     refuse(TORCH_ZERO)
-    return memory_on_ranks("zero", zero_class, len(batches), batches)
+    return memory_on_ranks("zero", zero_class, len(batches), batches, snapshots=snapshots)
 
 
 @teaches
@@ -108,11 +110,19 @@ def _compare(ddp: Any, zero: Any, n: int, rank: int, seed: int) -> float:
 
 @teaches
 def check_zero_memory(zero_class: Any, world_size: int = 4) -> str:
-    """Each rank holds 1/N of Adam's state and of the gradients (ZeRO-2), measured."""
+    """Each rank holds 1/N of Adam's state and of the gradients (ZeRO-2), measured.
+
+    The student's optimizer's own tensors are counted on the rank; under grading every
+    rank's memory is also measured from outside it, on a model wide enough that a replica
+    kept anywhere else stands out (:func:`course.checks.zero_memory.measured`)."""
     _callable(zero_class)
-    batches = PerRank(_rank_batches(world_size, MEMORY_STEPS, fresh_seed(None)))
-    results = on_ranks("ZeroOptimizer", _held, world_size, zero_class, batches)
-    psi = sum(p.numel() for p in toy_model().parameters())
+    graded = confined.current() is not None
+    width = GRADED_WIDTH if graded else 64
+    batches = _rank_batches(world_size, MEMORY_STEPS, fresh_seed(None), width)
+    results, relayed = on_recorded_ranks(
+        "ZeroOptimizer", _held, world_size, zero_class, PerRank(batches), graded, timeout=TIMEOUT
+    )
+    psi = sum(p.numel() for p in toy_model(width=width).parameters())
     _, grads, state = (b * psi for b in FORMULAS["ZeRO-2"](world_size))
     for rank, held in enumerate(results):
         for kind, want, full in (("state", state, 8 * psi), ("grads", grads, 4 * psi)):
@@ -123,9 +133,10 @@ def check_zero_memory(zero_class: Any, world_size: int = 4) -> str:
                 f"rank {rank} holds no optimizer state: the optimizer_class you were given "
                 "should update this rank's shard (and keep Adam's moments for it)"
             )
+    outside = f" {measured(relayed, world_size, psi)}" if relayed else ""
     return (
         f"ZeroOptimizer on {world_size} ranks: every rank holds 1/{world_size} of Adam's "
-        f"state ({state:.0f} bytes) and of the gradients ({grads:.0f} bytes)."
+        f"state ({state:.0f} bytes) and of the gradients ({grads:.0f} bytes).{outside}"
     )
 
 

@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from course.ranks import relay
+
 __all__ = [
     "FORMULAS",
     "Batches",
@@ -112,10 +114,11 @@ def held_objects(root: Any) -> list[Any]:
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def make_batches(steps: int, generator: torch.Generator) -> Batches:
-    """One rank's data: ``steps`` (input, target) batches of 16 samples drawn from ``generator``."""
+def make_batches(steps: int, generator: torch.Generator, width: int = 64) -> Batches:
+    """One rank's data: ``steps`` (input, target) batches of 16 samples drawn from ``generator``,
+    for a :func:`toy_model` of ``width``."""
     return [
-        (torch.randn(16, 64, generator=generator), torch.randn(16, 64, generator=generator))
+        (torch.randn(16, width, generator=generator), torch.randn(16, width, generator=generator))
         for _ in range(steps)
     ]
 
@@ -126,16 +129,28 @@ def _own_batches(steps: int, seed: int, rank: int) -> Batches:
 
 
 def _train(
-    kind: str, zero_class: Any, steps: int, seed: int = 0, batches: Batches | None = None
+    kind: str,
+    zero_class: Any,
+    steps: int,
+    seed: int = 0,
+    batches: Batches | None = None,
+    depth: int = 12,
+    snapshots: bool = False,
 ) -> tuple[nn.Module, Any]:
     """Adam on this rank's batches: DDP, torch's ZeroRedundancyOptimizer, or ``zero_class``.
 
-    The model is ``toy_model(seed)``; the batches are ``batches`` if given (a grader's, made
-    for this rank), else ``steps`` of them made here from ``seed`` and the rank.
+    The model is ``toy_model(seed)`` (as wide as the batches, ``depth`` layers); the batches
+    are ``batches`` if given (a grader's, made for this rank), else ``steps`` of them made
+    here from ``seed`` and the rank. With ``snapshots`` the relay measures every rank's
+    memory once the model is built and again after training (``relay.snapshot``).
     """
     if batches is None:
         batches = _own_batches(steps, seed, dist.get_rank())
-    model = toy_model(seed)
+    if snapshots:
+        _warm_up()
+    model = toy_model(seed, width=batches[0][0].shape[1], depth=depth)
+    if snapshots:
+        relay.snapshot(0)
     if kind == "DDP":
         net = nn.parallel.DistributedDataParallel(model)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -153,15 +168,30 @@ def _train(
             optimizer.zero_grad()
         nn.functional.mse_loss(net(x), y).backward()
         optimizer.step()
+    if snapshots:
+        relay.snapshot(1)
     return model, optimizer
 
 
+def _warm_up() -> None:
+    """One Adam step on four numbers: what its first step imports is not counted as held."""
+    w = torch.zeros(4, requires_grad=True)
+    optimizer = torch.optim.Adam([w], lr=1e-2)
+    w.sum().backward()
+    optimizer.step()
+
+
 def memory_on_ranks(
-    kind: str, zero_class: Any = None, steps: int = 2, batches: Batches | None = None
+    kind: str,
+    zero_class: Any = None,
+    steps: int = 2,
+    batches: Batches | None = None,
+    depth: int = 12,
+    snapshots: bool = False,
 ) -> dict[str, int]:
-    """Rank side: train ``steps`` steps the ``kind`` way (on ``batches`` if given); the bytes
-    this rank then holds."""
-    model, optimizer = _train(kind, zero_class, steps, batches=batches)
+    """Rank side: train ``steps`` steps the ``kind`` way (on ``batches`` if given, a model of
+    ``depth`` layers); the bytes this rank then holds. ``snapshots``: see :func:`_train`."""
+    model, optimizer = _train(kind, zero_class, steps, 0, batches, depth, snapshots)
     return memory_breakdown(model, optimizer)
 
 

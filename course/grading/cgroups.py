@@ -162,6 +162,22 @@ class Cgroups:
                 found |= {int(p) for p in (path / "cgroup.procs").read_text().split()}
         return found
 
+    def memory_used(self) -> int | None:
+        """Bytes charged to this submission now (its processes' memory, swap and the files
+        it wrote to a tmpfs), or None without a memory cgroup."""
+        readings = (
+            ("memory.current", "memory.swap.current"),  # v2
+            ("memory.memsw.usage_in_bytes",),  # v1, with swap
+            ("memory.usage_in_bytes",),  # v1
+        )
+        for path in self.dirs:
+            for files in readings:
+                there = [path / f for f in files if (path / f).is_file()]
+                if there and there[0].name == files[0]:
+                    with contextlib.suppress(OSError, ValueError):
+                        return sum(int(f.read_text()) for f in there)
+        return None
+
     def kill(self) -> None:
         """Kill every process in the cgroups (``cgroup.kill`` where there is one); wait,
         with a deadline, until none is left."""

@@ -77,7 +77,9 @@ class RankBox:
             self._runs, self.cgroups = early._runs, early.cgroups  # noqa: SLF001 - the same class's
         else:
             self._start()
-        launches = confined_launches(self.server, self._runs, self._share, self._cleanup)
+        launches = confined_launches(
+            self.server, self._runs, self._share, self._cleanup, self.cgroups.memory_used
+        )
         self._stack.enter_context(launches)
         return self
 

@@ -34,6 +34,7 @@ class Confined:
     run_root: str
     share: Callable[[str], None]
     cleanup: Callable[[], None]  # after each launch: stop whatever its ranks left running
+    memory: Callable[[], int | None] | None = None  # bytes the whole sandbox holds now
 
 
 _STACK: list[Confined] = []
@@ -50,9 +51,10 @@ def confined_launches(
     run_root: str,
     share: Callable[[str], None],
     cleanup: Callable[[], None] = lambda: None,
+    memory: Callable[[], int | None] | None = None,
 ) -> Iterator[None]:
     """Within: every launch runs confined (see the module docstring)."""
-    _STACK.append(Confined(server, run_root, share, cleanup))
+    _STACK.append(Confined(server, run_root, share, cleanup, memory))
     try:
         yield
     finally:

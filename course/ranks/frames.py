@@ -31,6 +31,7 @@ _CARRIED = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.i
 _CARRIED += (torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
 DTYPES = {str(t).removeprefix("torch."): t for t in _CARRIED}
 COLLECTIVES = {"allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "alltoall"}
+COLLECTIVES |= {"snapshot"}  # a barrier of every rank at which the relay measures their memory
 LEN = struct.Struct(">II")  # header length, payload length
 
 
@@ -44,7 +45,10 @@ class Event:
 
     ``kind`` is ``send`` (``src`` to ``dst``, recorded when the relay received it), ``recv``
     (the same message, recorded when the relay delivered it to ``dst``), ``mark`` (rank
-    ``src`` marked the ``tag``-th part of its run: see :func:`mark`) or a collective (``src``
+    ``src`` marked the ``tag``-th part of its run: see :func:`mark`), ``snapshot`` (every
+    rank stopped at snapshot ``tag``: ``memory`` is the bytes each held, ``box`` the whole
+    sandbox's, -1 where not measured, ``held`` the bytes sent that no rank had yet received;
+    see :mod:`course.ranks.memory`) or a collective (``src``
     = ``dst`` = -1, ``nbytes`` the bytes each member contributed, in group order). ``group``
     is the tuple of global ranks it ran in; ``seq`` the position of the call among its
     rank's requests (a collective: each member's, in group order), so a rank's events can
@@ -63,6 +67,9 @@ class Event:
     time: float = 0.0
     seq: tuple[int, ...] = ()
     data: bytes = field(default=b"", repr=False, compare=False)
+    memory: tuple[int, ...] = ()
+    box: int = -1
+    held: int = 0
 
 
 def frame(header: dict[str, Any], payload: bytes = b"") -> bytes:

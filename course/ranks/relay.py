@@ -35,7 +35,7 @@ from torch.futures import Future
 from course.ranks.frames import RelayError, describe, fill_from, frame, raw_bytes, read_frame
 from course.ranks.mailbox import ANY
 
-__all__ = ["BACKEND", "RelayGroup", "join", "mark"]
+__all__ = ["BACKEND", "RelayGroup", "join", "mark", "snapshot"]
 
 BACKEND = "relay"
 
@@ -69,29 +69,32 @@ class _Link:
 
     def _read(self) -> None:
         try:
-            while True:
-                header, payload = read_frame(self.sock)
-                req = header.get("req", -1)
-                if req == -1:  # the relay refused the link itself: every call fails
-                    error = RelayError(header.get("error", "the relay closed the link"))
-                    for waiting, _ in self._waiting.values():
-                        self._fail(waiting, error)
-                    continue
-                fut, on_reply = self._waiting.pop(req, (None, None))
-                if fut is None:  # an answer to a request this link never made
-                    continue
-                if "error" in header:
-                    self._fail(fut, RelayError(header["error"]))
-                    continue
-                try:
-                    fut.set_result(on_reply(header, payload))
-                except Exception as err:  # noqa: BLE001 - the waiting call raises it
-                    fut.set_exception(err)
+            while True:  # no reply stays referenced here once handled: a rank's memory is measured
+                self._answer(*read_frame(self.sock))
         except (OSError, ConnectionError, RelayError, ValueError):
             error = RelayError("the relay is gone: the run has ended")
             for fut, _ in list(self._waiting.values()):
                 with contextlib.suppress(RuntimeError):
                     fut.set_exception(error)
+
+    def _answer(self, header: dict[str, Any], payload: bytes) -> None:
+        """Hand one reply to the call that waits for it."""
+        req = header.get("req", -1)
+        if req == -1:  # the relay refused the link itself: every call fails
+            error = RelayError(header.get("error", "the relay closed the link"))
+            for waiting, _ in self._waiting.values():
+                self._fail(waiting, error)
+            return
+        fut, on_reply = self._waiting.pop(req, (None, None))
+        if fut is None:  # an answer to a request this link never made
+            return
+        if "error" in header:
+            self._fail(fut, RelayError(header["error"]))
+            return
+        try:
+            fut.set_result(on_reply(header, payload))
+        except Exception as err:  # noqa: BLE001 - the waiting call raises it
+            fut.set_exception(err)
 
 
 class _Work(dist._Work):  # noqa: SLF001 - the Work base that C++ callers (DDP) wait on
@@ -265,6 +268,17 @@ def mark(tag: int) -> None:
     rank = dist.get_rank()
     header = {"kind": "mark", "group": [rank], "tag": tag}
     _Work(_LINK.request(header, b"", lambda _h, _p: None), _LINK).wait()
+
+
+def snapshot(tag: int) -> None:
+    """Wait until every rank has called ``snapshot(tag)``; meanwhile the relay measures, from
+    outside, the memory each holds (:mod:`course.ranks.memory`); a no-op on any other
+    backend."""
+    if _LINK is None or dist.get_backend() != BACKEND:
+        return
+    header = {"kind": "snapshot", "group": list(range(dist.get_world_size())), "tag": tag}
+    empty = torch.empty(0)
+    _Work(_LINK.request(header | describe(empty), b"", lambda _h, _p: None), _LINK).wait()
 
 
 def join(

@@ -36,6 +36,7 @@ from course.ranks.frames import (
     frame,
 )
 from course.ranks.mailbox import ANY, Mailbox
+from course.ranks.memory import Probe
 
 __all__ = ["MAX_HELD", "MAX_KEPT", "Relay"]
 
@@ -63,6 +64,7 @@ class Relay:
         self._sel = selectors.DefaultSelector()
         self._stop = threading.Event()
         self._start = time.monotonic()
+        self.probe = Probe()  # what a snapshot reads: the launcher names the ranks' processes
         self._thread = threading.Thread(target=self._serve, name="relay", daemon=True)
 
     def __enter__(self) -> Self:
@@ -258,13 +260,16 @@ class Relay:
             return
         try:
             results = compute(first["kind"], order)
+            snapshot = first["kind"] == "snapshot"
+            extra = self.probe.at([p.header for p in order], self.world_size) if snapshot else {}
         except Exception as err:  # noqa: BLE001 - what the ranks sent: every member is told
             for p in order:
                 self._reply(p.rank, {"req": p.req, "error": str(err)})
             return
         sizes, seqs = tuple(len(p.payload) for p in order), tuple(p.seq for p in order)
         kind, dtype, op = first["kind"], first["dtype"], first.get("op", "")
-        self.events.append(Event(kind, call.group, -1, -1, 0, sizes, dtype, op, self._now(), seqs))
+        event = Event(kind, call.group, -1, -1, 0, sizes, dtype, op, self._now(), seqs)
+        self.events.append(replace(event, **extra, held=self._mail.held if extra else 0))
         for p, out in zip(order, results, strict=True):
             self._reply(p.rank, {"req": p.req, "ok": True}, out)
 

@@ -91,6 +91,8 @@ class Supervisor:
                 return self._unstarted(err, time.monotonic() - start)
             if self.relay:
                 self.relay.close_ends()  # the ranks hold them now
+                memory = self.box.memory if self.box else None
+                self.relay.probe.name([r.proc.pid for r in self.ranks], memory)
             reason = self._supervise(RunClock([r.proc.pid for r in self.ranks]))
             if reason != "done":
                 self._collect_stacks()

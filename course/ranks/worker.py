@@ -41,6 +41,7 @@ import torch.distributed as dist  # noqa: E402 - after the thread limits above, 
 from course.ranks import messages, relay  # noqa: E402 - after the thread limits above
 from course.ranks import plain as plain_data  # noqa: E402 - after the thread limits above
 from course.ranks.failures import CELL_NAME as CELL  # noqa: E402 - after the thread limits above
+from course.ranks.memory import exact_malloc  # noqa: E402 - after the thread limits above
 
 Frames = list[tuple[str, int, str, str]]  # (filename, lineno, function, source line)
 
@@ -77,6 +78,8 @@ def rank_main(
         if sys_path is not None:
             sys.path[:] = sys_path
         torch.set_num_threads(1)
+        if plain:  # graded: what the rank frees is seen to go (course.ranks.memory)
+            exact_malloc()
         if backend == "relay":  # every message goes through the caller, who records it
             relay.join(link, rank, world_size, pg_timeout, _failing(send, threading.get_ident()))
             device = torch.device("cpu")

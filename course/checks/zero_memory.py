@@ -1,0 +1,76 @@
+"""Under grading, what each rank of a ZeRO step holds, measured from outside the rank.
+
+The ranks train the toy model :data:`GRADED_WIDTH` wide (12 square layers: 12.6 M
+parameters, 48 MiB in fp32) and stop twice in the relay (``course.ranks.relay.snapshot``):
+once the model is built, and once the student's optimizer has stepped. At each stop the
+judge reads, itself, every rank process's memory and the whole sandbox's
+(:mod:`course.ranks.memory`), and the bytes the relay holds sent but not yet received.
+
+ZeRO-2 on N ranks adds Adam's two moments and the gradient for its shard: 12/N bytes a
+parameter. A replica of Adam's state adds 8, of the gradients 4. A rank may add its shards,
+a quarter of the parameters' bytes for buffers of its own, and :data:`RUNTIME` for what
+torch and Python keep; the sandbox, N times that. What the student's optimizer holds in its
+own tensors is still counted on the rank (``course.checks.zero``), for the finer message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from course.ranks.frames import Event
+
+__all__ = ["GRADED_WIDTH", "RUNTIME", "measured"]
+
+GRADED_WIDTH = 1024  # the toy model's width under grading: its depth stays 12
+RUNTIME = 16 * 2**20  # bytes torch and Python may add to a rank between the snapshots
+MIB = 2**20
+
+
+def measured(relayed: Sequence[Event], world_size: int, psi: int) -> str:
+    """Raise, with what to fix, if a rank or the sandbox grew by more than ZeRO-2 allows
+    between the relay's two snapshots of a run of ``world_size`` ranks (``psi`` parameters);
+    else say what the most a rank grew was."""
+    snaps = [e for e in relayed if e.kind == "snapshot"]
+    if [e.tag for e in snaps] != [0, 1]:
+        raise AssertionError(
+            f"the ranks' memory could not be measured: the relay saw snapshots "
+            f"{[e.tag for e in snaps]}, where the check takes two, 0 and 1 (only the check "
+            "takes them)"
+        )
+    before, after = snaps
+    if after.held:
+        raise AssertionError(
+            f"when step() had returned on every rank, {after.held} bytes one rank had sent "
+            "another were not yet received: wait() on every isend, and receive every "
+            "message, inside step()"
+        )
+    counts = before.memory + after.memory
+    if len(before.memory) != world_size or len(after.memory) != world_size or min(counts) < 0:
+        raise AssertionError("the ranks' memory could not be measured: a rank's process was gone")
+    allowed = 12 * psi / world_size + psi + RUNTIME
+    for rank, (start, end) in enumerate(zip(before.memory, after.memory, strict=True)):
+        if end - start > allowed:
+            raise AssertionError(_too_much(f"rank {rank} of {world_size}", end - start,
+                                           allowed, psi, world_size))  # fmt: skip
+    if before.box >= 0 and after.box >= 0 and after.box - before.box > world_size * allowed:
+        what = f"the sandbox of your {world_size} ranks, all its processes and files,"
+        raise AssertionError(
+            _too_much(what, after.box - before.box, world_size * allowed, psi, world_size)
+        )
+    most = max(end - start for start, end in zip(before.memory, after.memory, strict=True))
+    return (
+        f"Measured from outside, on {psi / 1e6:.1f} M parameters, no rank grew by more than "
+        f"{most / MIB:.0f} MiB in step() (ZeRO-2's shards: {12 * psi / world_size / MIB:.0f} MiB)."
+    )
+
+
+def _too_much(who: str, grew: int, allowed: float, psi: int, n: int) -> str:
+    return (
+        f"{who} held {grew / MIB:.0f} MiB more after step() than before your optimizer was "
+        f"made, measured from outside the ranks on a model of {psi / 1e6:.1f} M parameters "
+        f"({4 * psi / MIB:.0f} MiB): ZeRO-2 on {n} ranks adds only Adam's state and the "
+        f"gradient for a rank's shard, {12 * psi / n / MIB:.0f} MiB a rank, and at most "
+        f"{allowed / MIB:.0f} MiB is allowed. Something full-sized stays between steps: a "
+        "replica of Adam's state or of the gradients, or a copy of the parameters, kept "
+        "somewhere your optimizer's own attributes do not show."
+    )

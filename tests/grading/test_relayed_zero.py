@@ -1,0 +1,112 @@
+"""Under grading, what a ZeRO step holds is measured from outside its ranks.
+
+``check_zero_memory`` counts the tensors the student's optimizer holds, on the rank. Each
+attack below keeps a replica of Adam's state where that count does not look (a global, a
+process of its own, the relay's mailbox) and passes the count; graded (a ``RankBox``, the
+relay's snapshots, the sandbox's cgroup), each fails, and an honest optimizer passes.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from course.checks import check_zero_memory
+from course.grading import cgroups, sandbox
+from course.grading.rankbox import RankBox
+from course.grading.student import StudentCode
+from tests.checks import halves_impls
+
+pytestmark = [
+    pytest.mark.ranks,
+    pytest.mark.slow,
+    pytest.mark.skipif(not sandbox.available(), reason="needs bubblewrap, setpriv and prlimit"),
+]
+
+# The model solution (reduce_scatter, all_gather, ZeroOptimizer), as submitted code.
+HONEST = inspect.getsource(halves_impls).split("\nclass FullStateZero")[0]
+
+# ZeRO-2's shards for the count, and a whole replica of Adam kept beside them in a global.
+REPLICATED = """
+REPLICA = {}
+
+
+class Replicated(ZeroOptimizer):
+    def __init__(self, params, optimizer_class=torch.optim.Adam, **defaults):
+        super().__init__(params, optimizer_class, **defaults)
+        REPLICA["adam"] = optimizer_class(self.params, **defaults)
+
+    def step(self):
+        grads = [p.grad.clone() for p in self.params]
+        super().step()
+        for p, g in zip(self.params, grads):
+            p.grad = g
+        REPLICA["adam"].step()
+        for p in self.params:
+            p.grad = None
+"""
+IN_A_GLOBAL = HONEST + REPLICATED
+
+# The replica moved, after each step, into a child process: the rank's own memory drops.
+IN_A_CHILD = HONEST + REPLICATED.replace(
+    """        for p in self.params:
+            p.grad = None
+""",
+    """        for p in self.params:
+            p.grad = None
+        import os, time
+        if os.fork() == 0:  # the child keeps the replica's pages, and waits
+            time.sleep(600)
+            os._exit(0)
+        REPLICA["adam"] = torch.optim.Adam(self.params, lr=1e-2)  # empty: its state is gone
+""",
+)
+
+# Part of the replica sent to the next rank and never received: the relay holds it.
+IN_THE_RELAY = HONEST + REPLICATED.replace(
+    """        for p in self.params:
+            p.grad = None
+""",
+    """        for p in self.params:
+            p.grad = None
+        moments = next(iter(REPLICA["adam"].state.values()))["exp_avg_sq"]  # a layer's
+        n = dist.get_world_size()
+        REPLICA["sent"] = dist.isend(moments, (dist.get_rank() + 1) % n, tag=7)
+        REPLICA["adam"] = torch.optim.Adam(self.params, lr=1e-2)  # empty: the moments are sent
+""",
+)
+
+
+def _code(source: str, name: str) -> StudentCode:
+    return StudentCode(((name, source),), name)
+
+
+@pytest.mark.parametrize(
+    ("attack", "told"),
+    [
+        (IN_A_GLOBAL, "rank 0 of 4 held"),
+        pytest.param(
+            IN_A_CHILD,
+            "the sandbox of your 4 ranks",
+            marks=pytest.mark.skipif(
+                cgroups.unavailable() is not None, reason=str(cgroups.unavailable())
+            ),
+        ),
+        (IN_THE_RELAY, "were not yet received"),
+    ],
+    ids=["global", "child", "relay"],
+)
+def test_a_replica_hidden_from_the_count_fails_the_memory_check(attack: str, told: str) -> None:
+    """Does each hidden replica pass the count on the notebook's path, and fail graded?"""
+    namespace: dict = {}
+    exec(attack, namespace)  # noqa: S102 - the attack, run where the count alone decides
+    assert "1/4" in check_zero_memory(namespace["Replicated"])
+    with RankBox(), pytest.raises(AssertionError, match=told):
+        check_zero_memory(_code(attack, "Replicated"))
+
+
+def test_an_honest_zero_optimizer_passes_measured_from_outside() -> None:
+    """Does the model solution pass graded, on the model wide enough to measure?"""
+    with RankBox():
+        assert "1/4" in check_zero_memory(_code(HONEST, "ZeroOptimizer"))
