@@ -4,8 +4,10 @@ The checks record every all-reduce the student's code makes on each rank with th
 one interception layer (``course.ring.recorder``: size, ``async_op``, when, however it was
 imported), compare the gradients with the average over ranks of each rank's own gradient
 (what DDP gives), and compare the calls with DDP's own bucket rule, :func:`ddp_bucket_rule`
-(torch's reducer function, called directly: the oracle is PyTorch itself). The overlap
-exercise is ``course.checks.overlap``.
+(torch's reducer function, called directly: the oracle is PyTorch itself). Under grading
+the calls compared are those the relay carried (``course.ring.relayed.all_reduces_in``),
+whatever route reached them, not the rank's record. The overlap exercise is
+``course.checks.overlap``.
 """
 
 from __future__ import annotations
@@ -24,15 +26,16 @@ from course.checks.compare import (
     rank_generators,
     ratio,
 )
-from course.checks.ddp import on_ranks
+from course.checks.ddp import TIMEOUT
 from course.checks.refusals import DDP_RULE, refuse
-from course.checks.teaching import teaches, user_traceback
+from course.checks.teaching import on_recorded_ranks, teaches, user_traceback
 from course.experiments.buckets import MB
-from course.ranks import PerRank
+from course.ranks import PerRank, relay
 from course.ranks.wording import count
 from course.ring.recorder import Recorder
+from course.ring.relayed import all_reduces_in
 
-__all__ = ["all_reduces", "check_bucketed_allreduce", "ddp_bucket_rule"]
+__all__ = ["all_reduces", "check_bucketed_allreduce", "ddp_bucket_rule", "relayed_all_reduces"]
 
 # (shapes, dtype, bucket_cap_mb): tensors of 4-byte floats, caps of a few tensors each
 VISIBLE_CASES: list[tuple[list[tuple[int, ...]], str, float]] = [
@@ -96,17 +99,20 @@ def _bucket_grads(
 
 
 def _bucketed_trial(fn: Any, grads: list[torch.Tensor], cap: float) -> dict[str, Any]:
+    """On each rank: the student's call on this rank's own gradients, recorded (under
+    grading, the relay records it too, from its mark 0 on)."""
     refuse(DDP_RULE)
-    """On each rank: the student's call on this rank's own gradients, recorded."""
     rank = dist.get_rank()
     given = list(grads)
     out: dict[str, Any] = {"rank": rank, "calls": [], "problem": None}
+    relay.mark(0)
     with Recorder() as recorder:
         try:
             fn(given, cap)
         except Exception as exc:  # noqa: BLE001 - the student's code may raise anything; each becomes a message
             out["problem"] = f"bucketed_allreduce raised an exception:\n{user_traceback(exc)}"
             return out
+    relay.mark(1)
     out["calls"] = all_reduces(recorder)
     out["replaced"] = [i for i, (a, b) in enumerate(zip(given, grads, strict=True)) if a is not b]
     out["result"] = grads
@@ -126,13 +132,27 @@ def check_bucketed_allreduce(
             s = fresh_seed(seed)
             grads = _bucket_grads(world_size, shapes, dtype, s)
             args = (bucketed_allreduce, PerRank(grads), cap)
-            results = on_ranks("bucketed_allreduce", _bucketed_trial, world_size, *args)
+            results, relayed = on_recorded_ranks(
+                "bucketed_allreduce", _bucketed_trial, world_size, *args, timeout=TIMEOUT
+            )
             case = f"{len(shapes)} {dtype} tensors {shapes}, bucket_cap_mb={cap}, seed {s}"
             expected = mean_over_ranks(grads)  # the oracle
             for rank, r in enumerate(results):
                 known = {"rank": rank, "before": grads[rank], "expected": expected}
+                if relayed and not r["problem"]:  # graded: the calls as the relay saw them
+                    known["calls"] = relayed_all_reduces(relayed, rank, 0, "bucketed_allreduce")
                 _diagnose_bucketed(r | known, world_size, shapes, cap, case)
     return f"bucketed_allreduce: right averages and buckets on {list(world_sizes)} ranks."
+
+
+def relayed_all_reduces(relayed: tuple, rank: int, part: int, name: str) -> list[dict[str, Any]]:
+    """The all-reduces ``rank`` made in part ``part``, from the relay's record, in the shape
+    of :func:`all_reduces` (their times are the rank's own, so none here)."""
+    try:
+        numels = all_reduces_in(relayed, rank, part)
+    except ValueError as err:
+        raise AssertionError(f"{name}'s run cannot be read: {err}") from None
+    return [{"numel": n, "async_op": None, "t": None} for n in numels]
 
 
 def _diagnose_bucketed(

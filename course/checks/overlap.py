@@ -6,7 +6,9 @@ Each rank trains through the student's wrapper on its own batches, made here fro
 course's recorder (``course.ring.recorder``) times every all-reduce against the gradients
 becoming ready. The gradients are compared with DDP's, the average over ranks of each rank's own
 gradient, computed here; the calls with the bucket rule of
-:func:`course.checks.buckets.ddp_bucket_rule`.
+:func:`course.checks.buckets.ddp_bucket_rule`. Under grading the all-reduces the rank
+recorded of each step must be those the relay carried (count and sizes); when each started,
+against the gradients becoming ready, is the rank's own record.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course.checks.buckets import all_reduces, ddp_bucket_rule
+from course.checks.buckets import all_reduces, ddp_bucket_rule, relayed_all_reduces
 from course.checks.compare import (
     MODEL_SEED,
     close,
@@ -30,10 +32,10 @@ from course.checks.compare import (
     rank_generators,
     ratio,
 )
-from course.checks.ddp import on_ranks
+from course.checks.ddp import TIMEOUT
 from course.checks.refusals import DDP_ITSELF, DDP_RULE, refuse
-from course.checks.teaching import teaches, user_traceback
-from course.ranks import PerRank
+from course.checks.teaching import on_recorded_ranks, teaches, user_traceback
+from course.ranks import PerRank, relay
 from course.ring.recorder import Recorder
 
 __all__ = ["check_overlapping_ddp"]
@@ -75,7 +77,8 @@ def _overlap_trial(cls: Any, cap: float, inputs: list[torch.Tensor]) -> dict[str
             return out
         for p in model.parameters():  # after the student's hooks, so they fire first
             p.register_post_accumulate_grad_hook(lambda _p: ready.append(time.perf_counter()))
-        for x in inputs:
+        for i, x in enumerate(inputs):
+            relay.mark(i)  # under grading, the relay's record of step i starts here
             recorder.collectives.clear()
             ready.clear()
             model.zero_grad()
@@ -92,6 +95,7 @@ def _overlap_trial(cls: Any, cap: float, inputs: list[torch.Tensor]) -> dict[str
                 {"calls": all_reduces(recorder), "ready": list(ready), "returned": returned}
                 | {"grads": grads}
             )
+    relay.mark(len(inputs))
     out["nbytes"] = [p.numel() * p.element_size() for p in model.parameters()]
     return out
 
@@ -108,7 +112,9 @@ def check_overlapping_ddp(
         s = fresh_seed(seed)
         inputs = _overlap_inputs(world_size, s, 2)
         args = (OverlappingDDP, bucket_cap_mb, PerRank(inputs))
-        results = on_ranks("OverlappingDDP", _overlap_trial, world_size, *args)
+        results, relayed = on_recorded_ranks(
+            "OverlappingDDP", _overlap_trial, world_size, *args, timeout=TIMEOUT
+        )
         expected = _expected(inputs)
         buckets = ddp_bucket_rule(_nbytes(), bucket_cap_mb)
         for rank, r in enumerate(results):
@@ -117,8 +123,23 @@ def check_overlapping_ddp(
                 raise AssertionError(f"On {where}: {r['problem']}")
             for i, step in enumerate(r["steps"]):
                 step_where = f"{where}, step {i + 1}"
+                if relayed:
+                    _as_relayed(step["calls"], relayed, rank, i, step_where)
                 _diagnose_overlap(step | {"expected": expected[i]}, buckets, world_size, step_where)
     return f"OverlappingDDP averages like DDP, overlapping backward, on {list(world_sizes)} ranks."
+
+
+def _as_relayed(calls: list[dict], relayed: tuple, rank: int, step: int, where: str) -> None:
+    """Under grading: the all-reduces the rank recorded of a step are those the relay
+    carried (their count and sizes; when each started is the rank's own record)."""
+    carried = [c["numel"] for c in relayed_all_reduces(relayed, rank, step, "OverlappingDDP")]
+    recorded = [c["numel"] for c in calls]
+    if recorded != carried:
+        raise AssertionError(
+            f"On {where}: the relay carried all-reduces of {carried} elements, but the rank's "
+            f"own record says {recorded}: make every all-reduce with dist.all_reduce on the "
+            "default group, from the gradient hooks."
+        )
 
 
 def _nbytes() -> list[int]:

@@ -30,6 +30,7 @@ from course.ring.trace import Message, Trace
 __all__ = [
     "BITS",
     "SecretEncoding",
+    "all_reduces_in",
     "collectives_in",
     "part_span",
     "relayed_calls",
@@ -108,13 +109,25 @@ def relayed_trace(
 
 def collectives_in(events: Sequence[Event], rank: int, part: int) -> list[str]:
     """The collectives (torch.distributed's names) ``rank`` took part in during part ``part``
-    of a run, in order, from the relay's record; ValueError as for :func:`relayed_trace`."""
-    lo, hi = part_span(events, rank, part)
+    of a run, in the order it called them, from the relay's record; ValueError as for
+    :func:`relayed_trace`."""
+    return [NAMES[e.kind] for e in _rank_collectives(events, rank, part)]
+
+
+def all_reduces_in(events: Sequence[Event], rank: int, part: int) -> list[int]:
+    """The elements of each all-reduce ``rank`` made during part ``part`` of a run, in the
+    order it called them, from the relay's record; ValueError as for :func:`relayed_trace`."""
     return [
-        NAMES[e.kind]
-        for e in events
-        if e.kind in NAMES and rank in e.group and lo <= e.seq[e.group.index(rank)] < hi
+        e.nbytes[e.group.index(rank)] // torch.empty((), dtype=DTYPES[e.dtype]).element_size()
+        for e in _rank_collectives(events, rank, part)
+        if e.kind == "allreduce"
     ]
+
+
+def _rank_collectives(events: Sequence[Event], rank: int, part: int) -> list[Event]:
+    lo, hi = part_span(events, rank, part)
+    mine = [(e.seq[e.group.index(rank)], e) for e in events if e.kind in NAMES and rank in e.group]
+    return [e for seq, e in sorted(mine, key=lambda pair: pair[0]) if lo <= seq < hi]
 
 
 def part_span(events: Sequence[Event], rank: int, part: int) -> tuple[int, float]:
