@@ -44,7 +44,7 @@ from course.checks.teaching import failure_message
 from course.ranks import confined, relay
 from course.ranks.wording import count, world_sizes_text
 from course.ring.encoding import encoded_tensor
-from course.ring.logs import log_path, read_trace
+from course.ring.logs import log_path, open_log, read_trace
 from course.ring.recorder import Recorder, scratch_dir
 from course.ring.relayed import SecretEncoding
 from course.ring.trace import Trace
@@ -115,7 +115,7 @@ def _run_cases(
     rank = dist.get_rank()
     refuse_the_reference()
     out = []
-    with open(log_path(directory, rank, "progress"), "a", buffering=1) as progress:
+    with open_log(log_path(directory, rank, "progress")) as progress:
         for i, case in enumerate(cases):
             relay.mark(i)  # under grading: where case i starts, in the relay's record
             progress.write(json.dumps({"case": i}) + "\n")
@@ -223,7 +223,7 @@ def _launch(
     result = launch(_run_cases, world_size, fn, cases, mine, directory, timeout=LAUNCH_TIMEOUT)
     if result.ok:
         return result
-    raise AssertionError(_failure_message(exercise, world_size, cases, result.failures, directory))
+    raise AssertionError(_failure_message(exercise, world_size, cases, result, directory))
 
 
 def _recorded_inputs(
@@ -237,10 +237,11 @@ def _recorded_inputs(
 
 
 def _failure_message(
-    exercise: Exercise, world_size: int, cases: list[Case], failures: dict, directory: str
+    exercise: Exercise, world_size: int, cases: list[Case], result: Any, directory: str
 ) -> str:
     """Which case was running, what each rank did, and the cause's own traceback."""
-    running = {r: running_case(directory, r, len(cases)) for r in range(world_size)}
+    failures, relayed = result.failures, result.relayed
+    running = {r: running_case(directory, r, len(cases), relayed) for r in range(world_size)}
     case_index = min((i for i in running.values() if i is not None), default=None)
     doing = f" while summing {cases[case_index]}" if case_index is not None else ""
     return failure_message(exercise.name, world_size, failures, doing, exercise.deadlock_hint)

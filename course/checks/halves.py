@@ -38,7 +38,7 @@ from course.ranks import confined, relay
 from course.ranks.wording import count, world_sizes_text
 from course.ring.halves import Half, half_violations
 from course.ring.halves_record import encoded_args
-from course.ring.logs import log_path, read_trace
+from course.ring.logs import log_path, open_log, read_trace
 from course.ring.recorder import Recorder, scratch_dir
 from course.ring.relayed import SecretEncoding
 from course.ring.schedule import chunk_bounds
@@ -93,7 +93,7 @@ def _run_cases(half: Half, fn: Callable, cases: list[Case], mine: list, director
     rank, world_size = dist.get_rank(), dist.get_world_size()
     refuse_the_reference()
     out = []
-    with open(log_path(directory, rank, "progress"), "a", buffering=1) as progress:
+    with open_log(log_path(directory, rank, "progress")) as progress:
         for i, case in enumerate(cases):
             relay.mark(i)  # under grading: where case i starts, in the relay's record
             progress.write(json.dumps({"case": i}) + "\n")
@@ -215,7 +215,7 @@ def _launch(
     )
     if result.ok:
         return result
-    running = [running_case(directory, r, len(cases)) for r in range(world_size)]
+    running = [running_case(directory, r, len(cases), result.relayed) for r in range(world_size)]
     index = min((i for i in running if i is not None), default=None)
     during = f" on {cases[index]}" if index is not None else ""
     raise AssertionError(

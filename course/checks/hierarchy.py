@@ -31,7 +31,7 @@ from course.checks.teaching import failure_message, teaches
 from course.ranks import confined, relay
 from course.ranks.wording import count, listed
 from course.ring.hierarchy import EMULATION, Call, hierarchy_violations
-from course.ring.logs import log_path
+from course.ring.logs import log_path, open_log
 from course.ring.recorder import Recorder, scratch_dir
 from course.ring.relayed import relayed_calls
 
@@ -98,7 +98,7 @@ def _run_cases(fn: Callable, cases: list[tuple[Case, int]], mine: list, director
     notebook's verdict only: under grading the relay's record is used)."""
     rank = dist.get_rank()
     out = []
-    with open(log_path(directory, rank, "progress"), "a", buffering=1) as progress:
+    with open_log(log_path(directory, rank, "progress")) as progress:
         for i, (_case, ranks_per_node) in enumerate(cases):
             relay.mark(i)  # under grading: where case i starts, in the relay's record
             progress.write(json.dumps({"case": i}) + "\n")
@@ -170,7 +170,7 @@ def _launch(fn: Callable, world_size: int, cases: list, made: list, directory: s
     result = launch(_run_cases, world_size, fn, cases, mine, directory, timeout=2 * LAUNCH_TIMEOUT)
     if result.ok:
         return result
-    running = [running_case(directory, r, len(cases)) for r in range(world_size)]
+    running = [running_case(directory, r, len(cases), result.relayed) for r in range(world_size)]
     index = min((i for i in running if i is not None), default=None)
     doing = ""
     if index is not None:

@@ -150,14 +150,20 @@ def refuse_the_reference() -> None:
     course.instructor.reference._ring = refuse  # noqa: SLF001 - the reference's one entry point, refused while grading
 
 
-def running_case(directory: str, rank: int, count: int) -> int | None:
-    """The case (of ``count``) a rank had started but not finished, from its progress log."""
+def running_case(directory: str, rank: int, count: int, relayed: tuple = ()) -> int | None:
+    """The case (of ``count``) a rank had started but not finished, from its progress log;
+    under grading (``relayed``: the relay's record), the last case it marked, as the
+    progress log is then the rank's own (``course.ranks.isolation``)."""
     current = None
-    try:
-        for line in read_rank_file(str(log_path(directory, rank, "progress"))).splitlines():
-            entry = json.loads(line)
-            current = entry.get("case", current if "done" not in entry else None)
-    except (FileNotFoundError, ValueError, AttributeError, RecursionError):
-        pass
+    if relayed:
+        mine = [e for e in relayed if e.kind == "mark" and e.src == rank]
+        current = max(mine, key=lambda e: e.seq).tag if mine else None
+    else:
+        try:
+            for line in read_rank_file(str(log_path(directory, rank, "progress"))).splitlines():
+                entry = json.loads(line)
+                current = entry.get("case", current if "done" not in entry else None)
+        except (FileNotFoundError, ValueError, AttributeError, RecursionError):
+            pass
     ok = isinstance(current, int) and not isinstance(current, bool) and 0 <= current < count
     return current if ok else None

@@ -21,6 +21,7 @@ from course.ranks import confined, messages
 from course.ranks.clock import RunClock
 from course.ranks.failures import RankFailure, RanksInterrupted, RunResult
 from course.ranks.forkserver import RUN_DIR_PREFIX, SERVER, RankProcess, RankStartError, kill
+from course.ranks.isolation import SANDBOX_SHARED, map_ids
 from course.ranks.report import build_result
 from course.ranks.router import Relay
 
@@ -29,6 +30,7 @@ __all__ = ["ABORT_GRACE", "STACK_WAIT", "Supervisor"]
 ABORT_GRACE = 0.5  # seconds the other ranks get after one rank fails
 STACK_WAIT = 0.5  # seconds to wait for stuck ranks to report where they are
 MESSAGE_WAIT = 5.0  # seconds for the rest of a message once its first byte has come
+MAP_WAIT = 10.0  # seconds for a graded rank to ask for its ids in its own namespace
 
 
 @dataclass
@@ -42,6 +44,16 @@ class _Rank:
     stack: list | None = None  # where it was when stopped
     exit_note: tuple | None = None  # (code, frames) from an os._exit call
     conn_open: bool = True
+
+
+def _give_ids(pid: int, conn: Connection) -> None:
+    """A graded rank's first word: it took namespaces of its own and asks for its ids to be
+    mapped there (done from here: :mod:`course.ranks.isolation`), or it runs shared."""
+    try:
+        if conn.poll(MAP_WAIT) and conn.recv_bytes(16) == b"map":
+            conn.send_bytes(b"mapped" if map_ids(pid) else b"unmapped")
+    except (EOFError, OSError):  # it died first: the supervision says how
+        pass
 
 
 class Supervisor:
@@ -128,6 +140,8 @@ class Supervisor:
         args = (child, rank, self.world_size, self.dir, *here)
         link = self.relay.ends[rank] if self.relay else None
         job = (self.payloads[rank], self.pg_timeout, self.backend, self.box is not None, link)
+        if self.box:  # every folder graded ranks could share, each rank's own
+            job = (*job, (os.path.dirname(self.box.run_root), *SANDBOX_SHARED))
         proc = RankProcess(args=(*args, *job), name=f"rank-{rank}")
         proc.server = self.box.server if self.box else None
         proc.daemon = True
@@ -135,6 +149,8 @@ class Supervisor:
             proc.start()
         finally:
             child.close()
+        if self.box:
+            _give_ids(proc.pid, parent)
         return _Rank(rank, proc, parent)
 
     def _supervise(self, clock: RunClock) -> str:

@@ -41,6 +41,7 @@ import torch.distributed as dist  # noqa: E402 - after the thread limits above, 
 from course.ranks import messages, relay  # noqa: E402 - after the thread limits above
 from course.ranks import plain as plain_data  # noqa: E402 - after the thread limits above
 from course.ranks.failures import CELL_NAME as CELL  # noqa: E402 - after the thread limits above
+from course.ranks.isolation import cover, unshare_own  # noqa: E402 - after the thread limits above
 from course.ranks.memory import exact_malloc  # noqa: E402 - after the thread limits above
 
 Frames = list[tuple[str, int, str, str]]  # (filename, lineno, function, source line)
@@ -58,15 +59,20 @@ def rank_main(
     backend: str,
     plain: bool = False,
     link: socket.socket | None = None,
+    private: tuple[str, ...] = (),
 ) -> None:
     """Run one rank's job and report the outcome to the caller; never returns.
 
     ``cwd`` and ``sys_path`` (the caller's) are taken over unless None; with ``plain`` the
     return value travels as plain data (:mod:`course.ranks.plain`), else with cloudpickle.
+    With ``private`` (graded ranks) the rank first takes namespaces of its own and a tmpfs of
+    its own over each of those folders (:mod:`course.ranks.isolation`).
     """
     if os.getpid() != os.getpgrp():
         os.setpgid(0, 0)  # own process group: the caller kills it and all it started
-    _redirect_output(run_dir, rank)
+    _redirect_output(run_dir, rank)  # before isolate: the caller reads these files
+    if private:
+        _isolate(conn, private, run_dir)
     send = _Sender(conn)
     watchdog = threading.Thread(target=_watch, args=(conn, send, threading.get_ident()))
     watchdog.daemon = True
@@ -98,6 +104,25 @@ def rank_main(
     # "connection closed" instead of being found, by its stack, where it waits.
     _flush()
     threading.Event().wait()
+
+
+def _isolate(conn: Connection, private: tuple[str, ...], run_dir: str) -> None:
+    """Namespaces and folders of this rank's own (:mod:`course.ranks.isolation`): its ids
+    mapped by the caller, asked on its pipe; its working and run folders made again, empty,
+    in its own tmpfs. Where the kernel gives no namespaces the rank runs on in its
+    submission's sandbox, shared with its siblings."""
+    if not unshare_own():
+        conn.send_bytes(b"shared")
+        return
+    conn.send_bytes(b"map")
+    if conn.recv_bytes() != b"mapped":
+        cover(())  # unmapped, a tmpfs of its own would take no file: only drop capabilities
+        return
+    here = os.getcwd()
+    if cover(private) is None:
+        for folder in (here, run_dir):
+            os.makedirs(folder, exist_ok=True)
+        os.chdir(here)  # the old folder, under the new tmpfs, is no longer reachable
 
 
 def _init_process_group(

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from course.ranks.confined import read_rank_file
 from course.ring.trace import Message, Trace
 
-__all__ = ["as_list", "log_path", "read_log", "read_trace"]
+__all__ = ["as_list", "log_path", "open_log", "read_log", "read_trace"]
 
 MAX_LOG = 16 * 2**20  # bytes read of one rank's log
 
@@ -22,6 +22,13 @@ MAX_LOG = 16 * 2**20  # bytes read of one rank's log
 def log_path(directory: str | os.PathLike, rank: int, tag: str = "") -> Path:
     """Where rank ``rank`` streams its messages (one file per rank and ``tag``)."""
     return Path(directory) / f"rank{rank}{'-' + tag if tag else ''}.jsonl"
+
+
+def open_log(path: str | os.PathLike) -> TextIO:
+    """A rank's log, opened to append line by line; its folder made if it is not there (a
+    graded rank's scratch folder is its own: ``course.ranks.isolation``)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "a", buffering=1)
 
 
 def as_list(m: Message) -> list[Any]:

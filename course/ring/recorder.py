@@ -50,7 +50,7 @@ from course.ring.collectives import (
     sizes_of,
 )
 from course.ring.encoding import check_encodable, decode_tensor, encoded_tensor
-from course.ring.logs import as_list, log_path, read_trace
+from course.ring.logs import as_list, log_path, open_log, read_trace
 from course.ring.trace import Message, Trace
 
 __all__ = ["Collective", "Recorder", "record", "scratch_dir"]
@@ -100,7 +100,7 @@ class Recorder:
             raise RuntimeError("a Recorder is already active on this rank; nest them not")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         if self.path is not None:
-            self._file = open(self.path, "a", buffering=1)
+            self._file = open_log(self.path)
         # A Python backend (the relay) defines its own methods: patch those where it has them.
         group = type(dist.group.WORLD)
         owners = [ProcessGroup] + ([group] if group is not ProcessGroup else [])

@@ -113,11 +113,15 @@ def _swap_run_folder(victim: str) -> list[str]:
 
 def test_a_rank_cannot_touch_the_folder_its_run_folders_are_made_in() -> None:
     """Run folders are made in a folder of root's: a rank can neither move its own nor add
-    a link beside it for the next launch's folder to be swapped for."""
-    with RankBox(uid=sandbox.SANDBOX_UID):
+    a link beside it for the next launch's folder to be swapped for. (A rank with a
+    scratch folder of its own does all three there, out of the grader's sight.)"""
+    with RankBox(uid=sandbox.SANDBOX_UID) as box:
+        runs = box._runs  # noqa: SLF001 - the folder the box makes run folders in
         result = launch(_swap_run_folder, 1, "/etc/shadow", timeout=30)
+        left = os.listdir(runs)
     assert result.ok, result.failures
-    assert result.results[0] == ["PermissionError"] * 3
+    assert result.results[0] in (["PermissionError"] * 3, ["done"] * 3)
+    assert not [name for name in left if name == "mine" or name.endswith(("-next", "-moved"))]
 
 
 def test_a_run_folder_swapped_for_a_link_is_not_followed(
@@ -328,10 +332,14 @@ def _left_of(uid: int) -> list[int]:
 
 
 def _ipc_namespaces() -> set[str]:
+    """Every IPC namespace a thread is in (a process whose main thread ended shows its
+    namespaces under its other threads only)."""
     found = set()
     for entry in os.listdir("/proc"):
         with contextlib.suppress(OSError):
-            found.add(os.readlink(f"/proc/{entry}/ns/ipc"))
+            for task in os.listdir(f"/proc/{entry}/task"):
+                with contextlib.suppress(OSError):
+                    found.add(os.readlink(f"/proc/{entry}/task/{task}/ns/ipc"))
     return found
 
 
