@@ -74,16 +74,17 @@ def map_ids(pid: int) -> bool:
 
 
 def cover(private: Sequence[str]) -> str | None:
-    """A fresh tmpfs over each folder of ``private`` that exists, then no capabilities;
-    None, or why not."""
+    """A fresh tmpfs over each folder of ``private`` that exists, then no capabilities
+    (dropped whatever else failed); None, or what failed."""
     libc = _libc()
     options = f"size={PRIVATE_SIZE},mode=1777".encode()
+    failed = None
     for path in private:
         if os.path.isdir(path) and libc.mount(
             b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options
         ):
-            return f"no private {path}: mount: {os.strerror(ctypes.get_errno())}"
+            failed = failed or f"no private {path}: mount: {os.strerror(ctypes.get_errno())}"
     header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
     if libc.capset(ctypes.byref(header), data) != 0:
         return f"its capabilities could not be dropped: {os.strerror(ctypes.get_errno())}"
-    return None
+    return failed

@@ -119,10 +119,10 @@ def _isolate(conn: Connection, private: tuple[str, ...], run_dir: str) -> None:
         cover(())  # unmapped, a tmpfs of its own would take no file: only drop capabilities
         return
     here = os.getcwd()
-    if cover(private) is None:
-        for folder in (here, run_dir):
-            os.makedirs(folder, exist_ok=True)
-        os.chdir(here)  # the old folder, under the new tmpfs, is no longer reachable
+    cover(private)  # what it could not cover stays its submission's, shared
+    for folder in (here, run_dir):
+        os.makedirs(folder, exist_ok=True)
+    os.chdir(here)  # the old folder, under a new tmpfs, is no longer reachable
 
 
 def _init_process_group(
