@@ -133,7 +133,7 @@ def check_zero_memory(zero_class: Any, world_size: int = 4) -> str:
                 f"rank {rank} holds no optimizer state: the optimizer_class you were given "
                 "should update this rank's shard (and keep Adam's moments for it)"
             )
-    outside = f" {measured(relayed, world_size, psi)}" if relayed else ""
+    outside = f" {measured(relayed, world_size, psi)}" if graded else ""
     return (
         f"ZeroOptimizer on {world_size} ranks: every rank holds 1/{world_size} of Adam's "
         f"state ({state:.0f} bytes) and of the gradients ({grads:.0f} bytes).{outside}"

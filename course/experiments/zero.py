@@ -134,12 +134,11 @@ def _train(
     steps: int,
     seed: int = 0,
     batches: Batches | None = None,
-    depth: int = 12,
     snapshots: bool = False,
 ) -> tuple[nn.Module, Any]:
     """Adam on this rank's batches: DDP, torch's ZeroRedundancyOptimizer, or ``zero_class``.
 
-    The model is ``toy_model(seed)`` (as wide as the batches, ``depth`` layers); the batches
+    The model is ``toy_model(seed)``, as wide as the batches; the batches
     are ``batches`` if given (a grader's, made for this rank), else ``steps`` of them made
     here from ``seed`` and the rank. With ``snapshots`` the relay measures every rank's
     memory once the model is built and again after training (``relay.snapshot``).
@@ -148,7 +147,7 @@ def _train(
         batches = _own_batches(steps, seed, dist.get_rank())
     if snapshots:
         _warm_up()
-    model = toy_model(seed, width=batches[0][0].shape[1], depth=depth)
+    model = toy_model(seed, width=batches[0][0].shape[1])
     if snapshots:
         relay.snapshot(0)
     if kind == "DDP":
@@ -186,12 +185,11 @@ def memory_on_ranks(
     zero_class: Any = None,
     steps: int = 2,
     batches: Batches | None = None,
-    depth: int = 12,
     snapshots: bool = False,
 ) -> dict[str, int]:
-    """Rank side: train ``steps`` steps the ``kind`` way (on ``batches`` if given, a model of
-    ``depth`` layers); the bytes this rank then holds. ``snapshots``: see :func:`_train`."""
-    model, optimizer = _train(kind, zero_class, steps, 0, batches, depth, snapshots)
+    """Rank side: train ``steps`` steps the ``kind`` way (on ``batches`` if given); the bytes
+    this rank then holds. ``snapshots``: see :func:`_train`."""
+    model, optimizer = _train(kind, zero_class, steps, 0, batches, snapshots)
     return memory_breakdown(model, optimizer)
 
 
