@@ -6,9 +6,10 @@
 The same launches on both backends, from a warm forkserver, unconfined: a launch that does
 nothing (start-up: gloo's rendezvous against the relay's sockets), then inside one launch
 the time per call of an all-reduce at 1 KB, 1 MB and 16 MB, a ring's 2(N-1) point-to-point
-steps on 1 MB, and one DDP step of a 1M-parameter model. Then the ring check
-(``check_ring_allreduce``, world sizes 2 to 6) on a ring written with isend/irecv, as
-grading runs it: confined, on the relay (needs root and bubblewrap; skipped otherwise).
+steps on 1 MB, and one DDP step of a 1M-parameter model. Then three checks on a model
+solution, in a notebook (gloo) and as grading runs them (confined, on the relay, needs root
+and bubblewrap; skipped otherwise): the ring check (world sizes 2 to 6), and the ZeRO and
+FSDP memory checks, which graded train a larger model and measure it from outside.
 Figures only; no assertions: they depend on the machine and on whatever else it is doing.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -92,19 +94,42 @@ def median_launch(backend: str, world_size: int, repeat: int) -> float:
     return statistics.median(times)
 
 
-def ring_check_seconds() -> float | None:
-    """The ring check as grading runs it (confined, so on the relay), or None if it cannot."""
-    from course.checks import check_ring_allreduce
+TESTS = Path(__file__).resolve().parent.parent / "tests" / "checks"
+# label: (the check in course.checks, the code it grades, the name it is handed)
+CHECKS = {
+    "ring check (world sizes 2-6)": ("check_ring_allreduce", lambda: RING, "ring_allreduce"),
+    "ZeRO memory check (4 ranks)": (
+        "check_zero_memory",
+        lambda: (TESTS / "halves_impls.py").read_text().split("\nclass FullStateZero")[0],
+        "ZeroOptimizer",
+    ),
+    "FSDP memory check (2 ranks)": (
+        "check_fsdp_memory",
+        (TESTS / "fsdp_impls.py").read_text,
+        "fully_shard",
+    ),
+}
+
+
+def check_seconds(check: str, source: str, name: str) -> tuple[float, float | None]:
+    """A check on the model solution: in a notebook (gloo), and as grading runs it
+    (confined, so on the relay, its memory measured from outside), or None if it cannot."""
+    import course.checks
     from course.grading import sandbox
     from course.grading.rankbox import RankBox
     from course.grading.student import StudentCode
 
-    if not sandbox.available():
-        return None
+    namespace: dict = {"__name__": "__main__"}
+    exec(source, namespace)  # noqa: S102 - the course's own model solution
     start = time.perf_counter()
+    getattr(course.checks, check)(namespace[name])
+    notebook = time.perf_counter() - start
+    if not sandbox.available():
+        return notebook, None
     with RankBox():
-        check_ring_allreduce(StudentCode((("ring", RING),), "ring_allreduce"))
-    return time.perf_counter() - start
+        start = time.perf_counter()
+        getattr(course.checks, check)(StudentCode(((name, source),), name))
+    return notebook, time.perf_counter() - start
 
 
 def main() -> None:
@@ -125,11 +150,13 @@ def main() -> None:
     for name, row in rows.items():
         g, r = row["gloo"], row["relay"]
         print(f"{name:34} {g * 1e3:8.1f} ms {r * 1e3:8.1f} ms {r / g:6.1f}x")
-    seconds = ring_check_seconds()
-    if seconds is None:
-        print("ring check on graded ranks: skipped (needs bubblewrap, setpriv and prlimit)")
-    else:
-        print(f"ring check on graded ranks (relay, world sizes 2-6): {seconds:.1f} s")
+    print(f"\n{'':34} {'notebook':>10} {'graded':>10} {'ratio':>7}")
+    for label, (check, source, name) in CHECKS.items():
+        notebook, graded = check_seconds(check, source(), name)
+        if graded is None:
+            print(f"{label:34} {notebook:8.1f} s   graded: skipped (needs bubblewrap)")
+        else:
+            print(f"{label:34} {notebook:8.1f} s {graded:8.1f} s {graded / notebook:6.1f}x")
 
 
 if __name__ == "__main__":

@@ -61,13 +61,15 @@ def need_callable(fn: Any) -> None:
 
 
 def run_fully_shard(
-    fn: Any, n: int, specs: list[dict], seed: int, timeout: float = LAUNCH_TIMEOUT
-) -> tuple[list, list, tuple]:
-    """Every rank's batches (made here), their validated replies, and the relay's record."""
+    fn: Any, n: int, specs: list[dict], seed: int, timeout: float = LAUNCH_TIMEOUT,
+    steps: int = STEPS,
+) -> tuple[list, list, tuple]:  # fmt: skip
+    """Every rank's batches (made here, ``steps`` each), their validated replies, and the
+    relay's record."""
     from course.ranks import launch
 
     size = specs[0].get("size", {})
-    batches = [make_batches(STEPS, g, **size) for g in rank_generators(seed, n)]
+    batches = [make_batches(steps, g, **size) for g in rank_generators(seed, n)]
     try:
         result = launch(train_sharded, n, fn, specs, PerRank(batches), timeout=timeout)
     except TypeError as err:  # the launcher could not pickle the student's code

@@ -7,10 +7,13 @@ Memory: a larger instance of the check's model (:data:`MEMORY_SIZE`: six blocks 
 4,200 elements, a root of about 450) trains five SGD steps; the model calls a probe between
 blocks and inside each, forward and backward, and the rank counts the bytes of gathered
 parameters the model and its hooks reach (distinct storages, the flat shards and the frozen
-table left out; :mod:`course.checks.fsdp_rank`). That count is made on the rank, so it runs
-on trust (a student's code runs in that process); it is checked here against the root (its
-forward wraps every block's) plus two blocks, the one computing and the one before it.
-Keeping every unit gathered holds the root plus all six.
+table left out; :mod:`course.checks.fsdp_rank`). That count is made on the rank (a student's
+code runs in that process); it is checked here against the root (its forward wraps every
+block's) plus two blocks, the one computing and the one before it. Keeping every unit
+gathered holds the root plus all six. Under grading the model is :data:`GRADED_MEMORY_SIZE`
+(16 MiB a block), one step is trained, and every probe is also a snapshot at which the
+grader reads each rank's memory from outside it (:func:`forward_measured`): in the forward a
+rank must not grow past the root and two blocks over what it held after sharding.
 
 Mixed precision: ``param_dtype=torch.bfloat16, reduce_dtype=torch.float32`` against the
 oracle that computes on bf16 copies of the fp32 masters and averages fp32 gradients
@@ -35,12 +38,19 @@ from course.checks.fsdp import (
 )
 from course.checks.fsdp_replies import shard_problem
 from course.checks.teaching import teaches
+from course.checks.zero_memory import RUNTIME
 from course.experiments.fsdp_model import STEPS, oracle, tiny_lm, units
+from course.ranks import confined
 from course.ranks.wording import world_sizes_text
 
-__all__ = ["MEMORY_SIZE", "MP_RTOL", "check_fsdp_memory", "check_fsdp_mixed_precision"]
+__all__ = [
+    "GRADED_MEMORY_SIZE", "MEMORY_SIZE", "MP_RTOL", "check_fsdp_memory",
+    "check_fsdp_mixed_precision", "forward_measured",
+]  # fmt: skip
 
 MEMORY_SIZE = {"width": 32, "hidden": 64, "depth": 6}
+GRADED_MEMORY_SIZE = {"width": 1024, "hidden": 2048, "depth": 6}  # 16 MiB a block, in fp32
+MIB = 2**20
 # Of the largest parameter, after 5 SGD steps on 2, 3 and 4 ranks, 3 seeds each (measured):
 # the model solution at most 6e-8 from the mixed oracle; a bf16 reduce-scatter at least
 # 1.6e-4 away, float32 compute at least 3.6e-4. Both of those also fail on the record
@@ -58,13 +68,17 @@ FP32_COMPUTE = (
 def check_fsdp_memory(
     fully_shard: Any, world_size: int = 2, timeout: float = LAUNCH_TIMEOUT
 ) -> str:
-    """The gathered parameters held at any probe: at most the root plus two blocks."""
+    """The gathered parameters held at any probe: at most the root plus two blocks (under
+    grading also measured from outside, in the forward, on a model 16 MiB a block)."""
     need_callable(fully_shard)
-    model = tiny_lm(MODEL_SEED, **MEMORY_SIZE)
+    graded = confined.current() is not None
+    size = GRADED_MEMORY_SIZE if graded else MEMORY_SIZE
+    model = tiny_lm(MODEL_SEED, **size)
     layout = units(model)
     n = world_size
-    spec = {"optimizer": "sgd", "memory": True, "size": MEMORY_SIZE}
-    _, replies, _ = run_fully_shard(fully_shard, n, [spec], fresh_seed(None), timeout)
+    spec = {"optimizer": "sgd", "memory": True, "size": size}
+    steps = 1 if graded else STEPS  # one step shows the forward's peak
+    _, replies, relayed = run_fully_shard(fully_shard, n, [spec], fresh_seed(None), timeout, steps)
     unit_bytes = [u.padded(n) * n * 4 for u in layout]
     root, block = unit_bytes[-1], max(unit_bytes[:-1])
     limit, full = root + 2 * block, sum(unit_bytes)
@@ -84,11 +98,49 @@ def check_fsdp_memory(
                 "(untyped_storage().resize_(0)) and after its reduce-scatter, and keep no "
                 "reference to the original parameters."
             )
+    outside = f" {forward_measured(relayed, n, size['depth'], limit)}" if graded else ""
     return (
         f"{NAME} on {n} ranks held at most {max(r[0]['peak'] for r in replies)} bytes of "
         f"gathered parameters (limit {limit}: the root and two blocks; all units: {full}; "
-        "counted on the ranks)."
+        f"counted on the ranks).{outside}"
     )
+
+
+def forward_measured(relayed: tuple, n: int, depth: int, gathered: int) -> str:
+    """Raise if, measured from outside at the forward's probes, a rank or the sandbox grew
+    past ``gathered`` bytes (the root and two blocks) and RUNTIME over what it held after
+    sharding; else say the most a rank grew. The backward, where gradients come and go, is
+    judged by the count on the rank only."""
+    snaps = [e for e in relayed if e.kind == "snapshot"]
+    if [e.tag for e in snaps] != list(range(len(snaps))) or len(snaps) < 2 * depth + 1:
+        raise AssertionError(
+            f"the ranks' memory could not be measured: the relay saw snapshots "
+            f"{[e.tag for e in snaps][:8]}..., where the check takes one before the step and "
+            "one at each probe (only the check takes them)"
+        )
+    base, forward = snaps[0], snaps[1 : 2 * depth + 1]
+    allowed = gathered + RUNTIME
+    if any(len(e.memory) != n or min(e.memory) < 0 for e in (base, *forward)):
+        raise AssertionError("the ranks' memory could not be measured: a rank's process was gone")
+    for rank in range(n):
+        grew = max(e.memory[rank] for e in forward) - base.memory[rank]
+        if grew > allowed:
+            raise AssertionError(
+                f"{NAME} on rank {rank} of {n} held {grew / MIB:.0f} MiB more during the "
+                f"forward than after sharding, measured from outside the rank: FSDP holds the "
+                f"root and at most two blocks gathered ({gathered / MIB:.0f} MiB; at most "
+                f"{allowed / MIB:.0f} MiB is allowed). Free each unit's gathered parameters "
+                "after its forward, and keep no reference to them anywhere."
+            )
+    boxes = [e.box for e in (base, *forward)]
+    if min(boxes) >= 0 and max(boxes[1:]) - boxes[0] > n * allowed:
+        raise AssertionError(
+            f"the sandbox of your {n} ranks, all its processes and files, held "
+            f"{(max(boxes[1:]) - boxes[0]) / MIB:.0f} MiB more during the forward than after "
+            f"sharding; the ranks may add {n * allowed / MIB:.0f} MiB together."
+        )
+    most = max(max(e.memory[r] for e in forward) - base.memory[r] for r in range(n))
+    return f"Measured from outside, no rank grew by more than {most / MIB:.0f} MiB in the forward."
 
 
 @teaches

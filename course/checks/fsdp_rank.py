@@ -7,12 +7,15 @@ made for it. Under grading :func:`course.ranks.relay.mark` marks in the relay's 
 where each run's set-up and each step begin (part ``run * (STEPS + 1)`` is run ``run``'s
 set-up, the next STEPS parts its steps, a last mark closes the run); the recorder's lists
 are the notebook path's only. The bytes of gathered parameters held (``peak``) are counted
-here, on the rank, from the tensors the model and its hooks reach: that number runs on trust.
+here, on the rank, from the tensors the model and its hooks reach; under grading every probe
+is also a snapshot in the relay (``course.ranks.relay.snapshot``: tag 0 before the first
+step, then one per probe), at which the grader measures each rank from outside.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import types
 from typing import Any
 
@@ -139,8 +142,15 @@ def _one_run(fully_shard: Any, run: int, spec: dict, batches: list) -> dict[str,
         return out  # no flat_shard, or uneven shards: no training, the verdict says why
     skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
     peak = [0]
-    if spec.get("memory"):
-        model.set_probe(lambda: peak.__setitem__(0, max(peak[0], _held(model, skip))))
+    if spec.get("memory"):  # under grading the relay also measures each probe from outside
+        tags = itertools.count(1)
+
+        def probe() -> None:
+            peak[0] = max(peak[0], _held(model, skip))
+            relay.snapshot(next(tags))
+
+        model.set_probe(probe)
+        relay.snapshot(0)  # the shards alone, before any step
     optimizer = make_optimizer(spec["optimizer"], model.parameters())
     for step, batch in enumerate(batches):
         relay.mark(part(run, step))
@@ -152,7 +162,8 @@ def _one_run(fully_shard: Any, run: int, spec: dict, batches: list) -> dict[str,
     model.set_probe(None)
     now = getattr(model, "pos", None)
     frozen = now.detach().clone() if now is table else None  # None: it was moved
-    out.update(shards=_shards(model), frozen=frozen, start=start)
+    # The memory run's shards (a larger model) are not judged: only their sizes, sent above.
+    out.update(shards=[] if spec.get("memory") else _shards(model), frozen=frozen, start=start)
     out["peak"] = peak[0]
     return out
 

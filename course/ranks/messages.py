@@ -22,6 +22,7 @@ from course.ranks.plain import too_many_values
 
 __all__ = [
     "MAX_MESSAGE",
+    "TooLongError",
     "decode",
     "encode",
     "malformed",
@@ -40,19 +41,23 @@ def encode(message: tuple) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode()
 
 
+class TooLongError(OSError):
+    """A rank's message is over :data:`MAX_MESSAGE`: it is not read."""
+
+
 def receive(conn: Connection, timeout: float) -> bytes:
     """One message from a rank's connection, whole within ``timeout`` seconds of its start.
 
     ``Connection.recv_bytes`` would wait forever for a message whose sender stopped halfway;
     this reads the same framing (a 4-byte length, or -1 and an 8-byte one) with a deadline.
-    Raises EOFError, TimeoutError or OSError (too long) instead.
+    Raises EOFError, TimeoutError or TooLongError instead.
     """
     fd, deadline = conn.fileno(), time.monotonic() + timeout
     (size,) = struct.unpack("!i", _read(fd, 4, deadline))
     if size == -1:
         (size,) = struct.unpack("!Q", _read(fd, 8, deadline))
     if not 0 <= size <= MAX_MESSAGE:
-        raise OSError(f"a message of {size} bytes is too long")
+        raise TooLongError(f"a message of {size} bytes, over the {MAX_MESSAGE} a rank may send")
     return _read(fd, size, deadline)
 
 

@@ -191,6 +191,11 @@ class Supervisor:
     def _receive(self, rank: _Rank) -> None:
         try:
             message = messages.decode(messages.receive(rank.conn, MESSAGE_WAIT))
+        except messages.TooLongError as err:  # its report, unread: the rank fails, saying why
+            rank.conn_open = False
+            if rank.outcome is None:
+                rank.outcome = messages.malformed(str(err))
+            return
         except (EOFError, OSError):  # TimeoutError included: a rank that stopped halfway
             rank.conn_open = False
             return

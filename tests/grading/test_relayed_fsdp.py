@@ -3,7 +3,9 @@
 The model solution passes every FSDP check confined, its collectives carried by the relay.
 An all-reduce of the whole gradient, disguised in the rank's own recorder as the
 reduce-scatter FSDP makes, passes the traffic check on the notebook's path (which reads
-what the ranks recorded) and fails it under grading (the relay saw the all-reduce).
+what the ranks recorded) and fails it under grading (the relay saw the all-reduce); a copy of
+every gathered unit kept in a global passes the memory count and fails graded (measured from
+outside the ranks).
 """
 
 from __future__ import annotations
@@ -51,13 +53,35 @@ dist.reduce_scatter_single = _forged_reduce_scatter
 """
 
 
+# Every gathered unit, before it is freed, copied into a global that no count walks to (on
+# the ranks, from the first call of fully_shard).
+KEPT = """
+_KEPT = []
+_honest = fully_shard
+
+
+def fully_shard(module, **kwargs):
+    if not hasattr(torch.UntypedStorage.resize_, "keeping"):
+        resize = torch.UntypedStorage.resize_
+
+        def keeping(self, size):
+            if size == 0 and self.nbytes():
+                _KEPT.append(self.clone())
+            return resize(self, size)
+
+        keeping.keeping = True
+        torch.UntypedStorage.resize_ = keeping
+    return _honest(module, **kwargs)
+"""
+
+
 def test_the_model_solution_passes_through_the_relay() -> None:
     """Does the model solution pass values, traffic, memory and mixed precision confined?"""
     fn = StudentCode((("impls", IMPLS),), "fully_shard")
     with RankBox():
         assert "largest difference" in check_fully_shard(fn, world_sizes=(3,), repeats=1)
         assert "nothing else" in check_fsdp_traffic(fn, world_sizes=(2,))
-        assert "counted on the ranks" in check_fsdp_memory(fn)
+        assert "Measured from outside" in check_fsdp_memory(fn)
         assert "bf16 all-gathers" in check_fsdp_mixed_precision(fn, world_sizes=(2,))
 
 
@@ -70,6 +94,17 @@ def test_a_forged_record_earns_no_traffic_points() -> None:
     forged = StudentCode((("impls", IMPLS + FORGED),), "fully_shard")
     with RankBox(), pytest.raises(AssertionError, match="it called all_reduce"):
         check_fsdp_traffic(forged, world_sizes=(2,))
+
+
+def test_gathered_units_hidden_from_the_count_fail_the_memory_check() -> None:
+    """Does a fully_shard that keeps a copy of every gathered unit in a global pass the
+    rank's count on the notebook's path, and fail graded, measured from outside?"""
+    namespace: dict = {"__name__": "__main__"}
+    exec(IMPLS + KEPT, namespace)  # noqa: S102 - the attack, run where the count alone decides
+    assert "counted on the ranks" in check_fsdp_memory(namespace["fully_shard"])
+    kept = StudentCode((("impls", IMPLS + KEPT),), "fully_shard")
+    with RankBox(), pytest.raises(AssertionError, match="measured from outside the rank"):
+        check_fsdp_memory(kept)
 
 
 def test_a_deadlock_says_where_each_rank_waited_through_the_relay() -> None:

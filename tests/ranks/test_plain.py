@@ -97,3 +97,19 @@ def test_a_reply_that_would_cost_gigabytes_to_parse_is_refused_unparsed() -> Non
     with pytest.raises(PlainDataError, match="at most"):
         plain.loads(many)
     assert "malformed report" in messages.decode(many)[1]["text"]
+
+
+def _over_the_cap() -> bytes:
+    return b"x" * (messages.MAX_MESSAGE + 1)
+
+
+@pytest.mark.ranks
+def test_a_report_over_the_cap_fails_its_rank_with_the_reason() -> None:
+    """Is a rank whose report is too large to read failed with that reason, not left
+    blocked in its send until the deadline (a "deadlock" that did not say where)?"""
+    from course.ranks import launch
+
+    result = launch(_over_the_cap, 1, timeout=120)
+    failure = result.failures[0]
+    assert failure.kind == "raised", failure
+    assert f"over the {messages.MAX_MESSAGE} a rank may send" in failure.message
