@@ -38,7 +38,7 @@ from course.checks.fsdp import (
 )
 from course.checks.fsdp_replies import shard_problem
 from course.checks.teaching import teaches
-from course.checks.zero_memory import RUNTIME
+from course.checks.zero_memory import MIB, RUNTIME, growth
 from course.experiments.fsdp_model import STEPS, oracle, tiny_lm, units
 from course.ranks import confined
 from course.ranks.wording import world_sizes_text
@@ -50,7 +50,6 @@ __all__ = [
 
 MEMORY_SIZE = {"width": 32, "hidden": 64, "depth": 6}
 GRADED_MEMORY_SIZE = {"width": 1024, "hidden": 2048, "depth": 6}  # 16 MiB a block, in fp32
-MIB = 2**20
 # Of the largest parameter, after 5 SGD steps on 2, 3 and 4 ranks, 3 seeds each (measured):
 # the model solution at most 6e-8 from the mixed oracle; a bf16 reduce-scatter at least
 # 1.6e-4 away, float32 compute at least 3.6e-4. Both of those also fail on the record
@@ -118,12 +117,9 @@ def forward_measured(relayed: tuple, n: int, depth: int, gathered: int) -> str:
             f"{[e.tag for e in snaps][:8]}..., where the check takes one before the step and "
             "one at each probe (only the check takes them)"
         )
-    base, forward = snaps[0], snaps[1 : 2 * depth + 1]
+    ranks, box = growth(snaps[0], snaps[1 : 2 * depth + 1], n)
     allowed = gathered + RUNTIME
-    if any(len(e.memory) != n or min(e.memory) < 0 for e in (base, *forward)):
-        raise AssertionError("the ranks' memory could not be measured: a rank's process was gone")
-    for rank in range(n):
-        grew = max(e.memory[rank] for e in forward) - base.memory[rank]
+    for rank, grew in enumerate(ranks):
         if grew > allowed:
             raise AssertionError(
                 f"{NAME} on rank {rank} of {n} held {grew / MIB:.0f} MiB more during the "
@@ -132,15 +128,14 @@ def forward_measured(relayed: tuple, n: int, depth: int, gathered: int) -> str:
                 f"{allowed / MIB:.0f} MiB is allowed). Free each unit's gathered parameters "
                 "after its forward, and keep no reference to them anywhere."
             )
-    boxes = [e.box for e in (base, *forward)]
-    if min(boxes) >= 0 and max(boxes[1:]) - boxes[0] > n * allowed:
+    if box is not None and box > n * allowed:
         raise AssertionError(
             f"the sandbox of your {n} ranks, all its processes and files, held "
-            f"{(max(boxes[1:]) - boxes[0]) / MIB:.0f} MiB more during the forward than after "
-            f"sharding; the ranks may add {n * allowed / MIB:.0f} MiB together."
+            f"{box / MIB:.0f} MiB more during the forward than after sharding; the ranks may "
+            f"add {n * allowed / MIB:.0f} MiB together."
         )
-    most = max(max(e.memory[r] for e in forward) - base.memory[r] for r in range(n))
-    return f"Measured from outside, no rank grew by more than {most / MIB:.0f} MiB in the forward."
+    most = max(ranks) / MIB
+    return f"Measured from outside, no rank grew by more than {most:.0f} MiB in the forward."
 
 
 @teaches

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from course.ranks.frames import Event
 
-__all__ = ["GRADED_WIDTH", "RUNTIME", "measured"]
+__all__ = ["GRADED_WIDTH", "MIB", "RUNTIME", "growth", "measured"]
 
 GRADED_WIDTH = 1024  # the toy model's width under grading: its depth stays 12
 RUNTIME = 16 * 2**20  # bytes torch and Python may add to a rank between the snapshots
@@ -44,24 +44,31 @@ def measured(relayed: Sequence[Event], world_size: int, psi: int) -> str:
             "another were not yet received: wait() on every isend, and receive every "
             "message, inside step()"
         )
-    counts = before.memory + after.memory
-    if len(before.memory) != world_size or len(after.memory) != world_size or min(counts) < 0:
-        raise AssertionError("the ranks' memory could not be measured: a rank's process was gone")
+    ranks, box = growth(before, [after], world_size)
     allowed = 12 * psi / world_size + psi + RUNTIME
-    for rank, (start, end) in enumerate(zip(before.memory, after.memory, strict=True)):
-        if end - start > allowed:
-            raise AssertionError(_too_much(f"rank {rank} of {world_size}", end - start,
-                                           allowed, psi, world_size))  # fmt: skip
-    if before.box >= 0 and after.box >= 0 and after.box - before.box > world_size * allowed:
+    for rank, grew in enumerate(ranks):
+        if grew > allowed:
+            raise AssertionError(_too_much(f"rank {rank} of {world_size}", grew, allowed, psi,
+                                           world_size))  # fmt: skip
+    if box is not None and box > world_size * allowed:
         what = f"the sandbox of your {world_size} ranks, all its processes and files,"
-        raise AssertionError(
-            _too_much(what, after.box - before.box, world_size * allowed, psi, world_size)
-        )
-    most = max(end - start for start, end in zip(before.memory, after.memory, strict=True))
+        raise AssertionError(_too_much(what, box, world_size * allowed, psi, world_size))
+    most = max(ranks)
     return (
         f"Measured from outside, on {psi / 1e6:.1f} M parameters, no rank grew by more than "
         f"{most / MIB:.0f} MiB in step() (ZeRO-2's shards: {12 * psi / world_size / MIB:.0f} MiB)."
     )
+
+
+def growth(base: Event, later: Sequence[Event], n: int) -> tuple[list[int], int | None]:
+    """The most each of ``n`` ranks held at the snapshots ``later`` over what it held at
+    ``base``, and the same for the whole sandbox (None where it has no memory cgroup);
+    raise if a rank's memory could not be read."""
+    if any(len(e.memory) != n or min(e.memory) < 0 for e in (base, *later)):
+        raise AssertionError("the ranks' memory could not be measured: a rank's process was gone")
+    ranks = [max(e.memory[r] for e in later) - base.memory[r] for r in range(n)]
+    boxes = [e.box for e in (base, *later)]
+    return ranks, (max(boxes[1:]) - boxes[0] if min(boxes) >= 0 else None)
 
 
 def _too_much(who: str, grew: int, allowed: float, psi: int, n: int) -> str:
