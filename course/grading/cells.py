@@ -9,6 +9,8 @@ preprocessors reads that metadata, and rebuilds it from the gradebook:
   solution, locked, points, cell type, checksum); a locked cell also gets its source back;
 * a copy of a known cell: a locked one (the instructor's text) is dropped, a solution cell's
   copy stays as a cell of the student's own, without the id;
+* nbgrader metadata with no grade id (not even a dict) is dropped: the cell is the
+  student's own;
 * nbgrader metadata under an id the gradebook does not know is dropped from a cell the
   student could have added, and refuses the notebook when it claims to be a locked or grade
   cell (an instructor's cell renamed): :class:`NotGradable`, with the reason;
@@ -58,7 +60,11 @@ def restore_cells(nb: Any, known: dict[str, dict[str, Any]]) -> list[str]:
     kept = []
     for i, cell in enumerate(nb.cells):
         gid = _grade_id(cell)
-        if gid is None:
+        if gid is None and "nbgrader" in cell.get("metadata", {}):
+            cell.metadata.pop("nbgrader")  # no cell of the gradebook's: the student's own
+            kept.append(cell)
+            changes.append(f"cell {i + 1}: nbgrader metadata without a grade id dropped")
+        elif gid is None:
             kept.append(cell)
         elif gid not in known:
             kept.append(_unknown(cell, gid, i))

@@ -20,7 +20,7 @@ import tokenize
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from course.grading.student import parse_cell
+from course.grading.student import UNREADABLE, parse_cell
 
 __all__ = ["course_solutions", "near_copies", "normalised", "shared_rules"]
 
@@ -42,14 +42,23 @@ def course_solutions(source_notebook: Path) -> list[str]:
 
 
 def near_copies(student: Iterable[str], solutions: Iterable[str]) -> list[str]:
-    """Names the student's cells define as near copies of the solutions' definitions."""
+    """Names the student's cells define as near copies of the solutions' definitions (one
+    the comparison cannot read, nested too deeply for ``ast.unparse``, is not one)."""
     theirs = {d.name: normalised(d) for source in solutions for d in _definitions(source)}
     found = []
     for source in student:
         for d in _definitions(source):
-            if d.name in theirs and normalised(d) == theirs[d.name] and d.name not in found:
+            if d.name in theirs and d.name not in found and _readable(d) == theirs[d.name]:
                 found.append(d.name)
     return found
+
+
+def _readable(node: Definition) -> str | None:
+    """:func:`normalised`, or None for a definition it cannot read."""
+    try:
+        return normalised(node)
+    except UNREADABLE:
+        return None
 
 
 def _definitions(source: str) -> list[Definition]:

@@ -5,9 +5,10 @@ make the grader read, hash or overwrite something of the instructor's; a hard li
 name for a file elsewhere; a FIFO blocks whoever opens it; a device is no file at all; and
 sheer size or count stalls the class. :func:`inspect` walks a folder through directory file
 descriptors (``os.scandir`` and ``lstat``, ``O_NOFOLLOW`` at every step), refuses all of those
-with a :class:`Rejected` that names the path and what is wrong with it, and hashes the regular
-files. :func:`copy_inert` copies only regular files the same way, so grading only ever sees
-a copy that cannot point anywhere.
+with a :class:`Rejected` that names the path and what is wrong with it (a ``timestamp.txt``
+nbgrader could not read as a date too), and hashes the regular files. :func:`copy_inert`
+copies only regular files the same way, so grading only ever sees a copy that cannot point
+anywhere.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ __all__ = [
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # a FIFO swapped in must not block
+
+
+TIMESTAMP = "timestamp.txt"  # when it was submitted, as nbgrader's exchange writes it
 
 
 class Rejected(ValueError):  # noqa: N818 - a verdict on the submission, not the caller's error
@@ -166,10 +170,24 @@ def inspect(base: Path, *names: str, caps: Caps = SUBMISSION) -> str:
     try:
         for path, dir_fd, name, is_dir in _walk(fd, "", caps, [0, 0]):
             if not is_dir:
-                h.update(path.encode() + b"\0" + _read(dir_fd, name, path, caps) + b"\0")
+                data = _read(dir_fd, name, path, caps)
+                if path == TIMESTAMP:
+                    _check_timestamp(data)
+                h.update(path.encode() + b"\0" + data + b"\0")
     finally:
         os.close(fd)
     return h.hexdigest()
+
+
+def _check_timestamp(data: bytes) -> None:
+    """Refuse a ``timestamp.txt`` that nbgrader could not read as a date (it would fail)."""
+    from nbgrader.utils import parse_utc
+
+    try:
+        parse_utc(data.decode().strip())
+    except Exception as err:  # noqa: BLE001 - dateutil raises several kinds; each is a refusal
+        shown = data[:80].decode(errors="replace").strip()
+        raise Rejected(f"{TIMESTAMP} holds {shown!r}, which is not a date ({err})") from None
 
 
 def read_inert(

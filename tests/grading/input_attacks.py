@@ -22,6 +22,10 @@ def ring_allreduce(tensor):
     tensor.mul_(0)
 """
 
+# An expression the parser and the compiler take but ast.unparse cannot (nested too deeply):
+# the near-copy comparison reads every definition the cells make.
+DEEP_EXPRESSION = "def ring_allreduce(tensor):\n    x = " + "+".join(["tensor"] * 500) + "\n"
+
 # An honest accumulation step that leaves the weights float64 (the model is float32).
 FLOAT64_STEP = """
 import torch
@@ -93,6 +97,13 @@ def rename(cells: list[Cell], gid: str) -> list[Cell]:
         if cell["metadata"].get("nbgrader", {}).get("grade_id") == gid:
             nbgrader_meta(cell)["grade_id"] = gid + "_mine"
     return cells
+
+
+def meta_not_a_dict(cells: list[Cell]) -> list[Cell]:
+    """A code cell of the student's own whose nbgrader metadata is a string."""
+    cell = {"cell_type": "code", "metadata": {"nbgrader": "oops"}, "source": "x = 1",
+            "outputs": [], "execution_count": None}  # fmt: skip
+    return [*cells, cell]
 
 
 def add_markdown(cells: list[Cell], text: str = XSS_MARKDOWN) -> list[Cell]:

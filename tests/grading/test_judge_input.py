@@ -53,6 +53,9 @@ CLASS = [
     ("raised_points", RING, WRONG, STUB, lambda c: ia.raise_points(c, "ring_allreduce_sums")),
     ("renamed_grade", RING, WRONG, STUB, lambda c: ia.rename(c, "ring_1_check")),
     ("markdown", RING, WRONG, STUB, ia.add_markdown),
+    ("deep_expression", RING, WRONG, {"ring_allreduce": ia.DEEP_EXPRESSION}, None),
+    ("meta_not_a_dict", RING, WRONG, STUB, ia.meta_not_a_dict),
+    ("bad_timestamp", RING, WRONG, STUB, "timestamp"),
     ("too_large", RING, WRONG, {"ring_allreduce": "# YOUR CODE HERE\n" + BIG}, None),
     ("deleted_right", RING, KEY, RIGHT_RING,
      lambda c: ia.delete(ia.delete(c, "ring_allreduce_pattern"), "ring_2_check")),
@@ -70,6 +73,9 @@ def _path(root: Path, folder: str, student: str, assignment: str, ext: str = "ip
 
 def _edit_cells(root: Path, student: str, assignment: str, edit: object) -> None:
     path = _path(root, "submitted", student, assignment)
+    if edit == "timestamp":
+        path.with_name("timestamp.txt").write_text("not a date at all\n")
+        return
     nb = nbformat.read(path, as_version=4)
     if edit == "literal":
         cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id")
@@ -110,14 +116,14 @@ def _outputs(root: Path, student: str, assignment: str, grade_id: str) -> str:
 def test_no_submission_fails_the_grader(graded: dict) -> None:
     """Every submission is graded, or rejected with its reason: none is FAILED."""
     statuses = {s: o.status for s, o in graded["outcomes"].items()}
-    rejected = {"renamed_grade", "too_large"}
+    rejected = {"renamed_grade", "too_large", "bad_timestamp"}
     errors = {s: o.error[-1500:] for s, o in graded["outcomes"].items() if o.status == "failed"}
     assert statuses == {s: "rejected" if s in rejected else "graded" for s, *_ in CLASS}, errors
 
 
 @pytest.mark.parametrize(
     "attack", ["deep_trace", "solution_as_grade", "duplicate_grade", "deleted_grade",
-               "raised_points", "markdown"],
+               "raised_points", "markdown", "deep_expression", "meta_not_a_dict"],
 )  # fmt: skip
 def test_an_attack_on_the_ring_gains_nothing(graded: dict, attack: str) -> None:
     """Each scores what the honest wrong answer scores, cell by cell, from the gradebook's cells."""
@@ -151,6 +157,8 @@ def test_a_refused_notebook_says_why(graded: dict) -> None:
     assert "made from the release" in renamed
     large = graded["outcomes"]["too_large"].error
     assert "MiB of text, over the 4 MiB a notebook may hold" in large
+    stamp = graded["outcomes"]["bad_timestamp"].error
+    assert "timestamp.txt holds 'not a date at all', which is not a date" in stamp
 
 
 def test_float64_weights_fail_their_cell_with_the_reason(graded: dict) -> None:
