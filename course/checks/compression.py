@@ -10,7 +10,11 @@ once without a hook, once with ``fp16_compress_hook``, once with the student's h
 ``state`` is a dict it may keep residuals in), with gradients of about 1e-8, too small for
 plain fp16 compression to move the weights. Each rank's input is made here from a
 fresh seed, and each rank is sent its own only (the baselines train on the same inputs, on
-ranks of their own). The weights come back; the verdict is made here.
+ranks of their own). The weights come back; the verdict is made here. So is the hook's
+traffic: from the hook's first step on, a rank may send no more than the fp16 gradient each
+step (:data:`WIRE_BYTES` an element), read from the relay's record under grading and from
+the rank's recorder in a notebook, so that an all-reduce in float32 earns nothing however
+closely it trains.
 """
 
 # No "from __future__ import annotations": the hook wrapper is handed to DDP, which
@@ -24,15 +28,20 @@ import torch.distributed as dist
 from torch import nn
 
 from course.checks.compare import fresh_seed, rank_generators
-from course.checks.ddp import on_ranks
-from course.checks.refusals import DDP_HOOKS, refuse
-from course.checks.teaching import teaches
-from course.ranks import PerRank
+from course.checks.ddp import TIMEOUT, on_ranks
+from course.checks.refusals import DDP_HOOKS, refusing
+from course.checks.teaching import on_recorded_ranks, teaches
+from course.ranks import PerRank, relay
+from course.ring.recorder import Recorder
+from course.ring.relayed import bytes_from
 
 __all__ = ["check_error_feedback_hook", "runs"]
 
 STEPS = 200
 TOLERANCE = 0.05  # of the fp32 run's displacement: one float16 quantum in 200 steps is ~1%
+WIDTH = 8  # the model's weights: nn.Linear(WIDTH, 1, bias=False)
+WIRE_BYTES = 2  # bytes a rank may send per gradient element per step: float16's
+WIRE_SLACK = 256  # bytes beyond them in a whole run: DDP's one sync of its bucket order
 
 
 def _inputs(seed: int, world_size: int = 2) -> list[torch.Tensor]:
@@ -44,24 +53,32 @@ def _inputs(seed: int, world_size: int = 2) -> list[torch.Tensor]:
     ]
 
 
-def _train(hook: Any, scale: float, steps: int, x: torch.Tensor | None = None) -> torch.Tensor:
+def _train(
+    hook: Any, scale: float, steps: int, x: torch.Tensor | None = None, sent: list | None = None
+) -> torch.Tensor:
     """On each rank: SGD on loss ``scale * (w . x)``, so every step's gradient is ``scale * x``.
 
     ``x`` is this rank's input as the checker sent it; by default ``linspace(1, 2)`` times
-    ``1 + rank``.
+    ``1 + rank``. With ``sent``, the steps are marked in the relay's record (part 0) and the
+    bytes of the collectives this rank made in them, as its recorder saw them, appended.
     """
     if x is None:
-        x = torch.linspace(1.0, 2.0, 8).reshape(1, 8) * (1 + dist.get_rank())
-    model = nn.Linear(8, 1, bias=False)
+        x = torch.linspace(1.0, 2.0, WIDTH).reshape(1, WIDTH) * (1 + dist.get_rank())
+    model = nn.Linear(WIDTH, 1, bias=False)
     nn.init.zeros_(model.weight)
     ddp = nn.parallel.DistributedDataParallel(model)
     if hook is not None:
         ddp.register_comm_hook({} if hook != "fp16" else dist.group.WORLD, _pick(hook))
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        (scale * ddp(x).sum()).backward()
-        optimizer.step()
+    if sent is not None:
+        relay.mark(0)
+    with Recorder() as seen:
+        for _ in range(steps):
+            optimizer.zero_grad()
+            (scale * ddp(x).sum()).backward()
+            optimizer.step()
+    if sent is not None:
+        sent.append(sum(c.nbytes for c in seen.collectives if c.name != "barrier"))
     return model.weight.detach().reshape(-1).clone()
 
 
@@ -85,9 +102,9 @@ def baselines(
     return {"fp32": _train(None, scale, steps, x), "fp16": _train("fp16", scale, steps, x)}
 
 
-def _yours(hook: Any, scale: float, steps: int, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    refuse(DDP_HOOKS)
-    return {"yours": _train(hook, scale, steps, x)}
+def _yours(hook: Any, scale: float, steps: int, x: torch.Tensor) -> dict[str, Any]:
+    sent: list[int] = []
+    return {"yours": _train(hook, scale, steps, x, sent), "sent": sent[0]}
 
 
 @teaches
@@ -101,7 +118,11 @@ def check_error_feedback_hook(hook: Any, scale: float = 1e-8, seed: int | None =
     xs = PerRank(_inputs(seed))
     # The baselines on ranks of their own, which never see the student's code.
     base = on_ranks("the fp32 and fp16 baselines", baselines, 2, scale, STEPS, xs)
-    results = on_ranks("ef_fp16_hook", _yours, 2, hook, scale, STEPS, xs)
+    args = (hook, scale, STEPS, xs)
+    results, relayed = on_recorded_ranks(
+        "ef_fp16_hook", _yours, 2, *args, timeout=TIMEOUT, before=refusing(DDP_HOOKS)
+    )
+    _judge_wire(results, relayed)
     for rank, run in enumerate(r | b for r, b in zip(results, base, strict=True)):
         moved = run["fp32"].abs().max().item()
         err = (run["yours"] - run["fp32"]).abs().max().item() / moved
@@ -124,3 +145,24 @@ def check_error_feedback_hook(hook: Any, scale: float = 1e-8, seed: int | None =
         f"ef_fp16_hook trains within {TOLERANCE:.0%} of fp32 over {STEPS} steps with gradients "
         f"of {scale:g}, where plain fp16 compression does not move the weights at all."
     )
+
+
+def _judge_wire(results: list[dict[str, Any]], relayed: tuple) -> None:
+    """Fail unless every rank sent at most float16's bytes of its gradient each step, read
+    from the relay's record under grading (from the rank's recorder in a notebook)."""
+    allowed = WIRE_BYTES * WIDTH * STEPS + WIRE_SLACK
+    for rank, run in enumerate(results):
+        try:
+            sent = bytes_from(relayed, rank) if relayed else int(run["sent"])
+        except (ValueError, KeyError, TypeError):
+            raise AssertionError(
+                f"rank {rank}'s traffic could not be read: only the check marks its steps"
+            ) from None
+        if sent > allowed:
+            raise AssertionError(
+                f"on rank {rank}, your hook sent {sent} bytes in {STEPS} steps, "
+                f"{sent / (WIDTH * STEPS):.1f} bytes a gradient element a step: the exercise "
+                f"compresses to float16, {WIRE_BYTES} bytes an element (at most {allowed} "
+                "bytes in all). All-reduce the compressed tensor (float16), not the gradient "
+                "itself."
+            )

@@ -31,6 +31,7 @@ __all__ = [
     "BITS",
     "SecretEncoding",
     "all_reduces_in",
+    "bytes_from",
     "collectives_in",
     "part_span",
     "relayed_calls",
@@ -122,6 +123,23 @@ def all_reduces_in(events: Sequence[Event], rank: int, part: int) -> list[int]:
         for e in _rank_collectives(events, rank, part)
         if e.kind == "allreduce"
     ]
+
+
+def bytes_from(events: Sequence[Event], rank: int) -> int:
+    """The bytes ``rank`` put into sends and data-moving collectives from its first mark to
+    the end of its run (later marks of its own do not end the count), from the relay's
+    record; ValueError if it never marked."""
+    marks = [e.seq[0] for e in events if e.kind == "mark" and e.src == rank]
+    if not marks:
+        raise ValueError(f"rank {rank} never marked where its part of the run starts")
+    start, total = min(marks), 0
+    for e in events:
+        if e.kind == "send" and e.src == rank and e.seq[0] >= start:
+            total += e.nbytes[0]
+        elif e.kind in NAMES and e.kind != "barrier" and rank in e.group:
+            i = e.group.index(rank)
+            total += e.nbytes[i] if e.seq[i] >= start else 0
+    return total
 
 
 def _rank_collectives(events: Sequence[Event], rank: int, part: int) -> list[Event]:

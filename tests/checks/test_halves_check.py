@@ -8,6 +8,7 @@ import sys
 
 import halves_impls
 import pytest
+import torch.distributed as dist
 
 from course.checks import (
     check_all_gather,
@@ -106,3 +107,18 @@ def test_error_feedback_hook_check() -> None:
     with pytest.raises(AssertionError) as failure:
         check_error_feedback_hook(CELL["fp16_no_feedback"])
     assert "keep the error" in str(failure.value)
+
+
+def fp32_hook(state, bucket):  # no annotations: DDP compares them as objects
+    """No compression at all: trains exactly like fp32, at twice float16's bytes."""
+    averaged = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(averaged, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def test_an_uncompressed_hook_fails_on_its_bytes() -> None:
+    """Does a hook that all-reduces the float32 gradient, which trains as fp32 does, fail on
+    the bytes it sent (4 an element a step, where float16 sends 2)?"""
+    from course.checks import check_error_feedback_hook
+
+    with pytest.raises(AssertionError, match=r"4\.0 bytes a gradient element a step"):
+        check_error_feedback_hook(fp32_hook)

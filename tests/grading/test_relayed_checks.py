@@ -12,6 +12,7 @@ import pytest
 
 from course.checks import (
     check_accumulation_syncs,
+    check_error_feedback_hook,
     check_halves_pattern,
     check_ring_pattern,
     check_ring_sums,
@@ -231,3 +232,30 @@ def test_a_forged_reduce_scatter_earns_no_pattern() -> None:
         assert "each half a ring" in check_halves_pattern(*_halves(HALVES), world_sizes=(3, 4))
         with pytest.raises(AssertionError, match="not a sum of inputs"):
             check_halves_pattern(*_halves(FORGED_REDUCE_SCATTER), world_sizes=(3,))
+
+
+# Error feedback without compression: the float32 gradient all-reduced, the rank's own
+# record of it rewritten to float16's bytes (half its elements).
+UNCOMPRESSED = """
+import dataclasses
+import torch, torch.distributed as dist
+import course.ring.recorder as _recorder
+
+def ef_fp16_hook(state, bucket):
+    averaged = bucket.buffer().div_(dist.get_world_size())
+    work = dist.all_reduce(averaged, async_op=True)
+    for seen in _recorder._active:
+        last = seen.collectives[-1]
+        seen.collectives[-1] = dataclasses.replace(last, nbytes=last.nbytes // 2)
+    return work.get_future().then(lambda f: f.value()[0])
+"""
+
+
+def test_an_uncompressed_hook_earns_nothing_graded() -> None:
+    """Does a float32 all-reduce whose record on the rank says float16's bytes pass the error
+    feedback check in a notebook and fail graded, on the bytes the relay carried?"""
+    namespace: dict = {}
+    exec(UNCOMPRESSED, namespace)  # noqa: S102 - the attack, run where it still works
+    assert "within 5%" in check_error_feedback_hook(namespace["ef_fp16_hook"])
+    with RankBox(), pytest.raises(AssertionError, match="bytes a gradient element a step"):
+        check_error_feedback_hook(StudentCode((("ef", UNCOMPRESSED),), "ef_fp16_hook"))
