@@ -27,7 +27,7 @@ from course.checks.compare import (
     ratio,
 )
 from course.checks.ddp import TIMEOUT
-from course.checks.refusals import DDP_RULE, refuse
+from course.checks.refusals import DDP_RULE, refusing
 from course.checks.teaching import on_recorded_ranks, teaches, user_traceback
 from course.experiments.buckets import MB
 from course.ranks import PerRank, relay
@@ -101,7 +101,6 @@ def _bucket_grads(
 def _bucketed_trial(fn: Any, grads: list[torch.Tensor], cap: float) -> dict[str, Any]:
     """On each rank: the student's call on this rank's own gradients, recorded (under
     grading, the relay records it too, from its mark 0 on)."""
-    refuse(DDP_RULE)
     rank = dist.get_rank()
     given = list(grads)
     out: dict[str, Any] = {"rank": rank, "calls": [], "problem": None}
@@ -133,7 +132,12 @@ def check_bucketed_allreduce(
             grads = _bucket_grads(world_size, shapes, dtype, s)
             args = (bucketed_allreduce, PerRank(grads), cap)
             results, relayed = on_recorded_ranks(
-                "bucketed_allreduce", _bucketed_trial, world_size, *args, timeout=TIMEOUT
+                "bucketed_allreduce",
+                _bucketed_trial,
+                world_size,
+                *args,
+                timeout=TIMEOUT,
+                before=refusing(DDP_RULE),
             )
             case = f"{len(shapes)} {dtype} tensors {shapes}, bucket_cap_mb={cap}, seed {s}"
             expected = mean_over_ranks(grads)  # the oracle

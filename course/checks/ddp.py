@@ -32,7 +32,7 @@ from course.checks.compare import (
     ratio,
 )
 from course.checks.hooks import guard_hook, hook_signature_problem
-from course.checks.refusals import DDP_HOOKS, refuse
+from course.checks.refusals import DDP_HOOKS, refusing
 from course.checks.teaching import teaches, user_traceback
 from course.ranks import PerRank
 
@@ -41,9 +41,15 @@ __all__ = ["check_reduce_hook", "check_weighted_loss"]
 TIMEOUT = 30.0  # seconds per launch; DDP's first construction on a rank imports torch._dynamo
 
 
-def on_ranks(name: str, fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
+def on_ranks(
+    name: str,
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    before: Callable[[], list[str]] | None = None,
+) -> list[Any]:
     """Run ``fn`` on fresh ranks with this module's deadline (``course.checks.teaching``)."""
-    return teaching.on_ranks(name, fn, world_size, *args, timeout=TIMEOUT)
+    return teaching.on_ranks(name, fn, world_size, *args, timeout=TIMEOUT, before=before)
 
 
 # --- exercise (a): an averaging comm hook -----------------------------------------
@@ -72,7 +78,6 @@ def _hook_trial(hook: Any, batches: list[torch.Tensor]) -> dict[str, Any]:
     signature = hook_signature_problem(hook)
     if signature:
         return {"rank": rank, "signature": signature, "problems": [], "steps": []}
-    refuse(DDP_HOOKS)
     student = DDP(_hook_model(), bucket_cap_mb=0.0005)  # ~500 bytes: several buckets
     problems: list[str] = []
     student.register_comm_hook(None, guard_hook(hook, problems))
@@ -102,7 +107,10 @@ def check_reduce_hook(
     for world_size in world_sizes:
         s = fresh_seed(seed)
         batches = _hook_batches(world_size, s, 2)
-        results = on_ranks("reduce_hook", _hook_trial, world_size, reduce_hook, PerRank(batches))
+        args = (reduce_hook, PerRank(batches))
+        results = on_ranks(
+            "reduce_hook", _hook_trial, world_size, *args, before=refusing(DDP_HOOKS)
+        )
         if results[0].get("signature"):
             raise AssertionError(results[0]["signature"])
         for r in results:

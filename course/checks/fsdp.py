@@ -71,7 +71,9 @@ def run_fully_shard(
     size = specs[0].get("size", {})
     batches = [make_batches(steps, g, **size) for g in rank_generators(seed, n)]
     try:
-        result = launch(train_sharded, n, fn, specs, PerRank(batches), timeout=timeout)
+        measured = any(spec.get("memory") for spec in specs)  # on the relay, from the start
+        args = (fn, specs, PerRank(batches))
+        result = launch(train_sharded, n, *args, timeout=timeout, measured=measured)
     except TypeError as err:  # the launcher could not pickle the student's code
         raise CheckFailed(f"{NAME} could not be sent to the ranks: {err}") from None
     if result.failures:

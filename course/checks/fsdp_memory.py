@@ -38,7 +38,7 @@ from course.checks.fsdp import (
 )
 from course.checks.fsdp_replies import shard_problem
 from course.checks.teaching import teaches
-from course.checks.zero_memory import MIB, RUNTIME, growth
+from course.checks.zero_memory import MIB, RUNTIME, from_the_start, growth
 from course.experiments.fsdp_model import STEPS, oracle, tiny_lm, units
 from course.ranks import confined
 from course.ranks.wording import world_sizes_text
@@ -97,7 +97,8 @@ def check_fsdp_memory(
                 "(untyped_storage().resize_(0)) and after its reduce-scatter, and keep no "
                 "reference to the original parameters."
             )
-    outside = f" {forward_measured(relayed, n, size['depth'], limit)}" if graded else ""
+    shards = full // n
+    outside = f" {forward_measured(relayed, n, size['depth'], limit, shards)}" if graded else ""
     return (
         f"{NAME} on {n} ranks held at most {max(r[0]['peak'] for r in replies)} bytes of "
         f"gathered parameters (limit {limit}: the root and two blocks; all units: {full}; "
@@ -105,12 +106,13 @@ def check_fsdp_memory(
     )
 
 
-def forward_measured(relayed: tuple, n: int, depth: int, gathered: int) -> str:
+def forward_measured(relayed: tuple, n: int, depth: int, gathered: int, shards: int) -> str:
     """Raise if, measured from outside at the forward's probes, a rank or the sandbox grew
     past ``gathered`` bytes (the root and two blocks) and RUNTIME over what it held after
-    sharding; else say the most a rank grew. The backward, where gradients come and go, is
-    judged by the count on the rank only."""
-    snaps = [e for e in relayed if e.kind == "snapshot"]
+    sharding, or by more than its ``shards`` and RUNTIME from the start of its run to then
+    (:func:`course.checks.zero_memory.from_the_start`); else say the most a rank grew. The
+    backward, where gradients come and go, is judged by the count on the rank only."""
+    snaps = from_the_start(relayed, n, shards, "the model was sharded")
     if [e.tag for e in snaps] != list(range(len(snaps))) or len(snaps) < 2 * depth + 1:
         raise AssertionError(
             f"the ranks' memory could not be measured: the relay saw snapshots "

@@ -33,7 +33,7 @@ from course.checks.compare import (
     ratio,
 )
 from course.checks.ddp import TIMEOUT
-from course.checks.refusals import DDP_ITSELF, DDP_RULE, refuse
+from course.checks.refusals import DDP_ITSELF, DDP_RULE, refusing
 from course.checks.teaching import on_recorded_ranks, teaches, user_traceback
 from course.ranks import PerRank, relay
 from course.ring.recorder import Recorder
@@ -66,7 +66,6 @@ def _overlap_trial(cls: Any, cap: float, inputs: list[torch.Tensor]) -> dict[str
     """On each rank: a training step per batch it was sent, through the student's wrapper."""
     rank = dist.get_rank()
     model = _overlap_model()
-    refuse(DDP_RULE, DDP_ITSELF)
     out: dict[str, Any] = {"rank": rank, "problem": None, "steps": []}
     ready: list[float] = []
     with Recorder() as recorder:
@@ -113,7 +112,12 @@ def check_overlapping_ddp(
         inputs = _overlap_inputs(world_size, s, 2)
         args = (OverlappingDDP, bucket_cap_mb, PerRank(inputs))
         results, relayed = on_recorded_ranks(
-            "OverlappingDDP", _overlap_trial, world_size, *args, timeout=TIMEOUT
+            "OverlappingDDP",
+            _overlap_trial,
+            world_size,
+            *args,
+            timeout=TIMEOUT,
+            before=refusing(DDP_RULE, DDP_ITSELF),
         )
         expected = _expected(inputs)
         buckets = ddp_bucket_rule(_nbytes(), bucket_cap_mb)

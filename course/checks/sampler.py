@@ -13,7 +13,7 @@ from typing import Any
 from torch.utils.data import DistributedSampler
 
 from course.checks.ddp import on_ranks
-from course.checks.refusals import SAMPLER, refuse
+from course.checks.refusals import SAMPLER, refusing
 from course.checks.teaching import teaches, user_traceback
 
 __all__ = ["SAMPLER_CASES", "check_sampler_indices"]
@@ -55,7 +55,6 @@ SAMPLER_CASES: dict[str, list[tuple[int, int, bool, int, int, bool]]] = {
 
 def _call_sampler(fn: Callable[..., Any], cases: list[tuple]) -> list[Any]:
     """On a fresh rank: the student's indices for every (case, rank), or the error."""
-    refuse(SAMPLER)
     out = []
     for n, replicas, shuffle, seed, epoch, drop_last in cases:
         for rank in range(replicas):
@@ -84,7 +83,8 @@ def _oracle_indices(
 def check_sampler_indices(sampler_indices: Callable[..., Any], part: str = "in order") -> str:
     """Compare the student's indices with ``DistributedSampler``'s, rank by rank, case by case."""
     cases = SAMPLER_CASES[part]
-    results = on_ranks("sampler_indices", _call_sampler, 1, sampler_indices, cases)[0]
+    args = (sampler_indices, cases)
+    results = on_ranks("sampler_indices", _call_sampler, 1, *args, before=refusing(SAMPLER))[0]
     i = 0
     for n, replicas, shuffle, seed, epoch, drop_last in cases:
         for rank in range(replicas):

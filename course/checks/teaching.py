@@ -162,13 +162,21 @@ def failure_message(
 
 
 def on_ranks(
-    name: str, fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 30.0
+    name: str,
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 30.0,
+    before: Callable[[], list[str]] | None = None,
 ) -> list[Any]:
-    """Run ``fn`` on fresh ranks; a crash or deadlock becomes an AssertionError naming ``name``."""
-    from course.ranks import run
+    """Run ``fn`` on fresh ranks; a crash or deadlock becomes an AssertionError naming ``name``.
+
+    ``before``: what each rank does before the job (and the student's code) is unpickled,
+    the check's refusals (``course.checks.refusals.refusing``)."""
+    from course.ranks import launch
 
     try:
-        return run(fn, world_size, *args, timeout=timeout)
+        return launch(fn, world_size, *args, timeout=timeout, before=before).check()
     except RankError as err:
         raise CheckFailed(failure_message(name, world_size, err.failures)) from None
     except TypeError as err:  # the launcher could not pickle the student's code
@@ -176,14 +184,21 @@ def on_ranks(
 
 
 def on_recorded_ranks(
-    name: str, fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 30.0
+    name: str,
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 30.0,
+    before: Callable[[], list[str]] | None = None,
+    measured: bool = False,
 ) -> tuple[list[Any], tuple]:
     """:func:`on_ranks`, with the relay's record of the run (empty off the relay: in a
-    notebook, where ranks talk over gloo)."""
+    notebook, where ranks talk over gloo); ``measured``: see ``course.ranks.launch``."""
     from course.ranks import launch
 
+    options = {"timeout": timeout, "before": before, "measured": measured}
     try:
-        result = launch(fn, world_size, *args, timeout=timeout)
+        result = launch(fn, world_size, *args, **options)
     except TypeError as err:  # the launcher could not pickle the student's code
         raise CheckFailed(f"{name} could not be sent to the ranks: {err}") from None
     if result.failures:

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course.checks.compare import MODEL_SEED, close, fresh_seed, rank_generators
-from course.checks.refusals import JOIN, refuse
+from course.checks.refusals import JOIN, refusing
 from course.checks.teaching import failure_message, teaches
 from course.ranks import PerRank
 
@@ -78,7 +78,6 @@ def _uneven_trial(train: Any, batches: Batches) -> dict[str, Any]:
     """On each rank: the student's loop on the batches this rank was sent; its final weights."""
     model = _model()
     ddp = DDP(model)
-    refuse(JOIN)
     train(ddp, torch.optim.SGD(ddp.parameters(), lr=LR), batches)
     return {"rank": dist.get_rank(), "student": _params(model)}
 
@@ -101,6 +100,7 @@ def check_train_uneven(
             PerRank(batches),
             timeout=UNEVEN_TIMEOUT,
             pg_timeout=UNEVEN_PG_TIMEOUT,
+            before=refusing(JOIN),
         )
         if not result.ok:
             raise AssertionError(_uneven_failure(result, counts))

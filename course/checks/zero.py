@@ -21,7 +21,7 @@ import torch
 
 from course.checks.compare import MODEL_SEED, fresh_seed, rank_generators
 from course.checks.ddp import TIMEOUT, on_ranks
-from course.checks.refusals import TORCH_ZERO, refuse
+from course.checks.refusals import TORCH_ZERO, refusing
 from course.checks.teaching import on_recorded_ranks, teaches
 from course.checks.zero_memory import GRADED_WIDTH, measured
 from course.experiments.zero import (
@@ -51,14 +51,12 @@ def _rank_batches(world_size: int, steps: int, seed: int, width: int = 64) -> li
 
 def _trained(zero_class: Any, batches: Batches) -> torch.Tensor:
     """On each rank: the parameters after the student's optimizer stepped on ``batches``."""
-    refuse(TORCH_ZERO)
     return final_params("zero", zero_class, len(batches), MODEL_SEED, batches)
 
 
 def _held(zero_class: Any, batches: Batches, snapshots: bool) -> dict[str, int]:
     """On each rank: the bytes held after the student's optimizer stepped on ``batches``
     (measured from outside too, under grading: ``snapshots``)."""
-    refuse(TORCH_ZERO)
     return memory_on_ranks("zero", zero_class, len(batches), batches, snapshots=snapshots)
 
 
@@ -72,7 +70,8 @@ def check_zero_matches_ddp(
     worst = 0.0
     for n in world_sizes:
         batches = _rank_batches(n, STEPS, seed)
-        results = on_ranks("ZeroOptimizer", _trained, n, zero_class, PerRank(batches))
+        args = (zero_class, PerRank(batches))
+        results = on_ranks("ZeroOptimizer", _trained, n, *args, before=refusing(TORCH_ZERO))
         ddp = single_process_params(n, STEPS, MODEL_SEED, batches)  # the oracle, computed here
         for rank, zero in enumerate(results):
             worst = max(worst, _compare(ddp, zero, n, rank, seed))
@@ -120,7 +119,15 @@ def check_zero_memory(zero_class: Any, world_size: int = 4) -> str:
     width = GRADED_WIDTH if graded else 64
     batches = _rank_batches(world_size, MEMORY_STEPS, fresh_seed(None), width)
     results, relayed = on_recorded_ranks(
-        "ZeroOptimizer", _held, world_size, zero_class, PerRank(batches), graded, timeout=TIMEOUT
+        "ZeroOptimizer",
+        _held,
+        world_size,
+        zero_class,
+        PerRank(batches),
+        graded,
+        timeout=TIMEOUT,
+        before=refusing(TORCH_ZERO),
+        measured=graded,
     )
     psi = sum(p.numel() for p in toy_model(width=width).parameters())
     _, grads, state = (b * psi for b in FORMULAS["ZeRO-2"](world_size))

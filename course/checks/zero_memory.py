@@ -1,10 +1,14 @@
 """Under grading, what each rank of a ZeRO step holds, measured from outside the rank.
 
 The ranks train the toy model :data:`GRADED_WIDTH` wide (12 square layers: 12.6 M
-parameters, 48 MiB in fp32) and stop twice in the relay (``course.ranks.relay.snapshot``):
-once the model is built, and once the student's optimizer has stepped. At each stop the
-judge reads, itself, every rank process's memory and the whole sandbox's
+parameters, 48 MiB in fp32) and stop three times in the relay (``course.ranks.relay.snapshot``):
+before the job, and so any cell of the student's, is unpickled (``relay.BASELINE``), once
+the model is built, and once the student's optimizer has stepped. At each stop the judge
+reads, itself, every rank process's memory and the whole sandbox's
 (:mod:`course.ranks.memory`), and the bytes the relay holds sent but not yet received.
+From the first stop to the second a rank may grow by the model and :data:`RUNTIME`
+(:func:`from_the_start`): what the student's cells hold from their first line on counts, so
+memory made early and freed during the step (ballast) cannot hide what the step keeps.
 
 ZeRO-2 on N ranks adds Adam's two moments and the gradient for its shard: 12/N bytes a
 parameter. A replica of Adam's state adds 8, of the gradients 4. A rank may add its shards,
@@ -18,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from course.ranks.frames import Event
+from course.ranks.relay import BASELINE
 
-__all__ = ["GRADED_WIDTH", "MIB", "RUNTIME", "growth", "measured"]
+__all__ = ["GRADED_WIDTH", "MIB", "RUNTIME", "from_the_start", "growth", "measured"]
 
 GRADED_WIDTH = 1024  # the toy model's width under grading: its depth stays 12
 RUNTIME = 16 * 2**20  # bytes torch and Python may add to a rank between the snapshots
@@ -30,7 +35,7 @@ def measured(relayed: Sequence[Event], world_size: int, psi: int) -> str:
     """Raise, with what to fix, if a rank or the sandbox grew by more than ZeRO-2 allows
     between the relay's two snapshots of a run of ``world_size`` ranks (``psi`` parameters);
     else say what the most a rank grew was."""
-    snaps = [e for e in relayed if e.kind == "snapshot"]
+    snaps = from_the_start(relayed, world_size, 4 * psi, "the model was built")
     if [e.tag for e in snaps] != [0, 1]:
         raise AssertionError(
             f"the ranks' memory could not be measured: the relay saw snapshots "
@@ -58,6 +63,33 @@ def measured(relayed: Sequence[Event], world_size: int, psi: int) -> str:
         f"Measured from outside, on {psi / 1e6:.1f} M parameters, no rank grew by more than "
         f"{most / MIB:.0f} MiB in step() (ZeRO-2's shards: {12 * psi / world_size / MIB:.0f} MiB)."
     )
+
+
+def from_the_start(relayed: Sequence[Event], n: int, built: int, when: str) -> list[Event]:
+    """The check's own snapshots (tag 0 on), once none of ``n`` ranks, nor the sandbox, grew
+    from the launch's ``BASELINE`` to snapshot 0 by more than the ``built`` bytes the check
+    made by then and :data:`RUNTIME`; raise, saying so, if one did."""
+    snaps = [e for e in relayed if e.kind == "snapshot"]
+    if not snaps or snaps[0].tag != BASELINE or len(snaps) < 2:
+        raise AssertionError(
+            "the ranks' memory could not be measured: the relay saw no snapshot before your "
+            "code was loaded (only the check takes them)"
+        )
+    ranks, box = growth(snaps[0], snaps[1:2], n)
+    allowed = built + RUNTIME
+    worst = max(range(n), key=ranks.__getitem__)
+    if ranks[worst] > allowed or (box is not None and box > n * allowed):
+        who = f"rank {worst} of {n}" if ranks[worst] > allowed else f"the sandbox of your {n} ranks"
+        grew = ranks[worst] if ranks[worst] > allowed else box
+        raise AssertionError(
+            f"{who} held {grew / MIB:.0f} MiB more once {when} than when its run began, "
+            f"measured from outside the ranks; the check's own part of that is "
+            f"{built / MIB:.0f} MiB, and at most {allowed / MIB:.0f} MiB is allowed a rank. "
+            "Something your notebook's cells make when they run (a tensor at a cell's top "
+            "level, say) is held from the start: memory is measured from the first line of "
+            "your code on, so make nothing large outside your functions."
+        )
+    return snaps[1:]
 
 
 def growth(base: Event, later: Sequence[Event], n: int) -> tuple[list[int], int | None]:

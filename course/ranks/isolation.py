@@ -1,39 +1,73 @@
 """Each graded rank a machine of its own: namespaces of its own, inside its submission's.
 
-    asked = unshare_own()            # the rank, first thing, still single-threaded
-    map_ids(pid)                     # the launcher, as root, when the rank asks
-    cover([scratch, *SANDBOX_SHARED])  # the rank, once its ids are mapped
+    isolate(conn, private, run_dir, before)   # the rank, first thing, still single-threaded
+    map_ids(pid)                     # the launcher, as root, when the rank asks (its pipe)
 
 The ranks of one submission share its sandbox (``course.grading.sandbox``). Before a graded
 rank runs anything, still single-threaded (``unshare(CLONE_NEWUSER)`` refuses a process with
-threads), it takes its own user, network, IPC and mount namespaces (``unshare(2)``,
-``user_namespaces(7)``): no loopback, abstract socket, System V or POSIX shared memory is
-shared with a sibling rank. Its uid and gid are mapped into its user namespace by the
-launcher (:func:`map_ids`, root outside the sandbox): the rank is not dumpable, so it cannot
-write its own ``/proc/self/uid_map``, and making it dumpable for that would let a sibling
-attach to it. Then :func:`cover` puts a fresh tmpfs of its own over every folder the ranks
-could write together (the sandbox's scratch folder, ``/tmp``, ``/dev/shm``; what the sandbox
-bound inside them, a course checked out under ``/tmp``, bound again on top), so a file one
-rank writes is not there for another, and drops every capability the rank had in its new
-namespace: it cannot unmount them to look under (and in a namespace it makes itself they
-are locked). What the launcher reads a rank by (its output files, opened before, its relay
-and result links) are descriptors it already holds. Its only channel to a sibling is then
-the relay, which the grader records.
+threads), it takes its own user, PID, network, IPC and mount namespaces (``unshare(2)``,
+``user_namespaces(7)``, ``pid_namespaces(7)``): no loopback, abstract socket, System V or
+POSIX shared memory is shared with a sibling rank. Its uid and gid are mapped into its user
+namespace by the launcher (:func:`map_ids`, root outside the sandbox): the rank is not
+dumpable, so it cannot write its own ``/proc/self/uid_map``, and making it dumpable for that
+would let a sibling attach to it. A new PID namespace holds the rank's next child, not the
+rank: the rank forks, the child (pid 1 there) runs the job, and the rank waits and ends as
+it ended (:func:`mirror_exit`). No sibling's pid is in the child's namespace, so it can
+neither signal nor name one, and :func:`private_proc` puts a ``/proc`` over the sandbox's
+that shows this process alone (and the system's own files: ``cpuinfo``, ``meminfo``...):
+no sibling's command line, name or state to read. :func:`hide` binds ``/dev/null`` over the
+files of torch built-ins the check refuses (``course.checks.refusals``: their source and
+bytecode), read before the student's code runs: no second copy of them can be imported
+there. :func:`cover` puts a fresh tmpfs of its own over every folder the ranks could write
+together (the sandbox's scratch folder, ``/tmp``, ``/dev/shm``; what the sandbox bound
+inside them, a course checked out under ``/tmp``, bound again on top), so a file one rank
+writes is not there for another. Last, :func:`drop_capabilities` drops every capability the
+rank had in its new namespaces: it cannot unmount what covers the sandbox's folders to look
+under (and in a namespace it makes itself they are locked). :func:`isolate` does all of it,
+in that order, with the seccomp filter of :mod:`course.ranks.seccomp` last but one. What the
+launcher reads a rank by (its output files, opened before, its relay and result links) are
+descriptors it already holds. Its only channel to a sibling is then the relay, which the
+grader records.
 """
 
 from __future__ import annotations
 
 import ctypes
+import linecache
 import os
-from collections.abc import Sequence
+import signal
+import tempfile
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from typing import NoReturn
 
-__all__ = ["PRIVATE_SIZE", "SANDBOX_SHARED", "cover", "map_ids", "unshare_own"]
+from course.ranks import seccomp
+
+__all__ = [
+    "CLONE_NEWPID",
+    "PRIVATE_SIZE",
+    "SANDBOX_SHARED",
+    "cover",
+    "die_with_parent",
+    "drop_capabilities",
+    "hide",
+    "isolate",
+    "map_ids",
+    "mirror_exit",
+    "private_proc",
+    "unshare_own",
+]  # fmt: skip
 
 # Folders of the sandbox's own every rank of it could write (beside its scratch folder).
 SANDBOX_SHARED = ("/tmp", "/dev/shm")  # noqa: S108 - not used as temporary files: covered
 PRIVATE_SIZE = 64 * 2**20  # bytes of each private tmpfs (charged to the submission's cgroup)
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWNET = 0x20000, 0x8000000, 0x10000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 0x2, 0x4, 0x1000, 0x4000
+CLONE_NEWPID = 0x20000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC = 0x2, 0x4, 0x8, 0x1000, 0x4000
+MNT_DETACH = 0x2
+PR_SET_PDEATHSIG = 1
+# What a private /proc keeps of the sandbox's: the system's own files, not a process's.
+PROC_SYSTEM = ("cpuinfo", "meminfo", "stat", "uptime", "loadavg", "version", "filesystems")
 _CAP_VERSION_3 = 0x20080522
 
 
@@ -53,11 +87,36 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def unshare_own() -> bool:
-    """Take user, network, IPC and mount namespaces of this process's own; False if the
-    kernel gives none (the rank then runs on in its submission's sandbox)."""
-    flags = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWNS
-    return _libc().unshare(flags) == 0
+def unshare_own() -> int:
+    """Take user, PID, network, IPC and mount namespaces of this process's own (PID's holds
+    its next child); the flags taken: 0 if the kernel gives none (the rank then runs on in
+    its submission's sandbox), the rest without ``CLONE_NEWPID`` if it gives no PID one."""
+    shared = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWNS
+    for flags in (shared | CLONE_NEWPID, shared):
+        if _libc().unshare(flags) == 0:
+            return flags
+    return 0
+
+
+def mirror_exit(child: int) -> NoReturn:
+    """Wait for ``child`` (the rank's job, in its own PID namespace), then end as it ended:
+    with its exit code, or killed by the same signal."""
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when the process that forked it ends."""
+    _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def map_ids(pid: int) -> bool:
@@ -83,9 +142,18 @@ def _mounts_below(path: str) -> list[str]:
     return [p for p in inside if not any(p.startswith(q + "/") for q in inside if q != p)]
 
 
+def hide(files: Sequence[str]) -> str | None:
+    """``/dev/null`` bound over each of ``files`` in this rank's mount namespace (it reads
+    as empty); None, or what failed."""
+    libc = _libc()
+    for path in files:
+        if libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None):
+            return f"{path} not hidden: mount: {os.strerror(ctypes.get_errno())}"
+    return None
+
+
 def cover(private: Sequence[str]) -> str | None:
-    """A fresh tmpfs over each folder of ``private`` that exists, then no capabilities
-    (dropped whatever else failed); None, or what failed."""
+    """A fresh tmpfs over each folder of ``private`` that exists; None, or what failed."""
     libc = _libc()
     options = f"size={PRIVATE_SIZE},mode=1777".encode()
     failed = None
@@ -104,7 +172,98 @@ def cover(private: Sequence[str]) -> str | None:
                     failed = failed or f"{mount} not bound again: {os.strerror(ctypes.get_errno())}"
         for fd in held:
             os.close(fd)
-    header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
-    if libc.capset(ctypes.byref(header), data) != 0:
-        return f"its capabilities could not be dropped: {os.strerror(ctypes.get_errno())}"
     return failed
+
+
+def private_proc() -> str | None:
+    """A ``/proc`` of this process alone over the sandbox's: ``self`` (and ``1``, its pid in
+    its own PID namespace) this process's folder, the system's files of ``PROC_SYSTEM`` and
+    ``sys`` as they were; None, or what failed. Built in a tmpfs of its own in ``/tmp``
+    (private already), then bound over ``/proc``."""
+    libc = _libc()
+    me = os.readlink("/proc/self")  # its pid in the sandbox's /proc
+    staging = tempfile.mkdtemp(prefix="proc-", dir="/tmp")
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    if libc.mount(b"tmpfs", staging.encode(), b"tmpfs", flags, b"size=64k"):
+        return f"no private /proc: mount: {os.strerror(ctypes.get_errno())}"
+    binds = [(f"/proc/{me}", "self")]
+    binds += [(f"/proc/{n}", n) for n in (*PROC_SYSTEM, "sys") if os.path.exists(f"/proc/{n}")]
+    for source, name in binds:
+        target = os.path.join(staging, name)
+        if os.path.isdir(source):
+            os.mkdir(target)
+        else:
+            open(target, "w").close()  # an empty file to mount on
+        if libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None):
+            return f"no private /proc: {source}: {os.strerror(ctypes.get_errno())}"
+    for link, to in (("1", "self"), ("thread-self", "self"), ("mounts", "self/mounts")):
+        os.symlink(to, os.path.join(staging, link))
+    if libc.mount(staging.encode(), b"/proc", None, MS_BIND | MS_REC, None):
+        return f"no private /proc: bind: {os.strerror(ctypes.get_errno())}"
+    libc.umount2(staging.encode(), MNT_DETACH)
+    os.rmdir(staging)
+    return None
+
+
+def drop_capabilities() -> str | None:
+    """Drop every capability this process holds (those of its own user namespace)."""
+    header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
+    if _libc().capset(ctypes.byref(header), data) != 0:
+        return f"its capabilities could not be dropped: {os.strerror(ctypes.get_errno())}"
+    return None
+
+
+def isolate(
+    conn: Connection, private: tuple[str, ...], run_dir: str, before: Callable[[], list[str]]
+) -> None:
+    """A graded rank's first step: namespaces and folders of its own (module docstring), its
+    ids mapped by the caller, asked on its pipe; then, where it has a PID namespace of its own,
+    the job goes on in a child, pid 1 there (this process waits, and ends as it ends);
+    ``before`` run, and the files it names hidden; its working and run folders made again,
+    empty, in its own tmpfs; a ``/proc`` of its own; the seccomp filter
+    (:mod:`course.ranks.seccomp`). Where the kernel gives no namespaces the rank runs on in
+    its submission's sandbox, shared with its siblings."""
+    flags = unshare_own()  # before ``before``: an import could start a thread
+    if not flags:
+        conn.send_bytes(b"shared")
+        before()
+        return
+    conn.send_bytes(b"map")
+    own_pids = conn.recv_bytes() == b"mapped" and bool(flags & CLONE_NEWPID)
+    if own_pids:
+        _go_on_in_a_child(conn)
+    else:  # unmapped, a tmpfs of its own would take no file: only drop capabilities
+        conn.send_bytes(b"same")
+        before()
+        drop_capabilities()
+        return
+    here = os.getcwd()
+    hide(before())  # what it could not hide is still refused, only readable
+    linecache.clearcache()
+    cover(private)  # what it could not cover stays its submission's, shared
+    private_proc()
+    seccomp.forbid_shared_objects()
+    drop_capabilities()
+    for folder in (here, run_dir):
+        os.makedirs(folder, exist_ok=True)
+    os.chdir(here)  # the old folder, under a new tmpfs, is no longer reachable
+
+
+def _go_on_in_a_child(conn: Connection) -> None:
+    """Fork: the child, pid 1 of this rank's new PID namespace, returns and runs the job;
+    this process tells the caller it forked (the caller finds the child itself), lets the
+    child go on, and ends as it ends."""
+    go, let_go = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(let_go)
+        die_with_parent()
+        if not os.read(go, 1):  # the rank ended before letting it go
+            os._exit(1)
+        os.close(go)
+        return
+    os.close(go)
+    conn.send_bytes(b"forked")
+    conn.close()
+    os.write(let_go, b"1")
+    mirror_exit(child)

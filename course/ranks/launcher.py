@@ -133,9 +133,17 @@ def launch(
     pg_timeout: float | None = None,
     backend: str = "gloo",
     variables: Mapping[str, Any] | None = None,
+    before: Callable[[], list[str]] | None = None,
+    measured: bool = False,
     **kwargs: Any,
 ) -> RunResult:
-    """Run ``fn(*args, **kwargs)``, or cell text with ``variables`` defined; report, never raise."""
+    """Run ``fn(*args, **kwargs)``, or cell text with ``variables`` defined; report, never raise.
+
+    ``before`` runs on every rank before its job is unpickled, so before any code the job
+    carries (a check's refusals of torch built-ins, ``course.checks.refusals``); on graded
+    ranks the files it returns are unreadable for the job. ``measured``: on the relay, every
+    rank's memory is read at that point too (a snapshot tagged ``relay.BASELINE``), so that
+    what the job's code holds from its first line on counts in what it grew by."""
     _check_world_size(world_size)
     _check_backend(backend, world_size)
     timeout, pg_timeout = _check_timeouts(timeout, pg_timeout)
@@ -144,7 +152,9 @@ def launch(
     elif variables is not None:
         raise TypeError("variables= is for cell text; pass a function's inputs as arguments")
     payloads = [_payload(target, *_share(args, kwargs, rank)) for rank in range(world_size)]
-    return Supervisor(world_size, payloads, timeout, pg_timeout, backend).execute()
+    prelude = dumps(before) if before is not None else b""
+    supervisor = Supervisor(world_size, payloads, timeout, pg_timeout, backend, prelude, measured)
+    return supervisor.execute()
 
 
 def max_world_size() -> int:

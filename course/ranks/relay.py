@@ -35,7 +35,7 @@ from torch.futures import Future
 from course.ranks.frames import RelayError, describe, fill_from, frame, raw_bytes, read_frame
 from course.ranks.mailbox import ANY
 
-__all__ = ["BACKEND", "RelayGroup", "join", "mark", "snapshot"]
+__all__ = ["BACKEND", "BASELINE", "RelayGroup", "join", "mark", "snapshot"]
 
 BACKEND = "relay"
 
@@ -268,6 +268,9 @@ def mark(tag: int) -> None:
     rank = dist.get_rank()
     header = {"kind": "mark", "group": [rank], "tag": tag}
     _Work(_LINK.request(header, b"", lambda _h, _p: None), _LINK).wait()
+
+
+BASELINE = -1  # the tag of a launch's snapshot before its job is unpickled (``measured``)
 
 
 def snapshot(tag: int) -> None:

@@ -40,20 +40,36 @@ class _Rank:
     rank: int
     proc: RankProcess
     conn: Connection
+    pid: int  # the process that runs the job: ``proc``, or its child in a PID namespace of its own
     outcome: tuple | None = None  # the rank's final message, or how its process ended
     stack: list | None = None  # where it was when stopped
     exit_note: tuple | None = None  # (code, frames) from an os._exit call
     conn_open: bool = True
 
 
-def _give_ids(pid: int, conn: Connection) -> None:
+def _give_ids(pid: int, conn: Connection) -> int:
     """A graded rank's first word: it took namespaces of its own and asks for its ids to be
-    mapped there (done from here: :mod:`course.ranks.isolation`), or it runs shared."""
+    mapped there (done from here: :mod:`course.ranks.isolation`), or it runs shared. Its
+    second: it forked the process that runs its job, pid 1 of a PID namespace of its own,
+    found here as its only child, or it runs the job itself. The pid of the job's process."""
     try:
         if conn.poll(MAP_WAIT) and conn.recv_bytes(16) == b"map":
             conn.send_bytes(b"mapped" if map_ids(pid) else b"unmapped")
+            if conn.poll(MAP_WAIT) and conn.recv_bytes(16) == b"forked":
+                return _only_child(pid) or pid
     except (EOFError, OSError):  # it died first: the supervision says how
         pass
+    return pid
+
+
+def _only_child(pid: int) -> int | None:
+    """The one child of single-threaded process ``pid``, read from the kernel (None: none)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            children = f.read().split()
+    except OSError:
+        return None
+    return int(children[0]) if len(children) == 1 else None
 
 
 class Supervisor:
@@ -66,8 +82,11 @@ class Supervisor:
         timeout: float,
         pg_timeout: float,
         backend: str,
+        before: bytes = b"",
+        measured: bool = False,
     ) -> None:
-        self.world_size, self.payloads = world_size, payloads
+        self.world_size, self.payloads, self.before = world_size, payloads, before
+        self.measured = measured
         self.timeout, self.pg_timeout, self.backend = timeout, pg_timeout, backend
         self.ranks: list[_Rank] = []
         self.box = confined.current()
@@ -104,8 +123,8 @@ class Supervisor:
             if self.relay:
                 self.relay.close_ends()  # the ranks hold them now
                 memory = self.box.memory if self.box else None
-                self.relay.probe.name([r.proc.pid for r in self.ranks], memory)
-            reason = self._supervise(RunClock([r.proc.pid for r in self.ranks]))
+                self.relay.probe.name([r.pid for r in self.ranks], memory)
+            reason = self._supervise(RunClock([r.pid for r in self.ranks]))
             if reason != "done":
                 self._collect_stacks()
             self._kill()
@@ -140,8 +159,8 @@ class Supervisor:
         args = (child, rank, self.world_size, self.dir, *here)
         link = self.relay.ends[rank] if self.relay else None
         job = (self.payloads[rank], self.pg_timeout, self.backend, self.box is not None, link)
-        if self.box:  # every folder graded ranks could share, each rank's own
-            job = (*job, (os.path.dirname(self.box.run_root), *SANDBOX_SHARED))
+        private = (os.path.dirname(self.box.run_root), *SANDBOX_SHARED) if self.box else ()
+        job = (*job, private, self.before, self.measured)  # private: what ranks could share
         proc = RankProcess(args=(*args, *job), name=f"rank-{rank}")
         proc.server = self.box.server if self.box else None
         proc.daemon = True
@@ -149,9 +168,8 @@ class Supervisor:
             proc.start()
         finally:
             child.close()
-        if self.box:
-            _give_ids(proc.pid, parent)
-        return _Rank(rank, proc, parent)
+        pid = _give_ids(proc.pid, parent) if self.box else proc.pid
+        return _Rank(rank, proc, parent, pid)
 
     def _supervise(self, clock: RunClock) -> str:
         """Wait for every rank to report; return "done", "deadline" or "abort".

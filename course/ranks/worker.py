@@ -38,13 +38,13 @@ import cloudpickle  # noqa: E402 - after the thread limits above, on purpose
 import torch  # noqa: E402 - after the thread limits above, on purpose
 import torch.distributed as dist  # noqa: E402 - after the thread limits above, on purpose
 
-from course.ranks import messages, relay  # noqa: E402 - after the thread limits above
+from course.ranks import isolation, messages, relay  # noqa: E402 - after the thread limits above
 from course.ranks import plain as plain_data  # noqa: E402 - after the thread limits above
 from course.ranks.failures import CELL_NAME as CELL  # noqa: E402 - after the thread limits above
-from course.ranks.isolation import cover, unshare_own  # noqa: E402 - after the thread limits above
 from course.ranks.memory import exact_malloc  # noqa: E402 - after the thread limits above
 
 Frames = list[tuple[str, int, str, str]]  # (filename, lineno, function, source line)
+_EXIT = os._exit  # the real one: a rank wraps os._exit to report where it was called
 
 
 def rank_main(
@@ -60,19 +60,21 @@ def rank_main(
     plain: bool = False,
     link: socket.socket | None = None,
     private: tuple[str, ...] = (),
+    before: bytes = b"",
+    measured: bool = False,
 ) -> None:
     """Run one rank's job and report the outcome to the caller; never returns.
 
     ``cwd`` and ``sys_path`` (the caller's) are taken over unless None; with ``plain`` the
     return value travels as plain data (:mod:`course.ranks.plain`), else with cloudpickle.
-    With ``private`` (graded ranks) the rank first takes namespaces of its own and a tmpfs of
-    its own over each of those folders (:mod:`course.ranks.isolation`).
+    ``before`` (pickled, the launcher's: the checks' refusals) runs before the job is
+    unpickled. With ``private`` (graded ranks) the rank first has namespaces and folders of
+    its own (:mod:`course.ranks.isolation`); ``measured``: see :func:`_measured_from_here`.
     """
     if os.getpid() != os.getpgrp():
         os.setpgid(0, 0)  # own process group: the caller kills it and all it started
     _redirect_output(run_dir, rank)  # before isolate: the caller reads these files
-    if private:
-        _isolate(conn, private, run_dir)
+    _before_the_job(conn, private, run_dir, before)
     send = _Sender(conn)
     watchdog = threading.Thread(target=_watch, args=(conn, send, threading.get_ident()))
     watchdog.daemon = True
@@ -88,7 +90,7 @@ def rank_main(
             exact_malloc()
         if backend == "relay":  # every message goes through the caller, who records it
             relay.join(link, rank, world_size, pg_timeout, _failing(send, threading.get_ident()))
-            device = torch.device("cpu")
+            device = _measured_from_here() if measured else torch.device("cpu")
         else:
             store = dist.FileStore(os.path.join(run_dir, "store"), world_size)
             device = _init_process_group(rank, world_size, store, pg_timeout, backend)
@@ -106,23 +108,28 @@ def rank_main(
     threading.Event().wait()
 
 
-def _isolate(conn: Connection, private: tuple[str, ...], run_dir: str) -> None:
-    """Namespaces and folders of this rank's own (:mod:`course.ranks.isolation`): its ids
-    mapped by the caller, asked on its pipe; its working and run folders made again, empty,
-    in its own tmpfs. Where the kernel gives no namespaces the rank runs on in its
-    submission's sandbox, shared with its siblings."""
-    if not unshare_own():
-        conn.send_bytes(b"shared")
-        return
-    conn.send_bytes(b"map")
-    if conn.recv_bytes() != b"mapped":
-        cover(())  # unmapped, a tmpfs of its own would take no file: only drop capabilities
-        return
-    here = os.getcwd()
-    cover(private)  # what it could not cover stays its submission's, shared
-    for folder in (here, run_dir):
-        os.makedirs(folder, exist_ok=True)
-    os.chdir(here)  # the old folder, under a new tmpfs, is no longer reachable
+def _before_the_job(
+    conn: Connection, private: tuple[str, ...], run_dir: str, before: bytes
+) -> None:
+    """The launcher's step (``before``: the checks' refusals), on a graded rank (``private``)
+    inside namespaces and folders of its own (:mod:`course.ranks.isolation`)."""
+    step = cloudpickle.loads(before) if before else _nothing
+    if private:
+        isolation.isolate(conn, private, run_dir, step)
+    else:
+        step()
+
+
+def _measured_from_here() -> torch.device:
+    """The relay's snapshot of every rank before the job is unpickled (``relay.BASELINE``):
+    what the job holds from its first line on counts in what it grew by; the CPU device."""
+    relay.snapshot(relay.BASELINE)
+    return torch.device("cpu")
+
+
+def _nothing() -> list[str]:
+    """No step before the job: nothing refused, no file to hide."""
+    return []
 
 
 def _init_process_group(
@@ -214,7 +221,10 @@ def _failing(send: _Sender, main_ident: int) -> Any:
 
 
 def _kill_own_group() -> None:
-    """SIGKILL this rank and every process it started (they share its process group)."""
+    """SIGKILL this rank and every process it started (they share its process group); the
+    init of its own PID namespace exits, which ends every process in it."""
+    if os.getpid() == 1:
+        _EXIT(1)
     if os.getpgrp() == os.getpid():
         os.killpg(os.getpid(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)

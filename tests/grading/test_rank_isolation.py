@@ -2,10 +2,14 @@
 
 Rank 0 leaves a message by every route it has outside torch.distributed (a file in its
 working folder, in ``/tmp`` and in ``/dev/shm``, a TCP server on loopback, an abstract unix
-socket, System V shared memory); after a barrier, rank 1 looks for each. On the notebook's
-path (ranks on one machine) it finds them; graded, each rank has namespaces and folders of
-its own (``course.ranks.isolation``) and finds none, and cannot unmount its folders to look
-under them.
+socket, System V shared memory, its process's name in ``/proc``, a lock on a file both can
+read, opening a file rank 1 watches with inotify); after a barrier, rank 1 looks for each,
+and signals the process it found by that name. On the notebook's path
+(ranks on one machine) it finds them and rank 0 gets the signal; graded, each rank has
+namespaces and folders of its own (``course.ranks.isolation``: a PID namespace and a
+``/proc`` of its own among them, and locks and inotify refused) and finds none, no signal
+arrives, and neither rank can
+unmount its folders to look under them.
 """
 
 from __future__ import annotations
@@ -26,16 +30,41 @@ pytestmark = [
 ]
 
 ROUTES = """
-import ctypes, os, socket
+import ctypes, fcntl, os, signal, socket, struct, time
 import torch.distributed as dist
 
 KEY = 0x5EED
+NAME = b"course-note"
+SIGNALLED = []
+
+def named(name):
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                if f.read().strip() == name:
+                    pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
 
 def routes():
     libc = ctypes.CDLL(None, use_errno=True)
     paths = ["note", "/tmp/note", "/dev/shm/note"]
     held = []
+    shared = os.open(os.__file__, os.O_RDONLY)  # a file every rank can read
+    watch = libc.inotify_init1(os.O_NONBLOCK) if dist.get_rank() == 1 else -1
+    if watch >= 0:
+        libc.inotify_add_watch(watch, os.__file__.encode(), 0x20)  # IN_OPEN
+    dist.barrier()
     if dist.get_rank() == 0:
+        os.close(os.open(os.__file__, os.O_RDONLY))  # an event for rank 1's watch
+        try:
+            fcntl.lockf(shared, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 4242)
+        except OSError:
+            pass
+        signal.signal(signal.SIGUSR1, lambda *_: SIGNALLED.append(1))
+        libc.prctl(15, NAME, 0, 0, 0)  # PR_SET_NAME: its name in /proc/<pid>/comm
         for path in paths:
             try:
                 with open(path, "w") as f:
@@ -66,7 +95,25 @@ def routes():
                 pass
         if libc.shmget(KEY, 0, 0o666) != -1:
             found.append("shm")
+        for pid in named(NAME):
+            found.append("name")
+            os.kill(pid, signal.SIGUSR1)
+        try:
+            asked = struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0)
+            if struct.unpack("hhqqi", fcntl.fcntl(shared, fcntl.F_GETLK, asked))[2] == 4242:
+                found.append("lock")
+        except OSError:
+            pass
+        if watch >= 0:
+            try:
+                if os.read(watch, 4096):
+                    found.append("inotify")
+            except BlockingIOError:
+                pass
     dist.barrier()
+    if dist.get_rank() == 0:
+        time.sleep(0.2)  # a signal sent is delivered at once; a little slack all the same
+        found += ["signal"] if SIGNALLED else []
     if dist.get_rank() == 0:  # leave the machine clean
         libc.shmctl(libc.shmget(KEY, 0, 0o666), 0, None)  # IPC_RMID
         for path in paths:
@@ -89,12 +136,14 @@ def test_ranks_find_each_others_messages_on_the_notebooks_path(
     result = launch(namespace["routes"], 2, timeout=60)
     assert result.ok, result.failures
     found = result.results[1]
-    assert {"note", "/tmp/note", "('127.0.0.1', 47613)", "shm"} <= set(found), found
+    routes = {"note", "/tmp/note", "('127.0.0.1', 47613)", "shm", "name", "lock", "inotify"}
+    assert routes <= set(found), found
+    assert result.results[0] == ["signal"], result.results
 
 
 def test_graded_ranks_share_no_file_socket_or_memory() -> None:
-    """Graded, does rank 1 find none of rank 0's messages, and neither rank unmount its own
-    folders?"""
+    """Graded, does rank 1 find none of rank 0's messages, nor signal it, and neither rank
+    unmount its own folders?"""
     with RankBox():
         result = launch(StudentCode((("routes", ROUTES),), "routes"), 2, timeout=60)
     assert result.ok, result.failures

@@ -75,6 +75,16 @@ def fully_shard(module, **kwargs):
 """
 
 
+# KEPT, with 160 MiB of ballast made when the cells run and freed at the forward's first
+# free: what the kept units add to the forward is then below nothing.
+BALLASTED = KEPT.replace(
+    "_KEPT = []\n", "_KEPT = []\nBALLAST = [torch.ones(40 * 2**20)]\n"
+).replace(
+    "            if size == 0 and self.nbytes():\n",
+    "            if size == 0 and self.nbytes():\n                BALLAST.clear()\n",
+)
+
+
 def test_the_model_solution_passes_through_the_relay() -> None:
     """Does the model solution pass values, traffic, memory and mixed precision confined?"""
     fn = StudentCode((("impls", IMPLS),), "fully_shard")
@@ -104,6 +114,15 @@ def test_gathered_units_hidden_from_the_count_fail_the_memory_check() -> None:
     assert "counted on the ranks" in check_fsdp_memory(namespace["fully_shard"])
     kept = StudentCode((("impls", IMPLS + KEPT),), "fully_shard")
     with RankBox(), pytest.raises(AssertionError, match="measured from outside the rank"):
+        check_fsdp_memory(kept)
+
+
+def test_ballast_made_early_hides_no_gathered_unit() -> None:
+    """Do the kept units, made room for by ballast the cells took when they ran and freed in
+    the forward, fail graded (memory counts from the start of the run)?"""
+    assert "BALLAST.clear()" in BALLASTED
+    kept = StudentCode((("impls", IMPLS + BALLASTED),), "fully_shard")
+    with RankBox(), pytest.raises(AssertionError, match="than when its run began"):
         check_fsdp_memory(kept)
 
 

@@ -3,7 +3,9 @@
 ``check_zero_memory`` counts the tensors the student's optimizer holds, on the rank. Each
 attack below keeps a replica of Adam's state where that count does not look (a global, a
 process of its own, the relay's mailbox) and passes the count; graded (a ``RankBox``, the
-relay's snapshots, the sandbox's cgroup), each fails, and an honest optimizer passes.
+relay's snapshots, the sandbox's cgroup), each fails, and an honest optimizer passes. So
+does a replica made room for by ballast: memory the cells take when they run and the
+optimizer frees as it makes the replica, which the rank's growth from the model alone hid.
 """
 
 from __future__ import annotations
@@ -78,6 +80,19 @@ IN_THE_RELAY = HONEST + REPLICATED.replace(
 )
 
 
+# The replica in a global, and 256 MiB of ballast made when the cells run (before the check's
+# first snapshot of its own), freed as the replica is made: the rank's growth from the model
+# built to the step is then below nothing.
+BALLASTED = (
+    HONEST
+    + "\nBALLAST = [torch.ones(64 * 2**20)]\n"
+    + REPLICATED.replace(
+        "        super().__init__(params, optimizer_class, **defaults)\n",
+        "        BALLAST.clear()\n        super().__init__(params, optimizer_class, **defaults)\n",
+    )
+)
+
+
 def _code(source: str, name: str) -> StudentCode:
     return StudentCode(((name, source),), name)
 
@@ -94,8 +109,9 @@ def _code(source: str, name: str) -> StudentCode:
             ),
         ),
         (IN_THE_RELAY, "were not yet received"),
+        (BALLASTED, "than when its run began"),
     ],
-    ids=["global", "child", "relay"],
+    ids=["global", "child", "relay", "ballast"],
 )
 def test_a_replica_hidden_from_the_count_fails_the_memory_check(attack: str, told: str) -> None:
     """Does each hidden replica pass the count on the notebook's path, and fail graded?"""
