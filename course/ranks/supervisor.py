@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 
+import psutil
+
 from course.ranks import confined, messages
 from course.ranks.clock import RunClock
 from course.ranks.failures import RankFailure, RanksInterrupted, RunResult
@@ -63,13 +65,12 @@ def _give_ids(pid: int, conn: Connection) -> int:
 
 
 def _only_child(pid: int) -> int | None:
-    """The one child of single-threaded process ``pid``, read from the kernel (None: none)."""
+    """The one child of process ``pid``, as the kernel lists it (None: none, or several)."""
     try:
-        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
-            children = f.read().split()
-    except OSError:
+        children = psutil.Process(pid).children()
+    except psutil.Error:
         return None
-    return int(children[0]) if len(children) == 1 else None
+    return children[0].pid if len(children) == 1 else None
 
 
 class Supervisor:
