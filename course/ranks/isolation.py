@@ -12,22 +12,23 @@ namespace by the launcher (:func:`map_ids`, root outside the sandbox): the rank 
 dumpable, so it cannot write its own ``/proc/self/uid_map``, and making it dumpable for that
 would let a sibling attach to it. A new PID namespace holds the rank's next child, not the
 rank: the rank forks, the child (pid 1 there) runs the job, and the rank waits and ends as
-it ended (:func:`mirror_exit`). No sibling's pid is in the child's namespace, so it can
-neither signal nor name one, and :func:`private_proc` puts a ``/proc`` over the sandbox's
-that shows this process alone (and the system's own files: ``cpuinfo``, ``meminfo``...):
-no sibling's command line, name or state to read. :func:`hide` binds ``/dev/null`` over the
-files of torch built-ins the check refuses (``course.checks.refusals``: their source and
-bytecode), read before the student's code runs: no second copy of them can be imported
-there. :func:`cover` puts a fresh tmpfs of its own over every folder the ranks could write
-together (the sandbox's scratch folder, ``/tmp``, ``/dev/shm``; what the sandbox bound
-inside them, a course checked out under ``/tmp``, bound again on top), so a file one rank
-writes is not there for another. Last, :func:`drop_capabilities` drops every capability the
-rank had in its new namespaces: it cannot unmount what covers the sandbox's folders to look
-under (and in a namespace it makes itself they are locked). :func:`isolate` does all of it,
-in that order, with the seccomp filter of :mod:`course.ranks.seccomp` last but one. What the
-launcher reads a rank by (its output files, opened before, its relay and result links) are
-descriptors it already holds. Its only channel to a sibling is then the relay, which the
-grader records.
+it ended (:func:`mirror_exit`). As a namespace's init, the job ignores a signal it sends
+itself that it has no handler for (``kill(getpid(), SIGTERM)``); a fault still ends it. No
+sibling's pid is in the child's namespace, so it can neither signal nor name one, and
+:func:`private_proc` puts a ``/proc`` over the sandbox's that shows this process alone (and
+the system's own files: ``cpuinfo``, ``meminfo``...): no sibling's command line, name or
+state to read. :func:`hide` binds ``/dev/null`` over the files of torch built-ins the check
+refuses (``course.checks.refusals``: their source and bytecode), read before the student's
+code runs: no second copy of them can be imported there. :func:`cover` puts a fresh tmpfs of
+its own over every folder the ranks could write together (the sandbox's scratch folder,
+``/tmp``, ``/dev/shm``; what the sandbox bound inside them, a course checked out under
+``/tmp``, bound again on top), so a file one rank writes is not there for another. Last,
+:func:`drop_capabilities` drops every capability the rank had in its new namespaces: it
+cannot unmount what covers the sandbox's folders to look under (and in a namespace it makes
+itself they are locked). :func:`isolate` does all of it, in that order, with the seccomp
+filter of :mod:`course.ranks.seccomp` last but one. What the launcher reads a rank by (its
+output files, opened before, its relay and result links) are descriptors it already holds.
+Its only channel to a sibling is then the relay, which the grader records.
 """
 
 from __future__ import annotations
@@ -101,12 +102,7 @@ def unshare_own() -> int:
 def mirror_exit(child: int) -> NoReturn:
     """Wait for ``child`` (the rank's job, in its own PID namespace), then end as it ended:
     with its exit code, or killed by the same signal."""
-    while True:
-        try:
-            _, status = os.waitpid(child, 0)
-            break
-        except InterruptedError:
-            continue
+    _, status = os.waitpid(child, 0)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         signal.signal(sig, signal.SIG_DFL)
