@@ -163,19 +163,18 @@ class Cgroups:
         return found
 
     def memory_used(self) -> int | None:
-        """Bytes charged to this submission now (its processes' memory, swap and the files
-        it wrote to a tmpfs), or None without a memory cgroup."""
-        readings = (
-            ("memory.current", "memory.swap.current"),  # v2
-            ("memory.memsw.usage_in_bytes",),  # v1, with swap
-            ("memory.usage_in_bytes",),  # v1
-        )
+        """Bytes this submission holds now, or None without a memory cgroup: its processes'
+        anonymous memory, its shared memory (the files it wrote to a tmpfs) and what of
+        either is swapped out, from ``memory.stat``; not the page cache of files it only read
+        (torch's libraries, charged to whoever read them first, which comes and goes)."""
         for path in self.dirs:
-            for files in readings:
-                there = [path / f for f in files if (path / f).is_file()]
-                if there and there[0].name == files[0]:
-                    with contextlib.suppress(OSError, ValueError):
-                        return sum(int(f.read_text()) for f in there)
+            stat = _memory_stat(path)
+            if "anon" in stat:  # v2
+                swap = path / "memory.swap.current"
+                swapped = int(swap.read_text()) if swap.is_file() else 0
+                return stat["anon"] + stat.get("shmem", 0) + swapped
+            if "total_rss" in stat:  # v1, with the cgroups below it
+                return sum(stat.get(f"total_{k}", 0) for k in ("rss", "shmem", "swap"))
         return None
 
     def kill(self) -> None:
@@ -191,3 +190,13 @@ class Cgroups:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.02)
+
+
+def _memory_stat(path: Path) -> dict[str, int]:
+    """The cgroup's ``memory.stat`` as {field: value} ({} where it has none)."""
+    try:
+        lines = (path / "memory.stat").read_text().splitlines()
+    except OSError:
+        return {}
+    pairs = (line.split() for line in lines)
+    return {k: int(v) for k, v, *_ in pairs if v.isdigit()}

@@ -5,10 +5,12 @@
 
 The relay takes a :class:`Probe`'s reading at a snapshot (``course.ranks.relay.snapshot``),
 when every rank is blocked in it, so what a rank's code keeps in Python globals, in a
-thread or in a tensor no check walks to is counted all the same. A rank's figure is its
-process's resident and swapped-out memory (``VmRSS`` + ``VmSwap`` of ``/proc/PID/status``);
-the sandbox's, when the submission has a memory cgroup, is everything charged to it (every
-process it started, and the files it wrote to a tmpfs), which a rank cannot move out of.
+thread or in a tensor no check walks to is counted all the same. A rank's figure is what its
+process holds of its own: anonymous and shared memory, resident or swapped out (``RssAnon``
++ ``RssShmem`` + ``VmSwap`` of ``/proc/PID/status``), not the pages of the files it maps
+(torch's libraries), which fault in and out as code runs; the sandbox's, when the
+submission has a memory cgroup, is the same for everything charged to it (every process it
+started, and the files it wrote to a tmpfs), which a rank cannot move out of.
 
 Memory a rank frees is only seen to go if its allocator hands it back: :func:`exact_malloc`
 makes glibc map every block over :data:`MMAP_THRESHOLD` on its own and unmap it when freed
@@ -32,6 +34,10 @@ __all__ = ["MMAP_THRESHOLD", "Probe", "exact_malloc", "process_memory"]
 MMAP_THRESHOLD = 128 * 2**10  # bytes: every tensor larger than this is mapped on its own
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 READY_WAIT = 5.0  # seconds a snapshot waits for the launcher to name the ranks' processes
+# What a process holds of its own, as /proc/PID/status counts it: anonymous memory (the heap,
+# every tensor), shared memory (a tmpfs file it maps), and what of either was swapped out;
+# not the pages of files it maps (torch's libraries), which come and go as code runs.
+ANONYMOUS = ("RssAnon", "RssShmem", "VmSwap")
 
 
 def exact_malloc() -> bool:
@@ -52,9 +58,9 @@ def process_memory(pid: int) -> int:
             fields = dict(line.split(":", 1) for line in status if ":" in line)
     except (OSError, ValueError):
         return -1
-    if "VmRSS" not in fields:  # a zombie: its memory is gone already
+    if "RssAnon" not in fields:  # a zombie: its memory is gone already
         return -1
-    kib = [int(fields[key].split()[0]) for key in ("VmRSS", "VmSwap") if key in fields]
+    kib = [int(fields[key].split()[0]) for key in ANONYMOUS if key in fields]
     return sum(kib) * 1024
 
 
