@@ -88,9 +88,10 @@ def _refuse_one(target: str, message: str) -> list[str]:
 
 
 def _code_files(function: types.FunctionType) -> list[str]:
-    """The source and bytecode files a Python function was read from."""
+    """The source and bytecode files a Python function was read from (none for one this
+    module has refused already: its code is this module's)."""
     source = function.__code__.co_filename
-    if not os.path.isfile(source):
+    if source == __file__ or not os.path.isfile(source):
         return []
     cached = [importlib.util.cache_from_source(source, optimization=o) for o in ("", 1, 2)]
     return [source, *(c for c in cached if os.path.isfile(c))]

@@ -63,6 +63,20 @@ def test_a_refused_builtin_is_refused_through_any_name_it_was_bound_to() -> None
     assert got["subclass"].startswith("this uses torch's DistributedSampler")
 
 
+def _files_of_refused_code() -> list[str]:
+    from course.checks.refusals import DDP_ITSELF, DDP_RULE
+
+    return refuse(DDP_RULE, DDP_ITSELF)  # DDP's __init__ twice: the second time already refused
+
+
+def test_a_refusal_names_the_files_of_torchs_code_only() -> None:
+    """Are the files a refusal hands over for hiding torch's source and bytecode of what it
+    refused (DDP's module), never this course's, even for a built-in refused twice?"""
+    files = run(_files_of_refused_code, 1)[0]
+    assert any(f.endswith("torch/nn/parallel/distributed.py") for f in files), files
+    assert all("/torch/" in f for f in files), files
+
+
 def torch_sampler(n, replicas, rank, shuffle=True, seed=0, epoch=0, drop_last=False):
     from torch.utils.data import DistributedSampler
 
