@@ -170,8 +170,7 @@ class Cgroups:
         for path in self.dirs:
             stat = _memory_stat(path)
             if "anon" in stat:  # v2
-                swap = path / "memory.swap.current"
-                swapped = int(swap.read_text()) if swap.is_file() else 0
+                swapped = _number(path / "memory.swap.current")
                 return stat["anon"] + stat.get("shmem", 0) + swapped
             if "total_rss" in stat:  # v1, with the cgroups below it
                 return sum(stat.get(f"total_{k}", 0) for k in ("rss", "shmem", "swap"))
@@ -200,3 +199,11 @@ def _memory_stat(path: Path) -> dict[str, int]:
         return {}
     pairs = (line.split() for line in lines)
     return {k: int(v) for k, v, *_ in pairs if v.isdigit()}
+
+
+def _number(path: Path) -> int:
+    """The number a cgroup file holds (0 where there is none, or none to read)."""
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return 0
