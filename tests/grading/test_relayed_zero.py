@@ -2,7 +2,7 @@
 
 ``check_zero_memory`` counts the tensors the student's optimizer holds, on the rank. Each
 attack below keeps a replica of Adam's state where that count does not look (a global, a
-process of its own, the relay's mailbox) and passes the count; graded (a ``RankBox``, the
+process of its own, the relay's mailbox, a file in its tmpfs) and passes the count; graded (a ``RankBox``, the
 relay's snapshots, the sandbox's cgroup), each fails, and an honest optimizer passes. So
 does a replica made room for by ballast: memory the cells take when they run and the
 optimizer frees as it makes the replica, which the rank's growth from the model alone hid.
@@ -93,6 +93,21 @@ BALLASTED = (
 )
 
 
+# 60 MiB a rank kept in a file of its own tmpfs after each step: under what a rank may grow
+# by itself, and charged to the submission's cgroup as shared memory.
+IN_A_FILE = (
+    HONEST
+    + """
+
+class Replicated(ZeroOptimizer):
+    def step(self):
+        super().step()
+        with open("/tmp/kept", "wb") as kept:
+            kept.write(bytes(60 * 2**20))
+"""
+)
+
+
 def _code(source: str, name: str) -> StudentCode:
     return StudentCode(((name, source),), name)
 
@@ -110,8 +125,15 @@ def _code(source: str, name: str) -> StudentCode:
         ),
         (IN_THE_RELAY, "were not yet received"),
         (BALLASTED, "than when its run began"),
+        pytest.param(
+            IN_A_FILE,
+            "the sandbox of your 4 ranks",
+            marks=pytest.mark.skipif(
+                cgroups.unavailable() is not None, reason=str(cgroups.unavailable())
+            ),
+        ),
     ],
-    ids=["global", "child", "relay", "ballast"],
+    ids=["global", "child", "relay", "ballast", "file"],
 )
 def test_a_replica_hidden_from_the_count_fails_the_memory_check(attack: str, told: str) -> None:
     """Does each hidden replica pass the count on the notebook's path, and fail graded?"""
