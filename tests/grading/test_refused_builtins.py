@@ -155,6 +155,7 @@ def _join_weights(batches: list) -> torch.Tensor:
 
 
 def test_an_honest_loop_passes_graded() -> None:
+    """Does a loop written without Join pass graded, Join refused before its cells ran?"""
     with RankBox():
         assert "without Join" in check_train_uneven(_code(HONEST_LOOP, "train_uneven"))
 
