@@ -215,7 +215,9 @@ class _ForkServer(forkserver.ForkServer):
             raise ConnectionError("the forkserver was stopped")
 
     def connect_to_new_process(self, fds: list[int]) -> tuple[int, int]:
-        """Ask the server for a child; a confined one's children get no tracker pipe."""
+        """Ask the server for a child; a confined one's children get neither the tracker's
+        pipe nor the server's own alive pipe (whose write end, shared by every rank, is a
+        channel between them, and one byte written to it stops the server)."""
         if not self._confined:
             return super().connect_to_new_process(fds)
         self.ensure_running()
@@ -226,15 +228,16 @@ class _ForkServer(forkserver.ForkServer):
             parent_r, child_w = os.pipe()
             child_r, parent_w = os.pipe()
             no_tracker = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            no_alive = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
             try:
-                allfds = [child_r, child_w, self._forkserver_alive_fd, no_tracker, *fds]
+                allfds = [child_r, child_w, no_alive, no_tracker, *fds]
                 reduction.sendfds(client, allfds)
             except BaseException:
                 os.close(parent_r)
                 os.close(parent_w)
                 raise
             finally:
-                for fd in (child_r, child_w, no_tracker):
+                for fd in (child_r, child_w, no_alive, no_tracker):
                     os.close(fd)
             return parent_r, parent_w
 

@@ -34,9 +34,11 @@ Its only channel to a sibling is then the relay, which the grader records.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import linecache
 import os
 import signal
+import stat
 import tempfile
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
@@ -55,12 +57,14 @@ __all__ = [
     "isolate",
     "map_ids",
     "mirror_exit",
+    "own_descriptions",
     "private_proc",
     "unshare_own",
 ]  # fmt: skip
 
-# Folders of the sandbox's own every rank of it could write (beside its scratch folder).
-SANDBOX_SHARED = ("/tmp", "/dev/shm")  # noqa: S108 - not used as temporary files: covered
+# Folders of the sandbox's own every rank of it could write (beside its scratch folder), and
+# its ptys (``/dev/ptmx`` is ``pts/ptmx``): a pty one rank opens, another could open too.
+SANDBOX_SHARED = ("/tmp", "/dev/shm", "/dev/pts")  # noqa: S108 - not used as temporary files: covered
 PRIVATE_SIZE = 64 * 2**20  # bytes of each private tmpfs (charged to the submission's cgroup)
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWNET = 0x20000, 0x8000000, 0x10000000, 0x40000000
 CLONE_NEWPID = 0x20000000
@@ -201,6 +205,25 @@ def private_proc() -> str | None:
     return None
 
 
+def own_descriptions() -> None:
+    """Every device this process inherited open (its stdin, ``/dev/null`` stand-ins) opened
+    again as its own, at the same descriptor: a description shared with a sibling holds
+    flags either can set and read (``F_SETFL``, ``F_SETSIG``), a channel between them."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            device = stat.S_ISCHR(os.fstat(fd).st_mode)
+            mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+        if not device or not path.startswith("/dev/"):
+            continue
+        fresh = os.open(path, mode)
+        os.dup2(fresh, fd, inheritable=os.get_inheritable(fd))
+        os.close(fresh)
+
+
 def drop_capabilities() -> str | None:
     """Drop every capability this process holds (those of its own user namespace)."""
     header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
@@ -238,6 +261,7 @@ def isolate(
     linecache.clearcache()
     cover(private)  # what it could not cover stays its submission's, shared
     private_proc()
+    own_descriptions()
     seccomp.forbid_shared_objects()
     drop_capabilities()
     for folder in (here, run_dir):

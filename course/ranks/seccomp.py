@@ -23,12 +23,15 @@ __all__ = ["forbid_shared_objects"]
 # objects of the kernel that two ranks reach by a file they can both read, with no namespace
 # of their own. Advisory locks (``flock``, ``fcntl``'s lock commands: a lock's range, read
 # with ``F_GETLK``, carries data), inotify and dnotify (a sibling's opening of a shared file
-# is an event), keyrings. A call of another ABI (i386, x32) is refused whole.
+# is an event), keyrings; and System V's shared memory, semaphores and message queues and
+# POSIX message queues, which no rank needs and whose memory is the kernel's, not the
+# process's (``shmget``, ``semget``, ``msgget``, ``mq_open``). A call of another ABI (i386,
+# x32) is refused whole.
 _SYSCALLS = {
     "x86_64": (0xC000003E, {"fcntl": 72, "flock": 73, "inotify": (253, 254, 294),
-                            "keys": (248, 249, 250)}),
+                            "keys": (248, 249, 250), "ipc": (29, 64, 68, 240)}),
     "aarch64": (0xC00000B7, {"fcntl": 25, "flock": 32, "inotify": (26, 27),
-                             "keys": (217, 218, 219)}),
+                             "keys": (217, 218, 219), "ipc": (194, 190, 186, 180)}),
 }  # fmt: skip
 # The commands of fcntl refused: the get, set and set-and-wait of locks, classic and per open
 # file, then leases and directory notices (dnotify).
@@ -55,7 +58,7 @@ def _seccomp_program(arch: int, calls: dict) -> list[tuple[int, int, int, int]]:
     allow, refuse = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
     program = [(load, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, refuse)]  # its own ABI only
     program += [(load, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, refuse)]  # not x32's
-    for nr in (calls["flock"], *calls["inotify"], *calls["keys"]):
+    for nr in (calls["flock"], *calls["inotify"], *calls["keys"], *calls["ipc"]):
         program += [(jeq, 0, 1, nr), (ret, 0, 0, refuse)]
     program += [(jeq, 1, 0, calls["fcntl"]), (ret, 0, 0, allow), (load, 0, 0, 24)]  # its cmd
     for cmd in _FCNTL_REFUSED:

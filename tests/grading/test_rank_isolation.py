@@ -2,13 +2,14 @@
 
 Rank 0 leaves a message by every route it has outside torch.distributed (a file in its
 working folder, in ``/tmp`` and in ``/dev/shm``, a TCP server on loopback, an abstract unix
-socket, System V shared memory, its process's name in ``/proc``, a lock on a file both can
-read, opening a file rank 1 watches with inotify); after a barrier, rank 1 looks for each,
-and signals the process it found by that name. On the notebook's path
+socket, System V shared memory and a message queue, its process's name in ``/proc``, a lock
+on a file both can read, opening a file rank 1 watches with inotify, a pty, a flag set on the
+stdin both inherited); after a barrier, rank 1 looks for each, and signals the process it
+found by that name. On the notebook's path
 (ranks on one machine) it finds them and rank 0 gets the signal; graded, each rank has
 namespaces and folders of its own (``course.ranks.isolation``: a PID namespace and a
-``/proc`` of its own among them, and locks and inotify refused) and finds none, no signal
-arrives, and neither rank can
+``/proc`` of its own among them, locks, inotify and System V IPC refused, ptys covered and
+inherited devices opened again) and finds none, no signal arrives, and neither rank can
 unmount its folders to look under them.
 """
 
@@ -35,6 +36,7 @@ import torch.distributed as dist
 
 KEY = 0x5EED
 NAME = b"course-note"
+PTYS = "/dev/pts"
 SIGNALLED = []
 
 def named(name):
@@ -56,9 +58,19 @@ def routes():
     watch = libc.inotify_init1(os.O_NONBLOCK) if dist.get_rank() == 1 else -1
     if watch >= 0:
         libc.inotify_add_watch(watch, os.__file__.encode(), 0x20)  # IN_OPEN
+    ptys = set(os.listdir(PTYS)) if os.path.isdir(PTYS) else set()
+    stdin = fcntl.fcntl(0, fcntl.F_GETFL)
     dist.barrier()
     if dist.get_rank() == 0:
         os.close(os.open(os.__file__, os.O_RDONLY))  # an event for rank 1's watch
+        libc.msgget(KEY, 0o1666)  # IPC_CREAT
+        fcntl.fcntl(0, fcntl.F_SETFL, stdin | os.O_APPEND)
+        try:
+            pty = os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY)
+            libc.unlockpt(pty)
+            held.append(pty)
+        except OSError:
+            pass
         try:
             fcntl.lockf(shared, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 4242)
         except OSError:
@@ -110,12 +122,24 @@ def routes():
                     found.append("inotify")
             except BlockingIOError:
                 pass
+        if libc.msgget(KEY, 0o666) != -1:
+            found.append("msg")
+        if fcntl.fcntl(0, fcntl.F_GETFL) & os.O_APPEND:
+            found.append("flags")
+        for name in (set(os.listdir(PTYS)) if os.path.isdir(PTYS) else set()) - ptys:
+            try:
+                os.close(os.open(f"{PTYS}/{name}", os.O_RDWR | os.O_NOCTTY))
+                found.append("pty")
+            except OSError:
+                pass
     dist.barrier()
     if dist.get_rank() == 0:
         time.sleep(0.2)  # a signal sent is delivered at once; a little slack all the same
         found += ["signal"] if SIGNALLED else []
     if dist.get_rank() == 0:  # leave the machine clean
         libc.shmctl(libc.shmget(KEY, 0, 0o666), 0, None)  # IPC_RMID
+        libc.msgctl(libc.msgget(KEY, 0o666), 0, None)
+        fcntl.fcntl(0, fcntl.F_SETFL, stdin)
         for path in paths:
             if os.path.exists(path):
                 os.unlink(path)
@@ -137,6 +161,7 @@ def test_ranks_find_each_others_messages_on_the_notebooks_path(
     assert result.ok, result.failures
     found = result.results[1]
     routes = {"note", "/tmp/note", "('127.0.0.1', 47613)", "shm", "name", "lock", "inotify"}
+    routes |= {"msg", "flags", "pty"}
     assert routes <= set(found), found
     assert result.results[0] == ["signal"], result.results
 
