@@ -163,17 +163,21 @@ class Cgroups:
         return found
 
     def memory_used(self) -> int | None:
-        """Bytes this submission holds now, or None without a memory cgroup: its processes'
-        anonymous memory, its shared memory (the files it wrote to a tmpfs) and what of
-        either is swapped out, from ``memory.stat``; not the page cache of files it only read
-        (torch's libraries, charged to whoever read them first, which comes and goes)."""
+        """Bytes this submission holds now, or None without a memory cgroup: all that is
+        charged to it (its processes' memory, the kernel's for them: pipe and socket
+        buffers..., what is swapped out) but the page cache of files, with its shared memory
+        (the files it wrote to a tmpfs) counted back in: not torch's libraries, charged to
+        whoever read them first, which come and go as code runs."""
         for path in self.dirs:
             stat = _memory_stat(path)
-            if "anon" in stat:  # v2
-                swapped = _number(path / "memory.swap.current")
-                return stat["anon"] + stat.get("shmem", 0) + swapped
-            if "total_rss" in stat:  # v1, with the cgroups below it
-                return sum(stat.get(f"total_{k}", 0) for k in ("rss", "shmem", "swap"))
+            if "file" in stat:  # v2: "file" holds shmem
+                charged = _number(path / "memory.current") + _number(path / "memory.swap.current")
+                return charged - stat["file"] + stat.get("shmem", 0)
+            if "total_cache" in stat:  # v1: "cache" holds shmem; usage holds the kernel's
+                charged = _number(path / "memory.memsw.usage_in_bytes") or _number(
+                    path / "memory.usage_in_bytes"
+                )
+                return charged - stat["total_cache"] + stat.get("total_shmem", 0)
         return None
 
     def kill(self) -> None:

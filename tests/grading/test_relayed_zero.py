@@ -2,7 +2,8 @@
 
 ``check_zero_memory`` counts the tensors the student's optimizer holds, on the rank. Each
 attack below keeps a replica of Adam's state where that count does not look (a global, a
-process of its own, the relay's mailbox, a file in its tmpfs) and passes the count; graded (a ``RankBox``, the
+process of its own, the relay's mailbox, a file in its tmpfs, socket buffers) and passes
+the count; graded (a ``RankBox``, the
 relay's snapshots, the sandbox's cgroup), each fails, and an honest optimizer passes. So
 does a replica made room for by ballast: memory the cells take when they run and the
 optimizer frees as it makes the replica, which the rank's growth from the model alone hid.
@@ -108,6 +109,70 @@ class Replicated(ZeroOptimizer):
 )
 
 
+# 48 MiB a rank kept in the buffers of unix sockets no one reads, after each step: the
+# kernel's memory, not the rank's, charged to the submission's cgroup all the same.
+IN_SOCKETS = (
+    HONEST
+    + """
+import socket
+
+KEPT = []
+
+
+class Replicated(ZeroOptimizer):
+    def step(self):
+        super().step()
+        while sum(n for _, _, n in KEPT) < 48 * 2**20 and len(KEPT) < 400:
+            a, b = socket.socketpair()
+            a.setblocking(False)
+            n = 0
+            try:
+                while True:
+                    n += a.send(bytes(2**16))
+            except BlockingIOError:
+                pass
+            KEPT.append((a, b, n))
+"""
+)
+
+
+# 60 MiB a rank kept in a file of its own tmpfs after each step: under what a rank may grow
+# by itself, and charged to the submission's cgroup as shared memory.
+IN_A_FILE = (
+    HONEST
+    + """
+
+class Replicated(ZeroOptimizer):
+    def step(self):
+        super().step()
+        with open("/tmp/kept", "wb") as kept:
+            kept.write(bytes(60 * 2**20))
+"""
+)
+
+
+# 60 MiB a rank kept in pipe buffers after each step: the kernel's memory, not the rank's,
+# charged to the submission's cgroup all the same.
+IN_PIPES = (
+    HONEST
+    + """
+import fcntl, os
+
+PIPES = []
+
+
+class Replicated(ZeroOptimizer):
+    def step(self):
+        super().step()
+        for _ in range(60 - len(PIPES)):
+            r, w = os.pipe()
+            fcntl.fcntl(w, 1031, 2**20)  # F_SETPIPE_SZ: a buffer of 1 MiB
+            os.write(w, bytes(2**20))
+            PIPES.append((r, w))
+"""
+)
+
+
 def _code(source: str, name: str) -> StudentCode:
     return StudentCode(((name, source),), name)
 
@@ -126,6 +191,13 @@ def _code(source: str, name: str) -> StudentCode:
         (IN_THE_RELAY, "were not yet received"),
         (BALLASTED, "than when its run began"),
         pytest.param(
+            IN_SOCKETS,
+            "the sandbox of your 4 ranks",
+            marks=pytest.mark.skipif(
+                cgroups.unavailable() is not None, reason=str(cgroups.unavailable())
+            ),
+        ),
+        pytest.param(
             IN_A_FILE,
             "the sandbox of your 4 ranks",
             marks=pytest.mark.skipif(
@@ -133,7 +205,7 @@ def _code(source: str, name: str) -> StudentCode:
             ),
         ),
     ],
-    ids=["global", "child", "relay", "ballast", "file"],
+    ids=["global", "child", "relay", "ballast", "file", "sockets"],
 )
 def test_a_replica_hidden_from_the_count_fails_the_memory_check(attack: str, told: str) -> None:
     """Does each hidden replica pass the count on the notebook's path, and fail graded?"""
