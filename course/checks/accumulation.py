@@ -33,7 +33,7 @@ from course.checks.teaching import on_recorded_ranks, teaches, user_traceback
 from course.experiments.accumulation import counting_hook
 from course.ranks import PerRank, relay
 from course.ring.recorder import Recorder
-from course.ring.relayed import collectives_in
+from course.ring.relayed import all_reduces_in, collectives_in
 
 __all__ = [
     "accumulation_trial",
@@ -142,13 +142,16 @@ def _accumulation_results(step: Any, world_sizes: Sequence[int], k: int, seed: i
 
 def _count_relayed(r: dict[str, Any], relayed: tuple) -> None:
     """Replace what rank ``r`` counted of its step with the relay's record of it: every
-    collective it took part in (DDP's included), and no more syncs than all-reduces."""
+    collective it took part in after its mark (DDP's included), and no more syncs than the
+    all-reduces of the whole run (DDP's set-up makes none: no mark its code could move
+    hides one)."""
     try:
         seen = collectives_in(relayed, r["rank"], 0)
     except ValueError as err:
         raise AssertionError(f"accumulation_step's run cannot be read: {err}") from None
-    r["collectives"] = seen
-    r["syncs"] = min(r["syncs"], seen.count("all_reduce"))
+    every = len(all_reduces_in(relayed, r["rank"], None))
+    r["collectives"] = seen + ["all_reduce"] * (every - seen.count("all_reduce"))
+    r["syncs"] = min(r["syncs"], every)
 
 
 @teaches

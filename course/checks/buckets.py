@@ -144,14 +144,16 @@ def check_bucketed_allreduce(
             for rank, r in enumerate(results):
                 known = {"rank": rank, "before": grads[rank], "expected": expected}
                 if relayed and not r["problem"]:  # graded: the calls as the relay saw them
-                    known["calls"] = relayed_all_reduces(relayed, rank, 0, "bucketed_allreduce")
+                    known["calls"] = relayed_all_reduces(relayed, rank, None, "bucketed_allreduce")
                 _diagnose_bucketed(r | known, world_size, shapes, cap, case)
     return f"bucketed_allreduce: right averages and buckets on {list(world_sizes)} ranks."
 
 
-def relayed_all_reduces(relayed: tuple, rank: int, part: int, name: str) -> list[dict[str, Any]]:
-    """The all-reduces ``rank`` made in part ``part``, from the relay's record, in the shape
-    of :func:`all_reduces` (their times are the rank's own, so none here)."""
+def relayed_all_reduces(
+    relayed: tuple, rank: int, part: int | None, name: str
+) -> list[dict[str, Any]]:
+    """The all-reduces ``rank`` made in part ``part`` (None: the whole run), from the relay's
+    record, in the shape of :func:`all_reduces` (their times are the rank's own, so none)."""
     try:
         numels = all_reduces_in(relayed, rank, part)
     except ValueError as err:

@@ -31,7 +31,7 @@ __all__ = [
     "BITS",
     "SecretEncoding",
     "all_reduces_in",
-    "bytes_from",
+    "bytes_sent",
     "collectives_in",
     "part_span",
     "relayed_calls",
@@ -115,9 +115,10 @@ def collectives_in(events: Sequence[Event], rank: int, part: int) -> list[str]:
     return [NAMES[e.kind] for e in _rank_collectives(events, rank, part)]
 
 
-def all_reduces_in(events: Sequence[Event], rank: int, part: int) -> list[int]:
-    """The elements of each all-reduce ``rank`` made during part ``part`` of a run, in the
-    order it called them, from the relay's record; ValueError as for :func:`relayed_trace`."""
+def all_reduces_in(events: Sequence[Event], rank: int, part: int | None) -> list[int]:
+    """The elements of each all-reduce ``rank`` made during part ``part`` of a run (``None``:
+    the whole run, bounded by no mark its code could move), in the order it called them,
+    from the relay's record; ValueError as for :func:`relayed_trace`."""
     return [
         e.nbytes[e.group.index(rank)] // torch.empty((), dtype=DTYPES[e.dtype]).element_size()
         for e in _rank_collectives(events, rank, part)
@@ -125,25 +126,20 @@ def all_reduces_in(events: Sequence[Event], rank: int, part: int) -> list[int]:
     ]
 
 
-def bytes_from(events: Sequence[Event], rank: int) -> int:
-    """The bytes ``rank`` put into sends and data-moving collectives from its first mark to
-    the end of its run (later marks of its own do not end the count), from the relay's
-    record; ValueError if it never marked."""
-    marks = [e.seq[0] for e in events if e.kind == "mark" and e.src == rank]
-    if not marks:
-        raise ValueError(f"rank {rank} never marked where its part of the run starts")
-    start, total = min(marks), 0
+def bytes_sent(events: Sequence[Event], rank: int) -> int:
+    """The bytes ``rank`` put into sends and data-moving collectives in the whole run, from
+    the relay's record: no mark of the rank's (which its code could move) bounds the count."""
+    total = 0
     for e in events:
-        if e.kind == "send" and e.src == rank and e.seq[0] >= start:
+        if e.kind == "send" and e.src == rank:
             total += e.nbytes[0]
         elif e.kind in NAMES and e.kind != "barrier" and rank in e.group:
-            i = e.group.index(rank)
-            total += e.nbytes[i] if e.seq[i] >= start else 0
+            total += e.nbytes[e.group.index(rank)]
     return total
 
 
-def _rank_collectives(events: Sequence[Event], rank: int, part: int) -> list[Event]:
-    lo, hi = part_span(events, rank, part)
+def _rank_collectives(events: Sequence[Event], rank: int, part: int | None) -> list[Event]:
+    lo, hi = part_span(events, rank, part) if part is not None else (0, float("inf"))
     mine = [(e.seq[e.group.index(rank)], e) for e in events if e.kind in NAMES and rank in e.group]
     return [e for seq, e in sorted(mine, key=lambda pair: pair[0]) if lo <= seq < hi]
 

@@ -259,3 +259,53 @@ def test_an_uncompressed_hook_earns_nothing_graded() -> None:
     assert "within 5%" in check_error_feedback_hook(namespace["ef_fp16_hook"])
     with RankBox(), pytest.raises(AssertionError, match="bytes a gradient element a step"):
         check_error_feedback_hook(StudentCode((("ef", UNCOMPRESSED),), "ef_fp16_hook"))
+
+
+# Every micro-batch synced, the check's marks held back and its step's part started by the
+# student's own mark just before the last backward: counted from that mark, one sync.
+SYNCS_BEFORE_ITS_MARK = """
+import torch
+import course.ranks.relay as _relay
+
+_mark, _relay.mark = _relay.mark, lambda tag: None
+
+def accumulation_step(ddp, optimizer, micro_batches):
+    k = len(micro_batches)
+    for x, y in micro_batches[:-1]:
+        (torch.nn.functional.mse_loss(ddp(x), y) / k).backward()
+    _mark(0)
+    x, y = micro_batches[-1]
+    (torch.nn.functional.mse_loss(ddp(x), y) / k).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+# The float32 hook, its counting started by its own mark at the last step.
+UNCOMPRESSED_LATE_MARK = """
+import torch, torch.distributed as dist
+import course.ranks.relay as _relay
+
+_mark, _relay.mark = _relay.mark, lambda tag: None
+CALLS = []
+
+def ef_fp16_hook(state, bucket):
+    CALLS.append(1)
+    if len(CALLS) == 200:
+        _mark(0)
+    averaged = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(averaged, async_op=True).get_future().then(lambda f: f.value()[0])
+"""
+
+
+def test_marks_of_the_students_own_hide_no_traffic() -> None:
+    """Do syncs made before a mark the step sent itself, and a float32 hook counted from its
+    own mark, still fail graded (counts over the whole run)?"""
+    with RankBox():
+        with pytest.raises(AssertionError, match="all-reduced the gradients 4 times"):
+            check_accumulation_syncs(
+                StudentCode((("acc", SYNCS_BEFORE_ITS_MARK),), "accumulation_step")
+            )
+        with pytest.raises(AssertionError, match="bytes a gradient element a step"):
+            check_error_feedback_hook(
+                StudentCode((("ef", UNCOMPRESSED_LATE_MARK),), "ef_fp16_hook")
+            )
