@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from course.ranks.frames import Event
 from course.ranks.relay import BASELINE
+from course.ring.relayed import bytes_between_snapshots
 
 __all__ = ["GRADED_WIDTH", "MIB", "RUNTIME", "from_the_start", "growth", "measured"]
 
@@ -31,25 +32,27 @@ RUNTIME = 16 * 2**20  # bytes torch and Python may add to a rank between the sna
 MIB = 2**20
 
 
-def measured(relayed: Sequence[Event], world_size: int, psi: int) -> str:
-    """Raise, with what to fix, if a rank or the sandbox grew by more than ZeRO-2 allows
-    between the relay's two snapshots of a run of ``world_size`` ranks (``psi`` parameters);
-    else say what the most a rank grew was."""
+def measured(relayed: Sequence[Event], world_size: int, psi: int, steps: int) -> str:
+    """Raise, with what to fix, if a rank or the sandbox grew by more than ZeRO-2 allows from
+    the relay's snapshot once the model was built to those after each of ``steps`` steps of a
+    run of ``world_size`` ranks (``psi`` parameters), each taken between one step's traffic
+    and the next's; else say what the most a rank grew was."""
     snaps = from_the_start(relayed, world_size, 4 * psi, "the model was built")
-    if [e.tag for e in snaps] != [0, 1]:
+    if [e.tag for e in snaps] != list(range(steps + 1)):
         raise AssertionError(
             f"the ranks' memory could not be measured: the relay saw snapshots "
-            f"{[e.tag for e in snaps]}, where the check takes two, 0 and 1 (only the check "
-            "takes them)"
+            f"{[e.tag for e in snaps]}, where the check takes one before the first step and "
+            "one after each (only the check takes them)"
         )
-    before, after = snaps
-    if after.held:
+    _between_steps(relayed, world_size, psi, steps)
+    if any(after.held for after in snaps[1:]):
+        held = max(after.held for after in snaps[1:])
         raise AssertionError(
-            f"when step() had returned on every rank, {after.held} bytes one rank had sent "
+            f"when step() had returned on every rank, {held} bytes one rank had sent "
             "another were not yet received: wait() on every isend, and receive every "
             "message, inside step()"
         )
-    ranks, box = growth(before, [after], world_size)
+    ranks, box = growth(snaps[0], snaps[1:], world_size)
     allowed = 12 * psi / world_size + psi + RUNTIME
     for rank, grew in enumerate(ranks):
         if grew > allowed:
@@ -63,6 +66,28 @@ def measured(relayed: Sequence[Event], world_size: int, psi: int) -> str:
         f"Measured from outside, on {psi / 1e6:.1f} M parameters, no rank grew by more than "
         f"{most / MIB:.0f} MiB in step() (ZeRO-2's shards: {12 * psi / world_size / MIB:.0f} MiB)."
     )
+
+
+def _between_steps(relayed: Sequence[Event], n: int, psi: int, steps: int) -> None:
+    """Raise unless every rank's snapshots after each step fall between one step's traffic
+    and the next's, as the relay recorded it: no step moves less than half or more than one
+    and a half times a reduce-scatter and an all-gather of the gradients (so a snapshot
+    cannot be moved past a step, nor a step's traffic into another's), and nothing moves
+    after the last."""
+    step = 2 * (n - 1) / n * 4 * psi  # a ring's reduce-scatter and all-gather, per rank
+    for rank in range(n):
+        stretches = bytes_between_snapshots(relayed, rank)[2:]  # from snapshot 0 on
+        moved, after = stretches[:steps], stretches[steps:]
+        if all(step / 2 <= b <= 1.5 * step for b in moved) and not any(after):
+            continue
+        shown = ", ".join(f"{b / MIB:.0f}" for b in moved)
+        raise AssertionError(
+            f"rank {rank} of {n} moved {shown} MiB in its {steps} steps and {sum(after) / MIB:.0f} "
+            f"MiB after the last, as the relay recorded them, where a ZeRO-2 step moves a "
+            f"reduce-scatter and an all-gather of the gradients, {step / MIB:.0f} MiB a rank: "
+            "the check measures memory between steps, by their traffic. Communicate only "
+            "inside step(), with your reduce_scatter and all_gather."
+        )
 
 
 def from_the_start(relayed: Sequence[Event], n: int, built: int, when: str) -> list[Event]:

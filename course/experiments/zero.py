@@ -141,7 +141,8 @@ def _train(
     The model is ``toy_model(seed)``, as wide as the batches; the batches
     are ``batches`` if given (a grader's, made for this rank), else ``steps`` of them made
     here from ``seed`` and the rank. With ``snapshots`` the relay measures every rank's
-    memory once the model is built and again after training (``relay.snapshot``).
+    memory once the model is built and again after each step (``relay.snapshot``, tags 0,
+    1, 2, ...).
     """
     if batches is None:
         batches = _own_batches(steps, seed, dist.get_rank())
@@ -167,8 +168,8 @@ def _train(
             optimizer.zero_grad()
         nn.functional.mse_loss(net(x), y).backward()
         optimizer.step()
-    if snapshots:
-        relay.snapshot(1)
+        if snapshots:
+            relay.snapshot(i + 1)
     return model, optimizer
 
 
@@ -186,11 +187,16 @@ def memory_on_ranks(
     steps: int = 2,
     batches: Batches | None = None,
     snapshots: bool = False,
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """Rank side: train ``steps`` steps the ``kind`` way (on ``batches`` if given); the bytes
-    this rank then holds. ``snapshots``: see :func:`_train`."""
+    this rank then holds. ``snapshots``: see :func:`_train`; then this rank's own slice of
+    the flattened parameters (``tensor_split``) comes back too, as ``mine``."""
     model, optimizer = _train(kind, zero_class, steps, 0, batches, snapshots)
-    return memory_breakdown(model, optimizer)
+    held: dict[str, Any] = memory_breakdown(model, optimizer)
+    if snapshots:
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        held["mine"] = flat.tensor_split(dist.get_world_size())[dist.get_rank()].clone()
+    return held
 
 
 def final_params(
@@ -215,10 +221,10 @@ def single_process_params(
     ``batches[r]`` are rank r's batches, as :func:`final_params` was given them; by default
     those the ranks make from ``seed``.
     """
-    model = toy_model(seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     if batches is None:
         batches = [_own_batches(steps, seed, r) for r in range(world_size)]
+    model = toy_model(seed, width=batches[0][0][0].shape[1])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     for step in zip(*batches, strict=True):  # one batch per rank
         grads = []
         for x, y in step:

@@ -16,6 +16,7 @@ be computed by anyone).
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ __all__ = [
     "BITS",
     "SecretEncoding",
     "all_reduces_in",
+    "bytes_between_snapshots",
     "bytes_sent",
     "collectives_in",
     "part_span",
@@ -124,6 +126,24 @@ def all_reduces_in(events: Sequence[Event], rank: int, part: int | None) -> list
         for e in _rank_collectives(events, rank, part)
         if e.kind == "allreduce"
     ]
+
+
+def bytes_between_snapshots(events: Sequence[Event], rank: int) -> list[int]:
+    """The bytes ``rank`` put into sends and data-moving collectives in each stretch of its
+    run its snapshots bound (before the first, between each two, after the last), from the
+    relay's record: where the snapshots fall among the run's traffic, which the rank's code
+    could not move without moving the traffic too."""
+    cuts = sorted(
+        e.seq[e.group.index(rank)] for e in events if e.kind == "snapshot" and rank in e.group
+    )
+    stretches = [0] * (len(cuts) + 1)
+    for e in events:
+        if e.kind == "send" and e.src == rank:
+            stretches[bisect.bisect(cuts, e.seq[0])] += e.nbytes[0]
+        elif e.kind in NAMES and e.kind != "barrier" and rank in e.group:
+            i = e.group.index(rank)
+            stretches[bisect.bisect(cuts, e.seq[i])] += e.nbytes[i]
+    return stretches
 
 
 def bytes_sent(events: Sequence[Event], rank: int) -> int:

@@ -173,6 +173,65 @@ class Replicated(ZeroOptimizer):
 )
 
 
+# Not ZeRO at all (every gradient all-reduced, a whole Adam on every rank), with the check's
+# snapshots after the steps taken by the optimizer before it has made anything, the check's
+# own then dropped: measured then, it holds nothing.
+SNAPSHOTS_TAKEN_EARLY = """
+import torch, torch.distributed as dist
+import course.ranks.relay as _relay
+
+_snapshot, _taken = _relay.snapshot, set()
+
+
+def _once(tag):
+    if tag not in _taken:
+        _taken.add(tag)
+        _snapshot(tag)
+
+
+_relay.snapshot = _once
+FULL = {}  # out of the rank's own count's reach
+
+
+class Replicated:
+    def __init__(self, params, optimizer_class=torch.optim.Adam, **defaults):
+        _once(1)
+        _once(2)
+        self.params = list(params)
+        FULL["adam"] = optimizer_class(self.params, **defaults)
+        x = torch.zeros(1, requires_grad=True)
+        self.optimizer = optimizer_class([x], **defaults)  # all the rank's own count sees
+        x.grad = torch.zeros(1)
+        self.optimizer.step()
+
+    def step(self):
+        for p in self.params:
+            dist.all_reduce(p.grad)
+            p.grad.div_(dist.get_world_size())
+        FULL["adam"].step()
+        for p in self.params:
+            p.grad = None
+
+    def zero_grad(self):
+        pass
+"""
+
+# ZeRO-2 that forgets Adam's moments after each step, in place: it holds what ZeRO-2 holds
+# at every measure, and trains wrong.
+MOMENTS_DROPPED = (
+    HONEST
+    + """
+
+class Replicated(ZeroOptimizer):
+    def step(self):
+        super().step()
+        for state in self.optimizer.state.values():
+            state["exp_avg"].zero_()
+            state["exp_avg_sq"].zero_()
+"""
+)
+
+
 def _code(source: str, name: str) -> StudentCode:
     return StudentCode(((name, source),), name)
 
@@ -220,3 +279,19 @@ def test_an_honest_zero_optimizer_passes_measured_from_outside() -> None:
     """Does the model solution pass graded, on the model wide enough to measure?"""
     with RankBox():
         assert "1/4" in check_zero_memory(_code(HONEST, "ZeroOptimizer"))
+
+
+@pytest.mark.parametrize(
+    ("attack", "told"),
+    [
+        (SNAPSHOTS_TAKEN_EARLY, "the check measures memory between steps"),
+        (MOMENTS_DROPPED, "the steps whose memory is measured must train"),
+    ],
+    ids=["snapshots_early", "moments_dropped"],
+)
+def test_the_measured_steps_are_real_steps(attack: str, told: str) -> None:
+    """Do snapshots the optimizer takes itself before its steps (the check's own dropped), and
+    steps that train wrong while holding what ZeRO-2 holds, fail graded: each measure pinned
+    between two steps' traffic as the relay recorded it, the measured steps' weights checked?"""
+    with RankBox(), pytest.raises(AssertionError, match=told):
+        check_zero_memory(_code(attack, "Replicated"))
