@@ -41,7 +41,7 @@ __all__ = ["RTOL", "check_zero_matches_ddp", "check_zero_memory"]
 RTOL = 1e-4  # of the largest parameter
 # The memory check's own steps, on the model 16 times wider, of the largest parameter: the
 # model solution is 2.4e-4 off DDP + Adam after 2 steps (gradients nearer Adam's eps, where
-# summation order shows), one that drops Adam's moments between steps MEASURED_DROPPED.
+# summation order shows), one that drops Adam's moments between steps 0.25.
 MEMORY_RTOL = 1e-2
 STEPS = 5
 MEMORY_STEPS = 2
