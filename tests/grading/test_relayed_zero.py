@@ -136,43 +136,6 @@ class Replicated(ZeroOptimizer):
 )
 
 
-# 60 MiB a rank kept in a file of its own tmpfs after each step: under what a rank may grow
-# by itself, and charged to the submission's cgroup as shared memory.
-IN_A_FILE = (
-    HONEST
-    + """
-
-class Replicated(ZeroOptimizer):
-    def step(self):
-        super().step()
-        with open("/tmp/kept", "wb") as kept:
-            kept.write(bytes(60 * 2**20))
-"""
-)
-
-
-# 60 MiB a rank kept in pipe buffers after each step: the kernel's memory, not the rank's,
-# charged to the submission's cgroup all the same.
-IN_PIPES = (
-    HONEST
-    + """
-import fcntl, os
-
-PIPES = []
-
-
-class Replicated(ZeroOptimizer):
-    def step(self):
-        super().step()
-        for _ in range(60 - len(PIPES)):
-            r, w = os.pipe()
-            fcntl.fcntl(w, 1031, 2**20)  # F_SETPIPE_SZ: a buffer of 1 MiB
-            os.write(w, bytes(2**20))
-            PIPES.append((r, w))
-"""
-)
-
-
 # Not ZeRO at all (every gradient all-reduced, a whole Adam on every rank), with the check's
 # snapshots after the steps taken by the optimizer before it has made anything, the check's
 # own then dropped: measured then, it holds nothing.
