@@ -237,9 +237,9 @@ def isolate(
 ) -> None:
     """A graded rank's first step: namespaces and folders of its own (module docstring), its
     ids mapped by the caller, asked on its pipe; then, where it has a PID namespace of its own,
-    the job goes on in a child, pid 1 there (this process waits, and ends as it ends);
-    ``before`` run, and the files it names hidden; its working and run folders made again,
-    empty, in its own tmpfs; a ``/proc`` of its own; the seccomp filter
+    the job goes on in a child, pid 1 there (this process waits, and ends as it ends), with a
+    ``/proc`` of its own; ``before`` run, and the files it names hidden; its working and run
+    folders made again, empty, in its own tmpfs; its devices its own; the seccomp filter
     (:mod:`course.ranks.seccomp`). Where the kernel gives no namespaces the rank runs on in
     its submission's sandbox, shared with its siblings."""
     flags = unshare_own()  # before ``before``: an import could start a thread
@@ -248,19 +248,22 @@ def isolate(
         before()
         return
     conn.send_bytes(b"map")
-    own_pids = conn.recv_bytes() == b"mapped" and bool(flags & CLONE_NEWPID)
-    if own_pids:
-        _go_on_in_a_child(conn)
-    else:  # unmapped, a tmpfs of its own would take no file: only drop capabilities
+    if conn.recv_bytes() != b"mapped":  # a tmpfs of its own would take no file
         conn.send_bytes(b"same")
         before()
         drop_capabilities()
         return
+    own_pids = bool(flags & CLONE_NEWPID)
+    if own_pids:
+        _go_on_in_a_child(conn)
+    else:  # a kernel with no PID namespace for it: the job runs here, /proc stays shared
+        conn.send_bytes(b"same")
     here = os.getcwd()
     hide(before())  # what it could not hide is still refused, only readable
     linecache.clearcache()
     cover(private)  # what it could not cover stays its submission's, shared
-    private_proc()
+    if own_pids:
+        private_proc()
     own_descriptions()
     seccomp.forbid_shared_objects()
     drop_capabilities()
