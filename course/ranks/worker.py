@@ -69,7 +69,7 @@ def rank_main(
     return value travels as plain data (:mod:`course.ranks.plain`), else with cloudpickle.
     ``before`` (pickled, the launcher's: the checks' refusals) runs before the job is
     unpickled. With ``private`` (graded ranks) the rank first has namespaces and folders of
-    its own (:mod:`course.ranks.isolation`); ``measured``: see :func:`_measured_from_here`.
+    its own (:mod:`course.ranks.isolation`); ``measured``: see :func:`_join_relay`.
     """
     if os.getpid() != os.getpgrp():
         os.setpgid(0, 0)  # own process group: the caller kills it and all it started
@@ -89,8 +89,8 @@ def rank_main(
         if plain:  # graded: what the rank frees is seen to go (course.ranks.memory)
             exact_malloc()
         if backend == "relay":  # every message goes through the caller, who records it
-            relay.join(link, rank, world_size, pg_timeout, _failing(send, threading.get_ident()))
-            device = _measured_from_here() if measured else torch.device("cpu")
+            fatal = _failing(send, threading.get_ident())
+            device = _join_relay(link, rank, world_size, pg_timeout, fatal, measured)
         else:
             store = dist.FileStore(os.path.join(run_dir, "store"), world_size)
             device = _init_process_group(rank, world_size, store, pg_timeout, backend)
@@ -120,10 +120,15 @@ def _before_the_job(
         step()
 
 
-def _measured_from_here() -> torch.device:
-    """The relay's snapshot of every rank before the job is unpickled (``relay.BASELINE``):
-    what the job holds from its first line on counts in what it grew by; the CPU device."""
-    relay.snapshot(relay.BASELINE)
+def _join_relay(
+    link: socket.socket, rank: int, world_size: int, pg_timeout: float, fatal: Any, measured: bool
+) -> torch.device:
+    """Join the relay as the default group (the CPU its device); ``measured``: its snapshot
+    of every rank now, before the job is unpickled (``relay.BASELINE``), so that what the
+    job holds from its first line on counts in what it grew by."""
+    relay.join(link, rank, world_size, pg_timeout, fatal)
+    if measured:
+        relay.snapshot(relay.BASELINE)
     return torch.device("cpu")
 
 
