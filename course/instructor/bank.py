@@ -6,10 +6,11 @@ Each item of a source notebook is its question cell (``<id>_question``: the stem
 options as ``* a) ...`` bullets) and its check cell (the key, the explanation and the
 give-aways, from the hidden ``check_answer`` call, read by ``selfstudy.quiz_items``). A strong
 student who knows nothing of the topic still scores on a bank whose keys are the longest
-option, the only hedged one or the only one with a number, or always the same letter
-(Haladyna, Downing & Rodriguez 2002, "A review of multiple-choice item-writing guidelines");
-:func:`form_problems` names every such cue against :data:`LIMITS`, and the tests hold the whole
-bank to them.
+option, the only hedged one or the only one with a number, the one that repeats the parts the
+other options share, the only negated one, or always the same letter (Haladyna, Downing &
+Rodriguez 2002, "A review of multiple-choice item-writing guidelines"; the cues beyond length
+are in ``course.instructor.cues``); :func:`form_problems` names every such cue against
+:data:`LIMITS`, and the tests hold the whole bank to them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
+from course.instructor import cues
 from course.instructor.selfstudy import grade_id, quiz_items
 from course.instructor.workcopies import COURSE_ORDER
 
@@ -49,15 +51,14 @@ LIMITS = {
     "key_longest": 0.25,  # share of items whose key is the strictly longest option
     "always_longest": 0.30,  # share of the quiz points that always picking the longest scores
     "always_shortest": 0.30,  # the same, always picking the shortest
+    "always_convergent": 0.30,  # the same, picking the option that repeats the shared parts
+    "always_lone_negation": 0.30,  # the same, picking the lone negated (or plain) option
     "spread": 1.5,  # within an item, longest option / shortest option, in characters
     "letter_low": 0.125,  # every letter keys at least this share of the items
     "letter_high": 0.375,  # and at most this share
 }
 _OPTION = re.compile(r"^\* ([a-z])\) ", re.MULTILINE)
-_HEDGE = re.compile(
-    r"\b(about|roughly|approximately|usually|typically|likely|may|might)\b", re.IGNORECASE
-)
-_DIGIT = re.compile(r"\d")
+_PICKS = ("always_longest", "always_shortest", "always_convergent", "always_lone_negation")
 
 
 @dataclass(frozen=True)
@@ -121,20 +122,12 @@ class Form:
     spread: dict[str, float]
     lone_hedge: list[str]
     lone_number: list[str]
-
-
-def _pick_score(item: Item, pick: str) -> float:
-    """The points a student expects who picks the longest (or shortest) option, ties at random."""
-    lengths = {k: len(v) for k, v in item.options.items()}
-    target = max(lengths.values()) if pick == "longest" else min(lengths.values())
-    tied = [k for k, n in lengths.items() if n == target]
-    return item.points / len(tied) if item.key in tied else 0.0
-
-
-def _lone(item: Item, pattern: re.Pattern[str]) -> bool:
-    """Is the key the only option that matches ``pattern`` (a hedge, a number)?"""
-    others = [v for k, v in item.options.items() if k != item.key]
-    return bool(pattern.search(item.options[item.key])) and not any(map(pattern.search, others))
+    always_convergent: float
+    parted: dict[str, float]  # each multi-part item: the share of its points convergence wins
+    convergent_parted: float  # the share of the multi-part items' points it wins
+    always_lone_negation: float
+    lone_negated: dict[str, float]  # each item with a lone negated (or plain) one: what it wins
+    measured: list[str]  # items whose stem says "measured" (reported; see cues)
 
 
 def form(items: Sequence[Item]) -> Form:
@@ -145,6 +138,7 @@ def form(items: Sequence[Item]) -> Form:
         for i in items
         if all(len(i.options[i.key]) > len(v) for k, v in i.options.items() if k != i.key)
     ]
+    parted, lone = cues.won(items, cues.convergent), cues.won(items, cues.lone_negation)
     spread = {
         i.item_id: max(map(len, i.options.values())) / max(1, min(map(len, i.options.values())))
         for i in items
@@ -153,13 +147,26 @@ def form(items: Sequence[Item]) -> Form:
         items=len(items),
         points=points,
         key_longest=longest,
-        always_longest=sum(_pick_score(i, "longest") for i in items) / points,
-        always_shortest=sum(_pick_score(i, "shortest") for i in items) / points,
+        always_longest=sum(cues.expected(i, cues.longest(i.options)) for i in items) / points,
+        always_shortest=sum(cues.expected(i, cues.shortest(i.options)) for i in items) / points,
         letters=dict(sorted(Counter(i.key for i in items).items())),
         spread=spread,
-        lone_hedge=[i.item_id for i in items if _lone(i, _HEDGE)],
-        lone_number=[i.item_id for i in items if _lone(i, _DIGIT)],
+        lone_hedge=[i.item_id for i in items if cues.lone(i.options, cues.HEDGE) == [i.key]],
+        lone_number=[i.item_id for i in items if cues.lone(i.options, cues.DIGIT) == [i.key]],
+        always_convergent=cues.share(items, parted),
+        parted=parted,
+        convergent_parted=cues.share([i for i in items if i.item_id in parted], parted),
+        always_lone_negation=cues.share(items, lone),
+        lone_negated=lone,
+        measured=[i.item_id for i in items if cues.says_measured(i.stem)],
     )
+
+
+def _wins(f: Form, pick: str) -> str:
+    """Where a cue's pick wins points, for its problem's message (nothing for length)."""
+    won = {"always_convergent": f.parted, "always_lone_negation": f.lone_negated}.get(pick, {})
+    items = [k for k, w in won.items() if w > 0]
+    return f"; it wins in {', '.join(items)}" if items else ""
 
 
 def form_problems(f: Form, letters: str = "abcd") -> list[str]:
@@ -173,8 +180,8 @@ def form_problems(f: Form, letters: str = "abcd") -> list[str]:
         )
     problems += [
         f"{pick.replace('_', ' ')} scores {getattr(f, pick):.0%} of the quiz points "
-        f"(limit {LIMITS[pick]:.0%})"
-        for pick in ("always_longest", "always_shortest")
+        f"(limit {LIMITS[pick]:.0%}){_wins(f, pick)}"
+        for pick in _PICKS
         if getattr(f, pick) > LIMITS[pick]
     ]
     wide = {k: round(v, 2) for k, v in f.spread.items() if v > LIMITS["spread"]}
@@ -254,19 +261,28 @@ def giveaway_leaks(nb: NotebookNode, items: Sequence[Item], outputs: bool = Fals
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print every item's option lengths, then the bank's figures; 1 when a limit is broken."""
-    source = Path(argv[0]) if argv else REPO / "source"
-    items = bank(source)
+    """Print every item's option lengths and what its cues win, then the bank's figures; 1 when
+    a limit is broken."""
+    items = bank(Path(argv[0]) if argv else REPO / "source")
+    f = form(items)
     for i in items:
         lengths = "  ".join(
             f"{k}{'*' if k == i.key else ' '}{len(v):4}" for k, v in i.options.items()
         )
-        print(f"{i.assignment:15} {i.item_id:17} {i.points:3g} pts  {lengths}")
-    f = form(items)
+        won = [
+            (c, w.get(i.item_id)) for c, w in (("converging", f.parted), ("lone", f.lone_negated))
+        ]
+        cued = "".join(f"  {c} {w:.0%}" for c, w in won if w is not None)
+        print(f"{i.assignment:15} {i.item_id:17} {i.points:3g} pts  {lengths}{cued}")
     print(
         f"\n{f.items} items, {f.points:g} points: key strictly longest in {len(f.key_longest)} "
         f"({len(f.key_longest) / max(1, f.items):.0%}); always longest {f.always_longest:.0%}, "
-        f"always shortest {f.always_shortest:.0%} of the points; keys {f.letters}"
+        f"always shortest {f.always_shortest:.0%} of the points; keys {f.letters}\n"
+        f"always convergent {f.always_convergent:.0%} of the points ({f.convergent_parted:.0%} "
+        f"in the {len(f.parted)} multi-part items), always lone negation "
+        f"{f.always_lone_negation:.0%} ({len(f.lone_negated)} items have a lone one)\n"
+        f"stems that say measured (no limit: a cue only to one who knows the textbook answer): "
+        f"{', '.join(f.measured) or 'none'}"
     )
     problems = form_problems(f)
     for p in problems:

@@ -54,6 +54,7 @@ LEFT_OUT = (
     "course/instructor/authoring.py",
     "course/instructor/bank.py",
     "course/instructor/commands.py",
+    "course/instructor/cues.py",
     "course/instructor/grades.py",
     "course/instructor/hub.py",
     "course/instructor/hubconfig.py",

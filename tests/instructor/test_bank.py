@@ -7,6 +7,7 @@ would hand its key over) beside its key, in the hidden part of its check cell.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -46,8 +47,9 @@ def test_the_bank_is_read_whole() -> None:
 
 def test_no_option_form_points_at_the_keys() -> None:
     """Is the key rarely the longest, do picking the longest or the shortest option score
-    little, are options of one length within an item, do the keys spread over a to d, and is
-    no key the only hedged option or the only one with a number?"""
+    little, are options of one length within an item, do the keys spread over a to d, is no
+    key the only hedged option or the only one with a number, and do picking the option that
+    repeats the shared parts or the lone negated one score little?"""
     f = form(BANK)
     assert form_problems(f) == []
     assert len(f.key_longest) <= LIMITS["key_longest"] * f.items
@@ -71,6 +73,73 @@ def test_the_form_figures_catch_a_cued_bank() -> None:
     assert form([_item("a", hedged)]).lone_hedge == ["toy_1"]
     assert form([_item("a", numbered)]).lone_number == ["toy_1"]
     assert form([_item("b", long, 3)]).always_longest == 0.0
+
+
+def _cued(options: dict[str, str], key: str = "a", n: int = 8, stem: str = "A stem?") -> list[Item]:
+    return [
+        dataclasses.replace(_item(key, options, 2), item_id=f"toy_{k}", stem=stem) for k in range(n)
+    ]
+
+
+def test_the_cue_figures_catch_a_converging_bank() -> None:
+    """Would a bank whose key always repeats the parts its distractors share be caught, while
+    one whose key is the odd one out scores nothing by that cue?"""
+    built = {"a": "2 steps, 4 bytes", "b": "2 Steps; 8 bytes", "c": "3 steps: 4 bytes.", "d": "1"}
+    f = form(_cued(built))
+    assert f.always_convergent == 1.0 and f.convergent_parted == 1.0 and len(f.parted) == 8
+    assert any(p.startswith("always convergent scores 100%") for p in form_problems(f))
+    assert "toy_7" in " ".join(form_problems(f))
+    assert form(_cued(built, key="d")).always_convergent == 0.0
+    tied = {"a": "2 steps, 4 bytes", "b": "2 steps, 8 bytes", "c": "one", "d": "two"}
+    assert form(_cued(tied)).always_convergent == 0.5  # a tie of two: half the points
+    plain = {"a": "one option", "b": "another one", "c": "a third", "d": "a last"}
+    assert form(_cued(plain)).always_convergent == 0.25 and form(_cued(plain)).parted == {}
+
+
+def test_parts_are_the_stretches_between_separators() -> None:
+    """Does an option split into parts at commas, semicolons, colons, parentheses, "and" and
+    "with", but not inside a code span nor at a "/" between numbers?"""
+    from course.instructor.cues import parts
+
+    assert parts("2 Steps, 4 bytes (with `a, b`) and 16 / 4.") == {
+        "2 steps",
+        "4 bytes",
+        "a b",
+        "16 / 4",
+    }
+
+
+def test_the_cue_figures_catch_a_lone_negation() -> None:
+    """Would a bank whose key is the only negated option, or the only plain one among negated
+    ones, be caught, while ``no_sync`` in code and a split of two against two are no cue?"""
+    negated = {"a": "it does not stop", "b": "it stops", "c": "it stops late", "d": "it stops now"}
+    plain = {"a": "it stops", "b": "it doesn't stop", "c": "it never stops", "d": "no stop"}
+    for options in (negated, plain):
+        f = form(_cued(options))
+        assert f.always_lone_negation == 1.0 and set(f.lone_negated) == {
+            f"toy_{k}" for k in range(8)
+        }
+        assert any(p.startswith("always lone negation scores 100%") for p in form_problems(f))
+    code = {"a": "`no_sync` stops it", "b": "it stops", "c": "it stops late", "d": "it stops now"}
+    halves = {"a": "not now", "b": "never", "c": "it stops late", "d": "it stops now"}
+    for options in (code, halves):
+        assert form(_cued(options)).lone_negated == {}
+        assert form(_cued(options)).always_lone_negation == 0.25
+
+
+def test_the_figures_list_the_stems_that_say_measured() -> None:
+    """Are the items whose stem says "measured" or "on this machine" listed, and no others?"""
+    measured = _cued({"a": "x", "b": "y", "c": "z", "d": "w"}, n=1, stem="How long, measured?")
+    machine = dataclasses.replace(measured[0], item_id="toy_9", stem="On this machine, what?")
+    assert form([*measured, machine, _item()]).measured == ["toy_0", "toy_9"]
+
+
+@pytest.mark.parametrize("pick", ["always_convergent", "always_lone_negation"])
+def test_no_cue_beyond_length_scores_the_bank(pick: str) -> None:
+    """Does picking the option that repeats the parts the others share, or the one negated (or
+    plain) option where the others are not (or are), score at most its limit of the points?"""
+    f = form(BANK)
+    assert getattr(f, pick) <= LIMITS[pick], form_problems(f)
 
 
 @pytest.mark.parametrize("item", BANK, ids=lambda i: i.item_id)
