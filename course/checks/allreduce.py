@@ -73,6 +73,7 @@ class Exercise:
     violations: Callable[[Trace], list[Violation]]  # how a recorded run departs from it
     plan: str  # the closing line of a pattern failure: the algorithm in one sentence
     deadlock_hint: str  # what to look at when every rank waited
+    partial: Callable[[int, int, tuple[int, ...]], str] | None = None  # a sum of too few ranks
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ def check_p2p_allreduce(
                 else:
                     if trace:
                         refuse_collectives(exercise.name, [trace_collectives(trace)])
-                    _judge_sums(exercise.name, world_size, case, inputs[i], got)
+                    _judge_sums(exercise, world_size, case, inputs[i], got)
                     n_sums += 1
                     shapes[case.shape] = None
     dtypes = tuple(str(d).removeprefix("torch.") for d in DTYPES) if sums else ("float64",)
@@ -253,10 +254,11 @@ def trace_collectives(trace: Trace) -> list[str]:
 
 
 def _judge_sums(
-    name: str, world_size: int, case: Case, inputs: list[torch.Tensor], got: list
+    exercise: Exercise, world_size: int, case: Case, inputs: list[torch.Tensor], got: list
 ) -> None:
     """Every rank's tensor equals the float64 sum of the inputs (exactly for integers), and
     no collective computed it."""
+    name = exercise.name
     refuse_collectives(name, [r[2] for r in got])
     expected64 = torch.stack([t.to(torch.float64) for t in inputs]).sum(0)
     expected = expected64.to(case.dtype)
@@ -266,7 +268,7 @@ def _judge_sums(
         if problem is None:
             continue
         head = f"{name} gave a wrong result on {world_size} ranks for {case}, rank {rank}:"
-        hints = ring_hints(tensors, inputs, expected, case, rank, returned)
+        hints = ring_hints(tensors, inputs, expected, case, rank, returned, exercise.partial)
         raise AssertionError("\n".join([head, "  " + problem, *hints]))
 
 

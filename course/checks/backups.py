@@ -9,14 +9,15 @@ calls ``fn(grad, backups)`` with its own gradient; rank 0 coordinates (it is nev
 straggler here); ``fn`` leaves in ``grad``, on every rank, the straggler's too, the mean of
 the gradients it kept, and returns the sorted list of the ranks kept, the same on every rank.
 
-Each case draws every rank's gradient here and a straggler among ranks 1..N-1, which starts
-its step :data:`STRAGGLE` seconds after the others. The verdict, computed in the caller:
-the ranks agree on N - b kept ranks, rank 0 among them and the straggler not; every rank's
-gradient is the mean of the kept ones; and no other rank waited for the straggler. Under
-grading that last comes from the relay's record (every message of theirs in the case went
-through before the straggler's first); in a notebook, from the time each rank's step ended.
-The relay holds a send until it is received, so a blocking ``dist.send`` to the straggler
-does not wait there as it does on gloo: under grading only the order of messages counts.
+Each case draws every rank's gradient here and a straggler among ranks 1..N-1. The verdict,
+computed in the caller: the ranks agree on N - b kept ranks, rank 0 among them and the
+straggler not; every rank's gradient is the mean of the kept ones; and no other rank waited
+for the straggler. In a notebook the straggler sleeps :data:`STRAGGLE` seconds before its
+step, and the ranks' own clocks say whose step ended after it woke. Under grading no rank is
+told who the straggler is: the relay makes it (:mod:`course.ranks.holds`), holding its
+requests until every other rank has ended its step or is blocked waiting, and a rank whose
+step ends only after the straggler was let through waited for it (a blocking receive from it,
+a collective it must join, a blocking send to it, as on gloo), whatever the machine's load.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from course.checks.compare import fresh_seed
 from course.checks.teaching import failure_message, teaches
 from course.ranks import confined
 from course.ranks.frames import Event
+from course.ranks.holds import Hold
 from course.ranks.wording import world_sizes_text
 
 __all__ = ["BackupsReport", "check_step_with_backups"]
@@ -113,15 +115,25 @@ def _check_world_size(fn: Callable, n: int, rng: random.Random) -> int:
     g = torch.Generator().manual_seed(rng.randrange(2**31))
     grads = [[torch.randn(c.numel, generator=g).to(c.dtype) for _ in range(n)] for c in todo]
     mine = PerRank([grads[i][r] for i in range(len(todo))] for r in range(n))
-    result = launch(_steps, n, fn, todo, mine, timeout=LAUNCH_TIMEOUT)
+    relayed = confined.current() is not None
+    told, holds = _stragglers(todo, relayed)
+    result = launch(_steps, n, fn, told, mine, timeout=LAUNCH_TIMEOUT, holds=holds)
     if not result.ok:
         raise AssertionError(failure_message("step_with_backups", n, result.failures, "", WAITED))
-    relayed = confined.current() is not None
     for i, case in enumerate(todo):
         got = [r[i] for r in result.results]
         late = _late_ranks(result.relayed, n, case, (i, len(todo)), got, relayed)
-        _judge(n, case, grads[i], got, late)
+        _judge(n, case, grads[i], got, late, relayed)
     return len(todo)
+
+
+def _stragglers(todo: list[Case], relayed: bool) -> tuple[list[Case], list[Hold]]:
+    """The cases the ranks are told, and the stragglers the relay makes: graded, the relay
+    makes every straggler and no rank is told; in a notebook, each straggler sleeps."""
+    if not relayed:
+        return todo, []
+    holds = [Hold(i, c.straggler) for i, c in enumerate(todo) if c.straggler is not None]
+    return [replace(c, straggler=None) for c in todo], holds
 
 
 # --- the rank side ---------------------------------------------------------------------
@@ -150,7 +162,8 @@ def _steps(fn: Callable, todo: list[Case], mine: list[torch.Tensor]) -> list[tup
 def _late_ranks(
     events: Sequence[Event], n: int, case: Case, at: tuple[int, int], got: list, relayed: bool
 ) -> list[tuple[int, float]]:
-    """(rank, how late) for each rank but the straggler whose step went on after it woke;
+    """(rank, how late) for each rank but the straggler whose step ended after the straggler
+    woke (in a notebook, by the ranks' clocks) or was let through (graded, by the relay's);
     ``at`` is (this case, how many cases)."""
     s = case.straggler
     if s is None:
@@ -158,28 +171,20 @@ def _late_ranks(
     if not relayed:  # the ranks' own clocks: in a notebook, the ranks are the student's
         woke = got[s][2]
         return [(r, got[r][3] - woke) for r in range(n) if r != s and got[r][3] > woke]
-    spans = _spans(events, n, *at)
-
-    def own(e: Event) -> int:  # whose request the event is: the sender's send, the receiver's
-        return e.src if e.kind == "send" else e.dst
-
-    mine = [
-        e
-        for e in events
-        if e.kind in ("send", "recv") and spans[own(e)][0] <= e.seq[0] < spans[own(e)][1]
-    ]
-    woke = min((e.time for e in mine if own(e) == s), default=float("inf"))
-    late: dict[int, float] = {}
-    for e in mine:
-        if own(e) != s and e.src != s and e.time > woke:
-            late[own(e)] = max(late.get(own(e), 0.0), e.time - woke)
-    return sorted(late.items())
+    i, cases = at
+    released = [e.time for e in events if e.kind == "release" and e.tag == i]
+    ended = _barriers(events, n, cases)[i + 1]  # the barrier that closes the case
+    if not released:
+        raise AssertionError("step_with_backups's run cannot be judged: its straggler never went")
+    arrived = dict(zip(ended.group, ended.arrived, strict=True))
+    late = [(r, arrived[r] - released[0]) for r in range(n) if r != s]
+    return [(r, wait) for r, wait in late if wait > 0]
 
 
-def _spans(events: Sequence[Event], n: int, i: int, cases: int) -> dict[int, tuple[int, int]]:
-    """Each rank's requests (their ``seq``) in case ``i``: between the check's barrier that
-    starts the case and the next one, as the relay recorded them. A rank cannot move these
-    marks: a barrier of its own would wait for the straggler, and is refused."""
+def _barriers(events: Sequence[Event], n: int, cases: int) -> list[Event]:
+    """The check's barriers of the whole world, one before each case and one after the last,
+    as the relay recorded them. A rank cannot move these marks: a barrier of its own would
+    wait for the straggler, and is refused."""
     world = tuple(range(n))
     barriers = [e for e in events if e.kind == "barrier" and tuple(e.group) == world]
     if len(barriers) != cases + 1:
@@ -187,11 +192,12 @@ def _spans(events: Sequence[Event], n: int, i: int, cases: int) -> dict[int, tup
             "step_with_backups's run cannot be read step by step: it called dist.barrier "
             "over all ranks itself, which waits for every rank, the straggler too"
         )
-    start, end = barriers[i], barriers[i + 1]
-    return {r: (start.seq[start.group.index(r)], end.seq[end.group.index(r)]) for r in world}
+    return barriers
 
 
-def _judge(n: int, case: Case, grads: list, got: list, late: list[tuple[int, float]]) -> None:
+def _judge(
+    n: int, case: Case, grads: list, got: list, late: list[tuple[int, float]], relayed: bool
+) -> None:
     head = f"step_with_backups on {n} ranks ({case}):"
     kept_lists = [g[1] for g in got]
     if any(k != kept_lists[0] for k in kept_lists):
@@ -211,15 +217,18 @@ def _judge(n: int, case: Case, grads: list, got: list, late: list[tuple[int, flo
         raise AssertionError(f"{head} kept {kept}: rank 0 coordinates, so its gradient is kept.")
     if case.straggler in kept:
         raise AssertionError(
-            f"{head} kept rank {case.straggler}, the straggler, which started "
-            f"{STRAGGLE:g} s late: its gradient is among the first {want} only if the step "
-            f"waited for it. {WAITED}"
+            f"{head} kept rank {case.straggler}, the straggler, whose gradient came last: it "
+            f"is among the first {want} only if the step waited for it. {WAITED}"
         )
     for r, wait in late:
+        when = (
+            "ended only once the straggler's messages were let through"
+            if relayed
+            else f"went on {wait * 1000:.0f} ms after the straggler started, {STRAGGLE:g} s late"
+        )
         raise AssertionError(
-            f"{head} rank {r}'s step went on {wait * 1000:.0f} ms after the straggler (rank "
-            f"{case.straggler}) started, {STRAGGLE:g} s late: it waited for the straggler. "
-            f"{WAITED}"
+            f"{head} rank {r}'s step {when} (rank {case.straggler} was the straggler): it "
+            f"waited for the straggler. {WAITED}"
         )
     expected = torch.stack([grads[k].to(torch.float64) for k in kept]).mean(0).to(case.dtype)
     for r, (grad, *_rest) in enumerate(got):

@@ -252,7 +252,7 @@ def _judge_sums(world_size: int, ranks_per_node: int, case: Case, made: list, go
             f"{NAME} gave a wrong result on {world_size} ranks ({world_size // ranks_per_node} "
             f"nodes of {ranks_per_node}) for {case}, rank {rank}:"
         )
-        hints = hierarchy_hints(tensor, made, expected, ranks_per_node, returned)
+        hints = hierarchy_hints(tensor, made, expected, ranks_per_node, returned, rank)
         raise AssertionError("\n".join([head, "  " + problem, *hints]))
 
 

@@ -13,8 +13,30 @@ from typing import Any
 import torch
 
 from course.checks.ring_cases import Case, compare
+from course.ranks.wording import listed
 
-__all__ = ["hierarchy_hints", "ring_hints"]
+__all__ = ["hierarchy_hints", "ring_hints", "summed_ranks"]
+
+MAX_SEARCHED = 10  # world sizes up to this have every set of ranks tried (2**N sums)
+
+
+def summed_ranks(value: Any, inputs: list[torch.Tensor]) -> tuple[int, ...] | None:
+    """The set of ranks whose inputs add up to ``value`` element by element most closely, if
+    it does within float tolerance, or None (or the world is over ``MAX_SEARCHED``)."""
+    if not isinstance(value, torch.Tensor) or len(inputs) > MAX_SEARCHED:
+        return None
+    stacked = torch.stack([t.to(torch.float64).reshape(-1) for t in inputs])
+    if value.numel() != stacked.shape[1]:
+        return None
+    got = value.to(torch.float64).reshape(-1)
+    subsets = [
+        ranks for size in range(1, len(inputs) + 1)
+        for ranks in itertools.combinations(range(len(inputs)), size)
+    ]  # fmt: skip
+    sums = torch.stack([stacked[list(ranks)].sum(0) for ranks in subsets])
+    errors = (sums - got).abs().amax(dim=1)
+    best = int(errors.argmin())
+    return subsets[best] if torch.allclose(sums[best], got, rtol=1e-4, atol=1e-4) else None
 
 
 def ring_hints(
@@ -24,8 +46,11 @@ def ring_hints(
     case: Case,
     rank: int,
     returned: str | None,
+    partial: Any = None,
 ) -> list[str]:
-    """Name the likely mistake, only where every rank's numbers say it plainly."""
+    """Name the likely mistake, only where every rank's numbers say it plainly; ``partial``
+    (world size, rank, the ranks it summed) words a result that sums too few ranks, for an
+    exercise that has its own reason for that (the tree's fold)."""
     hints = []
     if returned is not None:
         hints.append(
@@ -35,7 +60,10 @@ def ring_hints(
     if not all(isinstance(t, torch.Tensor) and t.shape == expected.shape for t in tensors):
         return hints
     world_size = len(tensors)
-    if _reduce_scatter_only(tensors, inputs, expected, case):
+    summed = summed_ranks(tensors[rank], inputs) if partial is not None else None
+    if summed is not None and len(summed) < world_size:
+        hints.append("  " + partial(world_size, rank, summed))
+    elif partial is None and _reduce_scatter_only(tensors, inputs, expected, case):
         hints.append(
             "  each chunk holds the full sum on some rank, but no rank holds them all: that is "
             "the reduce-scatter without the all-gather. After its N-1 steps, pass the finished "
@@ -90,27 +118,46 @@ def hierarchy_hints(
     expected: torch.Tensor,
     ranks_per_node: int,
     returned: str | None,
+    rank: int,
 ) -> list[str]:
-    """What a wrong two-level sum most likely got wrong: a return value, a size the node
-    does not divide (no padding), or a tensor left unchanged."""
+    """What a wrong two-level sum most likely got wrong, read from rank ``rank``'s numbers: a
+    return value, a remainder left unsummed (no padding), a sum over the wrong ranks (a group
+    not of the layout), or a tensor left unchanged."""
     hints = []
-    numel = expected.numel()
+    numel, r = expected.numel(), ranks_per_node
     if returned is not None:
         hints.append(
             f"  your function returned a {returned}: it should change `tensor` in place and "
             "return None"
         )
-    if numel % ranks_per_node:
-        shard = -(-numel // ranks_per_node)
+    if not isinstance(tensor, torch.Tensor) or tensor.shape != expected.shape:
+        return hints
+    head = numel // r * r
+    flat, want = tensor.reshape(-1).to(torch.float64), expected.reshape(-1).to(torch.float64)
+    own = made[rank].reshape(-1).to(torch.float64)
+    summed_head = torch.allclose(flat[:head], want[:head], rtol=1e-4, atol=1e-4)
+    if numel % r and summed_head and torch.equal(flat[head:], own[head:]):
+        shard = -(-numel // r)
         hints.append(
-            f"  numel = {numel} does not split evenly into {ranks_per_node} shards: if yours "
-            f"hold "
-            f"{numel} // {ranks_per_node} each, the rest is never summed; pad the "
-            f"flattened tensor to {shard * ranks_per_node} (shards of ceil({numel} / "
-            f"{ranks_per_node}) = {shard}) before the reduce-scatter, and drop the padding after "
-            "the all-gather"
+            f"  numel = {numel} does not split evenly into {r} shards: the last {numel - head} "
+            f"element(s) were never summed; pad the flattened tensor to "
+            f"{shard * r} (shards of ceil({numel} / {r}) = {shard}) before the reduce-scatter, "
+            "and drop the padding after the all-gather"
         )
-    unchanged = isinstance(tensor, torch.Tensor) and tensor.shape == expected.shape
-    if not numel % ranks_per_node and unchanged and any(torch.equal(tensor, own) for own in made):
+        return hints
+    summed = summed_ranks(tensor, made)
+    if summed == (rank,):
         hints.append("  the tensor is unchanged: write the sum into it in place (tensor.copy_)")
+    elif summed is not None and len(summed) < len(made):
+        node = rank // r
+        own = tuple(range(node * r, node * r + r))
+        across = listed(range(rank % r, len(made), r))
+        why = (
+            "its own node's only: the all-reduce across nodes is missing"
+            if summed == own
+            else f"not the world's: the groups are not the layout's (node {node} is ranks "
+            f"{listed(own)}; across nodes, rank {rank}'s group is ranks {across}, the ranks "
+            "with its place in their node)"
+        )
+        hints.append(f"  rank {rank} holds the sum of ranks {listed(summed)}, {why}")
     return hints

@@ -21,12 +21,31 @@ import torch
 
 from course.checks.allreduce import Exercise, Report, check_p2p_allreduce
 from course.checks.teaching import teaches
+from course.ranks.wording import listed
 from course.ring.tree import tree_violations
 
 __all__ = ["TREE", "check_tree_allreduce", "check_tree_pattern", "check_tree_sums"]
 
 SUM_SIZES = (2, 3, 4, 5, 6)
 PATTERN_SIZES = (2, 3, 4, 5, 6, 8)
+
+
+def _too_few(n: int, rank: int, summed: tuple[int, ...]) -> str:
+    """What a rank that summed too few ranks missed, in recursive doubling's terms."""
+    p = 1 << (n.bit_length() - 1)
+    holds = f"rank {rank} holds the sum of ranks {listed(summed)} only"
+    if p == n:
+        return (
+            f"{holds}: after log2({n}) = {n.bit_length() - 1} exchanges with the partners "
+            "rank XOR 1, XOR 2, XOR 4, ... every rank holds every rank's tensor"
+        )
+    return (
+        f"{holds}: {n} ranks are not a power of two, so ranks q >= p = {p} first fold their "
+        f"tensor into rank q - {p}, the exchanges run among ranks 0..{p - 1}, and each rank "
+        f"q < {n - p} then sends the result to q + {p}"
+    )
+
+
 TREE = Exercise(
     name="tree_allreduce",
     algorithm="recursive doubling",
@@ -45,6 +64,7 @@ TREE = Exercise(
         "A folded rank sends first, then waits for the result; its partner receives the fold "
         "before its first exchange."
     ),
+    partial=_too_few,
 )
 
 

@@ -20,8 +20,8 @@ import torch
 
 __all__ = [
     "COLLECTIVES", "DTYPES", "LEN", "MAX_FRAME", "MAX_HEADER", "Event", "RelayError",
-    "check_bytes", "check_recv", "describe", "fill_from", "frame", "raw_bytes", "read_frame",
-    "recv_exact",
+    "check_bytes", "check_recv", "describe", "fill_from", "fill_prefix", "frame", "raw_bytes",
+    "read_frame", "recv_exact",
 ]  # fmt: skip
 
 
@@ -29,8 +29,10 @@ MAX_FRAME = 64 * 2**20  # bytes of one request's payload
 MAX_HEADER = 64 * 2**10
 _CARRIED = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64)
 _CARRIED += (torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+_CARRIED += (torch.complex64, torch.complex128)  # gloo's dtypes: no uint16..64, no float8
 DTYPES = {str(t).removeprefix("torch."): t for t in _CARRIED}
 COLLECTIVES = {"allreduce", "broadcast", "allgather", "reduce_scatter", "barrier", "alltoall"}
+COLLECTIVES |= {"reduce", "gather", "scatter"}
 COLLECTIVES |= {"snapshot"}  # a barrier of every rank at which the relay measures their memory
 LEN = struct.Struct(">II")  # header length, payload length
 
@@ -52,8 +54,9 @@ class Event:
     = ``dst`` = -1, ``nbytes`` the bytes each member contributed, in group order). ``group``
     is the tuple of global ranks it ran in; ``seq`` the position of the call among its
     rank's requests (a collective: each member's, in group order), so a rank's events can
-    be put in the order it made them. With ``Relay(keep=True)`` a send or recv keeps its
-    ``data``, the bytes as sent.
+    be put in the order it made them; a collective's ``arrived``, when each member's call
+    reached the relay (seconds from its start, as ``time``, when it completed). With
+    ``Relay(keep=True)`` a send or recv keeps its ``data``, the bytes as sent.
     """
 
     kind: str
@@ -70,6 +73,7 @@ class Event:
     memory: tuple[int, ...] = ()
     box: int = -1
     held: int = 0
+    arrived: tuple[float, ...] = ()
 
 
 def frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
@@ -158,3 +162,13 @@ def fill_from(targets: Sequence[torch.Tensor]) -> Any:
         return list(targets)
 
     return fill
+
+
+def fill_prefix(t: torch.Tensor, payload: bytes) -> list[torch.Tensor]:
+    """Copy a received message into the first bytes of ``t``, as gloo does: a message may be
+    smaller than the buffer posted for it (the relay refuses a larger one)."""
+    if payload:
+        src = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        with torch.no_grad():
+            t.detach().view(-1).view(torch.uint8)[: len(payload)].copy_(src)
+    return [t]

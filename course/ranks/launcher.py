@@ -53,7 +53,7 @@ How it works, and the trade-offs:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psutil
@@ -62,6 +62,7 @@ from course.ranks.clock import WALL_FACTOR
 from course.ranks.confined import PerRank
 from course.ranks.failures import CELL_NAME, RankError, RankFailure, RunResult
 from course.ranks.forkserver import SERVER
+from course.ranks.holds import Hold
 from course.ranks.pickling import dumps
 from course.ranks.supervisor import Supervisor
 
@@ -135,6 +136,7 @@ def launch(
     variables: Mapping[str, Any] | None = None,
     before: Callable[[], list[str]] | None = None,
     measured: bool = False,
+    holds: Sequence[Hold] = (),
     **kwargs: Any,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)``, or cell text with ``variables`` defined; report, never raise.
@@ -143,7 +145,8 @@ def launch(
     carries (a check's refusals of torch built-ins, ``course.checks.refusals``); on graded
     ranks the files it returns are unreadable for the job. ``measured``: on the relay, every
     rank's memory is read at that point too (a snapshot tagged ``relay.BASELINE``), so that
-    what the job's code holds from its first line on counts in what it grew by."""
+    what the job's code holds from its first line on counts in what it grew by. ``holds``:
+    on the relay, the stragglers it makes (:mod:`course.ranks.holds`), told to no rank."""
     _check_world_size(world_size)
     _check_backend(backend, world_size)
     timeout, pg_timeout = _check_timeouts(timeout, pg_timeout)
@@ -153,7 +156,9 @@ def launch(
         raise TypeError("variables= is for cell text; pass a function's inputs as arguments")
     payloads = [_payload(target, *_share(args, kwargs, rank)) for rank in range(world_size)]
     prelude = dumps(before) if before is not None else b""
-    supervisor = Supervisor(world_size, payloads, timeout, pg_timeout, backend, prelude, measured)
+    supervisor = Supervisor(
+        world_size, payloads, timeout, pg_timeout, backend, prelude, measured, tuple(holds)
+    )
     return supervisor.execute()
 
 

@@ -7,7 +7,7 @@
 On the ranks, ``join`` makes ``"relay"`` the default process group: ``dist.send``,
 ``dist.all_reduce``, DDP's buckets, ``all_gather_into_tensor``, ``new_group`` and every
 other route to a collective end in :class:`RelayGroup`, which sends the request and its
-bytes down one socket to the caller (:mod:`course.ranks.frames`). There is no store, no
+bytes down one socket (:mod:`course.ranks.link`) to the caller. There is no store, no
 port and no peer address: a rank can reach another only through the relay, which routes
 point-to-point messages, computes collectives itself (:mod:`course.ranks.combine`) and
 records each from what it received, not from what a rank says it did. The relay also
@@ -20,19 +20,17 @@ tensors of grading checks (``benchmarks/relay.py``), not a fast path for trainin
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
-import threading
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.futures import Future
 
-from course.ranks.frames import RelayError, describe, fill_from, frame, raw_bytes, read_frame
+from course.ranks.frames import RelayError, describe, fill_from, fill_prefix, raw_bytes
+from course.ranks.link import Link, Work
 from course.ranks.mailbox import ANY
 
 __all__ = ["BACKEND", "BASELINE", "RelayGroup", "join", "mark", "snapshot"]
@@ -40,91 +38,10 @@ __all__ = ["BACKEND", "BASELINE", "RelayGroup", "join", "mark", "snapshot"]
 BACKEND = "relay"
 
 
-class _Link:
-    """A rank's one socket to the relay: requests out, a thread matching replies in."""
-
-    def __init__(self, sock: socket.socket, fatal: Any = None) -> None:
-        """``fatal(error)``: how the rank fails when a call that torch's C++ waits on (DDP's
-        buckets) is refused: a Python exception cannot travel through its future."""
-        self.sock, self.fatal = sock, fatal
-        self._lock = threading.Lock()
-        self._next = 0
-        self._waiting: dict[int, tuple[Future, Any]] = {}
-        self.native: set[int] = set()  # ids of futures handed to torch's C++
-        threading.Thread(target=self._read, name="relay-link", daemon=True).start()
-
-    def _fail(self, fut: Future, error: RelayError) -> None:
-        if id(fut) in self.native and self.fatal is not None:
-            self.fatal(error)
-        else:
-            fut.set_exception(error)
-
-    def request(self, header: dict[str, Any], payload: bytes, on_reply: Any) -> Future:
-        fut: Future = Future()
-        with self._lock:
-            req = self._next = self._next + 1
-            self._waiting[req] = (fut, on_reply)
-            self.sock.sendall(frame({**header, "req": req}, payload))
-        return fut
-
-    def _read(self) -> None:
-        try:
-            while True:  # no reply stays referenced here once handled: a rank's memory is measured
-                self._answer(*read_frame(self.sock))
-        except (OSError, ConnectionError, RelayError, ValueError):
-            error = RelayError("the relay is gone: the run has ended")
-            for fut, _ in list(self._waiting.values()):
-                with contextlib.suppress(RuntimeError):
-                    fut.set_exception(error)
-
-    def _answer(self, header: dict[str, Any], payload: bytes) -> None:
-        """Hand one reply to the call that waits for it."""
-        req = header.get("req", -1)
-        if req == -1:  # the relay refused the link itself: every call fails
-            error = RelayError(header.get("error", "the relay closed the link"))
-            for waiting, _ in self._waiting.values():
-                self._fail(waiting, error)
-            return
-        fut, on_reply = self._waiting.pop(req, (None, None))
-        if fut is None:  # an answer to a request this link never made
-            return
-        if "error" in header:
-            self._fail(fut, RelayError(header["error"]))
-            return
-        try:
-            fut.set_result(on_reply(header, payload))
-        except Exception as err:  # noqa: BLE001 - the waiting call raises it
-            fut.set_exception(err)
-
-
-class _Work(dist._Work):  # noqa: SLF001 - the Work base that C++ callers (DDP) wait on
-    """A call in flight: ``wait`` returns once the relay answered, or raises what it said."""
-
-    def __init__(self, fut: Future, link: _Link, sender: Sequence[int] = ()) -> None:
-        """``sender``: where a receive's handler puts its sender's group rank."""
-        super().__init__()
-        self._fut, self._link, self._sender = fut, link, sender
-
-    def wait(self, timeout: timedelta | None = None) -> bool:  # noqa: ARG002 - torch's signature
-        self._fut.wait()  # the relay's own deadline ends every wait
-        return True
-
-    def is_completed(self) -> bool:
-        return self._fut.done()
-
-    def get_future(self) -> Future:
-        self._link.native.add(id(self._fut))  # torch's C++ waits on it, not Python
-        return self._fut
-
-    def _source_rank(self) -> int:
-        """The sender of a receive (torch asks it of ``dist.recv`` with no ``src``)."""
-        return self._sender[0] if self._sender else -1
-
-
 class RelayGroup(dist.ProcessGroup):
     """A process group whose calls all go to the :class:`Relay` (blocking or not, as asked)."""
 
-    def __init__(self, link: _Link, rank: int, ranks: Sequence[int], timeout: timedelta) -> None:
+    def __init__(self, link: Link, rank: int, ranks: Sequence[int], timeout: timedelta) -> None:
         super().__init__(rank, len(ranks))
         self._link, self._ranks, self._timeout = link, list(ranks), timeout
         self._name = ""
@@ -146,7 +63,7 @@ class RelayGroup(dist.ProcessGroup):
         self, kind: str, tensor: torch.Tensor, targets: Sequence[torch.Tensor], **extra: Any
     ) -> Any:
         header = {"kind": kind, "group": self._ranks, **describe(tensor), **extra}
-        return _Work(
+        return Work(
             self._link.request(header, raw_bytes(tensor.detach()), fill_from(targets)), self._link
         )
 
@@ -170,13 +87,12 @@ class RelayGroup(dist.ProcessGroup):
         (t,) = tensors
         header = {"kind": "recv", "group": self._ranks, **describe(t), "src": src, "tag": tag}
         sender: list[int] = []
-        fill = fill_from([t])
 
         def delivered(reply: dict[str, Any], payload: bytes) -> list[torch.Tensor]:
             sender.append(self._ranks.index(reply["src"]))
-            return fill(reply, payload)
+            return fill_prefix(t, payload)
 
-        return _Work(self._link.request(header, b"", delivered), self._link, sender)
+        return Work(self._link.request(header, b"", delivered), self._link, sender)
 
     # -- collectives: torch's signatures, options read where they mean something -----------
 
@@ -202,12 +118,38 @@ class RelayGroup(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:  # noqa: ARG002 - torch's signature
         return [self._allgather_base(o, i) for o, i in zip(outputs, inputs, strict=True)][-1]
 
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        (t,) = tensors
+        mine = [t] if self.rank() == opts.rootRank else []
+        return self._ask("reduce", t, mine, op=_op_name(opts), root=opts.rootRank)
+
+    def gather(self, outputs: list, inputs: list[torch.Tensor], opts: Any) -> Any:
+        (t,) = inputs
+        mine = list(outputs[0]) if self.rank() == opts.rootRank else []
+        _fits(mine, t, "gather")
+        return self._ask("gather", t, mine, root=opts.rootRank)
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list, opts: Any) -> Any:
+        (out,) = outputs
+        if self.rank() == opts.rootRank:
+            (pieces,) = inputs
+            _fits(pieces, out, "scatter")
+            sent = torch.stack([p.detach().reshape(out.shape) for p in pieces])
+        else:
+            sent = torch.empty((0, *out.shape), dtype=out.dtype)
+        return self._ask("scatter", sent, [out], root=opts.rootRank, into=out.numel())
+
+    def allgather_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:  # noqa: ARG002 - torch's signature
+        flat = torch.cat([t.detach().reshape(-1) for t in inputs])
+        return self._ask("allgather", flat, [o for per_rank in outputs for o in per_rank])
+
     def _reduce_scatter_list(
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
     ) -> Any:
         ((out,), (chunks,)) = (outputs, inputs)
-        flat = torch.stack([c.detach() for c in chunks])
-        return self._ask("reduce_scatter", flat, [out], op=_op_name(opts))
+        flat = torch.cat([c.detach().reshape(-1) for c in chunks])
+        splits = [c.numel() for c in chunks]
+        return self._ask("reduce_scatter", flat, [out], op=_op_name(opts), splits=splits)
 
     def _reduce_scatter_base(
         self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None
@@ -226,12 +168,47 @@ class RelayGroup(dist.ProcessGroup):
         in_split: list[int],
         opts: Any = None,  # noqa: ARG002 - torch's signature
     ) -> Any:
-        if out_split or in_split:
-            raise RelayError("the relay's all-to-all splits evenly only")
-        return self._ask("alltoall", tensor, [output])
+        splits = {"in_split": list(in_split), "out_split": list(out_split)}
+        return self._ask("alltoall", tensor, [output], **splits)
+
+    def alltoall(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: Any = None,  # noqa: ARG002 - torch's signature
+    ) -> Any:
+        """``dist.all_to_all``: pieces of one size (gloo's rule, checked here as gloo checks it
+        on the rank), sent as one flat tensor."""
+        _fits([*inputs, *outputs], inputs[0], "alltoall")
+        flat = torch.cat([t.detach().reshape(-1) for t in inputs])
+        return self._ask("alltoall", flat, outputs)
 
     def barrier(self, opts: Any = None) -> Any:  # noqa: ARG002 - torch's signature
         return self._ask("barrier", torch.empty(0), [])
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:  # noqa: ARG002 - torch's signature
+        self.barrier().wait()
+
+    def new_group(
+        self,
+        ranks: Sequence[int],
+        timeout: timedelta | None = None,
+        pg_options: Any = None,  # noqa: ARG002 - torch's signature
+        group_name: str | None = None,
+        group_desc: str | None = None,  # noqa: ARG002 - torch's signature
+    ) -> RelayGroup | None:
+        """``dist.new_group`` (torch delegates it to the default group): every rank calls it,
+        for every group, in the same order, as torch requires; the relay checks that and
+        makes the members wait for each other. The group for its members, None for others."""
+        members = [int(r) for r in ranks] or list(self._ranks)
+        empty = torch.empty(0)
+        self._ask("new_group", empty, [], members=members).wait()
+        me = self._ranks[self.rank()]
+        if me not in members:
+            return None
+        group = RelayGroup(self._link, members.index(me), members, timeout or self._timeout)
+        group._set_group_name(group_name or "")
+        return group
 
     # torch's Python API calls these names; its C++ (DDP, the dispatcher's ops) the ones above.
     reduce_scatter = _reduce_scatter_list
@@ -242,12 +219,22 @@ class RelayGroup(dist.ProcessGroup):
     all_to_all_single = alltoall_base
 
 
+def _fits(pieces: Sequence[torch.Tensor], like: torch.Tensor, call: str) -> None:
+    """A list for ``gather``'s root, ``scatter``'s or ``all_to_all``: each tensor like
+    ``like``, as gloo requires (it checks the same on the rank)."""
+    if any(p.numel() != like.numel() or p.dtype != like.dtype for p in pieces):
+        raise ValueError(
+            f"ProcessGroup relay::{call}: invalid tensor size: every tensor of the list must "
+            "have the size and dtype of the rank's own, as on gloo"
+        )  # fmt: skip
+
+
 def _op_name(opts: Any) -> str:
     op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
     return str(getattr(op, "op", op)).rsplit(".", 1)[-1]
 
 
-_LINK: _Link | None = None
+_LINK: Link | None = None
 
 
 def _create(opts: Any, _backend_options: Any = None) -> RelayGroup:
@@ -267,7 +254,7 @@ def mark(tag: int) -> None:
         return
     rank = dist.get_rank()
     header = {"kind": "mark", "group": [rank], "tag": tag}
-    _Work(_LINK.request(header, b"", lambda _h, _p: None), _LINK).wait()
+    Work(_LINK.request(header, b"", lambda _h, _p: None), _LINK).wait()
 
 
 BASELINE = -1  # the tag of a launch's snapshot before its job is unpickled (``measured``)
@@ -281,16 +268,16 @@ def snapshot(tag: int) -> None:
         return
     header = {"kind": "snapshot", "group": list(range(dist.get_world_size())), "tag": tag}
     empty = torch.empty(0)
-    _Work(_LINK.request(header | describe(empty), b"", lambda _h, _p: None), _LINK).wait()
+    Work(_LINK.request(header | describe(empty), b"", lambda _h, _p: None), _LINK).wait()
 
 
 def join(
     sock: socket.socket, rank: int, world_size: int, timeout: float, fatal: Any = None
 ) -> None:
     """Make the relay behind ``sock`` this rank's default process group; ``fatal(error)``
-    ends the rank when a call torch's C++ waits on fails (see :class:`_Link`)."""
+    ends the rank when a call torch's C++ waits on fails (see :class:`Link`)."""
     global _LINK  # noqa: PLW0603 - one link per rank process, which torch's creator reads
-    _LINK = _Link(sock, fatal)
+    _LINK = Link(sock, fatal)
     if BACKEND.upper() not in dist.Backend._plugins:  # noqa: SLF001 - registered once per process
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
     dist.init_process_group(
@@ -298,3 +285,14 @@ def join(
         timeout=timedelta(seconds=timeout),
     )  # fmt: skip
     os.environ.pop("MASTER_ADDR", None)
+    dist.monitored_barrier = dist.distributed_c10d.monitored_barrier = _monitored_barrier
+
+
+def _monitored_barrier(
+    group: Any = None,
+    timeout: Any = None,  # noqa: ARG001 - torch's signature: the relay's own deadline holds
+    wait_all_ranks: bool = False,  # noqa: ARG001 - torch's signature
+) -> None:
+    """``dist.monitored_barrier``, which torch allows on gloo only: a barrier on the relay, whose
+    deadline names the ranks that never came, as gloo's does."""
+    dist.barrier(group)

@@ -4,152 +4,70 @@
         ...                                           # the ranks join (course.ranks.relay)
     relay.events                                      # every send, recv and collective
 
-A thread routes point-to-point messages, computes each collective once every member called
-it (:mod:`course.ranks.combine`) and records each as an :class:`~course.ranks.frames.Event`
-from the bytes it received. It keeps the deadlines (a receive or a collective its peers
-never match fails after ``timeout`` seconds, naming whom it waited for) and refuses, to the
-calling rank, a frame that is malformed, too large or inconsistent; it holds what was sent
-until it is received, at most ``MAX_HELD`` bytes.
+Its thread (:mod:`course.ranks.switchboard`) routes point-to-point messages, computes each
+collective once every member called it (:mod:`course.ranks.combine`) and records each as
+an :class:`~course.ranks.frames.Event` from the bytes it received. It keeps the deadlines
+(a receive or a collective its peers never match fails after ``timeout`` seconds, naming
+whom it waited for) and refuses, to the calling rank, a frame that is malformed, too large
+or inconsistent; it holds what was sent until it is received, at most ``MAX_HELD`` bytes. It
+makes the stragglers a check asks for (:mod:`course.ranks.holds`).
+
+It keeps gloo's semantics, so that a program that deadlocks or fails on gloo does so here: a
+send completes only once a receive takes it (a blocking ``dist.send`` to a rank that sends
+first waits forever, and fails on the deadline); a message larger than the buffer posted to
+receive it fails the receive (gloo aborts that rank), a smaller one fills the buffer's first
+bytes; every rank calls ``new_group`` for every group in the same order, and a group's
+members wait for each other there. Its error messages never quote what a peer sent (a
+shape, a dtype, a list of ranks): what crosses from one rank to another is only what the
+record counts.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import selectors
-import socket
-import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Self
+from typing import Any
 
 from course.ranks.combine import Call, Pending, compute
 from course.ranks.frames import (
     COLLECTIVES,
-    LEN,
-    MAX_FRAME,
-    MAX_HEADER,
+    DTYPES,
     Event,
     RelayError,
     check_bytes,
     check_recv,
-    frame,
 )
-from course.ranks.mailbox import ANY, Mailbox
+from course.ranks.groups import Groups
+from course.ranks.holds import Hold, Holds
+from course.ranks.mailbox import ANY, Mailbox, Posted
 from course.ranks.memory import Probe
+from course.ranks.switchboard import Switchboard
 
-__all__ = ["MAX_HELD", "MAX_KEPT", "Relay"]
+__all__ = ["MAX_HELD", "MAX_KEPT", "Hold", "Relay"]
 
 MAX_HELD = 256 * 2**20  # bytes of sent messages the relay holds for receivers, in all
 MAX_KEPT = 64 * 2**20  # bytes of messages a Relay(keep=True) records, in all
 
 
-class Relay:
-    """The router between ``world_size`` ranks: one socket pair per rank, a thread in here."""
+class Relay(Switchboard):
+    """The router between ``world_size`` ranks: what each request means, and what it records."""
 
-    def __init__(self, world_size: int, timeout: float, keep: bool = False) -> None:
-        """``keep``: record the bytes of every message (at most ``MAX_KEPT`` in all)."""
-        self.world_size, self.timeout, self.keep = world_size, timeout, keep
-        self._seq = [0] * world_size  # requests read from each rank so far
+    def __init__(
+        self, world_size: int, timeout: float, keep: bool = False, holds: Sequence[Hold] = ()
+    ) -> None:
+        """``keep``: record the bytes of every message (at most ``MAX_KEPT`` in all);
+        ``holds``: the stragglers the relay makes (:class:`Hold`)."""
+        super().__init__(world_size, Holds(holds, world_size, timeout / 2))
+        self.timeout, self.keep = timeout, keep
         self._kept = 0
-        pairs = [socket.socketpair() for _ in range(world_size)]
-        self.ends = [theirs for _, theirs in pairs]  # hand end r to rank r, then close_ends()
-        self._mine = [mine for mine, _ in pairs]
         self.events: list[Event] = []
         self._mail = Mailbox()  # sent, not yet received
         self._recvs: list[Pending] = []
         self._calls: dict[tuple[tuple[int, ...], int], Call] = {}
+        self._groups = Groups(world_size)
         self._count: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls made
-        self._out: dict[int, bytearray] = {r: bytearray() for r in range(world_size)}
-        self._sel = selectors.DefaultSelector()
-        self._stop = threading.Event()
-        self._start = time.monotonic()
         self.probe = Probe()  # what a snapshot reads: the launcher names the ranks' processes
-        self._thread = threading.Thread(target=self._serve, name="relay", daemon=True)
-
-    def __enter__(self) -> Self:
-        for rank, sock in enumerate(self._mine):
-            sock.setblocking(False)
-            self._sel.register(sock, selectors.EVENT_READ, rank)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        for sock in [*self._mine, *self.ends]:
-            sock.close()
-        self._sel.close()
-
-    def close_ends(self) -> None:
-        """Close this process's copies of the ranks' ends, once the ranks hold them."""
-        for sock in self.ends:
-            sock.close()
-
-    # -- the loop ------------------------------------------------------------------------
-
-    def _serve(self) -> None:
-        buffers = {r: bytearray() for r in range(self.world_size)}
-        while not self._stop.is_set():
-            for key, mask in self._sel.select(timeout=0.05):
-                rank = key.data
-                if mask & selectors.EVENT_READ:
-                    try:
-                        data = key.fileobj.recv(2**20)
-                    except (BlockingIOError, InterruptedError):
-                        data = None
-                    except OSError:
-                        data = b""
-                    if data == b"":  # the rank is gone
-                        self._sel.unregister(key.fileobj)
-                        continue
-                    if data:
-                        buffers[rank] += data
-                        self._parse(rank, buffers[rank])
-                if mask & selectors.EVENT_WRITE:
-                    self._flush(rank)
-            self._expire()
-
-    def _parse(self, rank: int, buf: bytearray) -> None:
-        while len(buf) >= LEN.size:
-            hlen, plen = LEN.unpack_from(buf)
-            if hlen > MAX_HEADER or plen > MAX_FRAME:
-                self._refuse_link(rank, f"a message of {plen} bytes is over the relay's cap")
-                buf.clear()
-                return
-            end = LEN.size + hlen + plen
-            if len(buf) < end:
-                return
-            raw = bytes(buf[LEN.size : LEN.size + hlen])
-            payload = bytes(buf[LEN.size + hlen : end])
-            del buf[:end]
-            seq, self._seq[rank] = self._seq[rank], self._seq[rank] + 1
-            header: Any = None
-            try:
-                header = json.loads(raw)
-                self._handle(rank, header, payload, seq)
-            except Exception as err:  # noqa: BLE001 - whatever a rank sent fails its call, never the relay
-                req = header.get("req") if isinstance(header, dict) else None
-                if isinstance(req, int) and not isinstance(req, bool) and req >= 0:
-                    self._reply(rank, {"req": req, "error": f"the relay refused a request: {err}"})
-                # else: no call of the rank's is waiting on it, so there is no one to tell
-
-    def _refuse_link(self, rank: int, why: str) -> None:
-        self._reply(rank, {"req": -1, "error": why})
-
-    def _reply(self, rank: int, header: dict[str, Any], payload: bytes = b"") -> None:
-        self._out[rank] += frame(header, payload)
-        self._flush(rank)
-
-    def _flush(self, rank: int) -> None:
-        out, sock = self._out[rank], self._mine[rank]
-        with contextlib.suppress(BlockingIOError, InterruptedError):
-            while out:
-                sent = sock.send(out[: 2**20])
-                del out[:sent]
-        with contextlib.suppress(KeyError, ValueError, OSError):
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if out else 0)
-            self._sel.modify(sock, events, rank)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -167,6 +85,8 @@ class Relay:
             tag = int(header["tag"])
             self.events.append(Event("mark", (rank,), rank, tag=tag, time=self._now(), seq=(seq,)))
             self._reply(rank, {"req": int(header["req"]), "ok": True})
+        elif kind == "new_group":
+            self._new_group(rank, header, seq)
         elif kind in COLLECTIVES:
             self._collective(rank, group, header, payload, seq)
         else:
@@ -186,6 +106,7 @@ class Relay:
     def _send(
         self, rank: int, group: tuple[int, ...], header: dict, payload: bytes, seq: int
     ) -> None:
+        """Hold a sent message, and the sender's call, until a receive takes it."""
         dst, tag = int(header["dst"]), int(header.get("tag", 0))
         if dst not in group or dst == rank:
             raise RelayError(f"rank {rank} sent to rank {dst}, which is not a peer in its group")
@@ -193,30 +114,35 @@ class Relay:
         if self._mail.held + len(payload) > MAX_HELD:
             raise RelayError(f"over {MAX_HELD >> 20} MB sent that no rank has received")
         self._message("send", group, rank, dst, tag, header, payload, seq)
-        self._mail.post(group, rank, dst, tag, header, payload)
-        self._reply(rank, {"req": int(header["req"]), "ok": True})
+        since = time.monotonic()
+        self._mail.post(Posted(group, rank, dst, tag, header, payload, int(header["req"]), since))
         self._match()
 
     def _match(self) -> None:
-        """Deliver every posted receive whose message has arrived."""
+        """Deliver every posted receive whose message has arrived, and complete its send."""
         waiting = []
         for pending in self._recvs:
             h = pending.header
             group, src, tag = tuple(h["group"]), int(h["src"]), int(h.get("tag", 0))
-            taken = self._mail.take(group, src, pending.rank, tag)
-            if taken is None:
+            sent = self._mail.take(group, src, pending.rank, tag)
+            if sent is None:
                 waiting.append(pending)
                 continue
-            src, sent, payload = taken
-            if (sent["dtype"], sent["shape"]) != (h["dtype"], h["shape"]):
+            self._reply(sent.src, {"req": sent.req, "ok": True})  # as on gloo: the send is done
+            room = _nbytes(h)
+            if len(sent.payload) > room:
                 why = (
-                    f"rank {pending.rank} received {h['dtype']} of shape {tuple(h['shape'])} "
-                    f"but rank {src} sent {sent['dtype']} of shape {tuple(sent['shape'])}"
+                    f"rank {pending.rank} received from rank {sent.src} into a buffer of {room} "
+                    f"bytes, and the message sent is larger: a message must fit the buffer "
+                    f"posted to receive it (on gloo the receiving rank aborts)"
                 )
                 self._reply(pending.rank, {"req": pending.req, "error": why})
                 continue
-            self._message("recv", group, src, pending.rank, tag, h, payload, pending.seq)
-            self._reply(pending.rank, {"req": pending.req, "ok": True, "src": src}, payload)
+            header = {**h, "dtype": sent.header["dtype"]}  # the bytes, as they were sent
+            self._message("recv", group, sent.src, pending.rank, tag, header, sent.payload,
+                          pending.seq)  # fmt: skip
+            reply = {"req": pending.req, "ok": True, "src": sent.src}
+            self._reply(pending.rank, reply, sent.payload)
         self._recvs = waiting
 
     def _message(
@@ -247,6 +173,19 @@ class Relay:
             del self._calls[(group, n)]
             self._complete(call)
 
+    def _new_group(self, rank: int, header: dict, seq: int) -> None:
+        """A rank's next ``dist.new_group`` (:mod:`course.ranks.groups`)."""
+        group = self._groups.members(header)
+        pending = Pending(rank, int(header["req"]), time.monotonic(), header, b"", seq)
+        answered = self._groups.call(pending, group)
+        if len(answered) > 1 or (answered and rank in group):
+            seqs = tuple(p.seq for p in answered)
+            arrived = tuple(p.since - self._start for p in answered)
+            event = Event("new_group", group, time=self._now(), seq=seqs, arrived=arrived)
+            self.events.append(event)
+        for p in answered:
+            self._reply(p.rank, {"req": p.req, "ok": True})
+
     def _complete(self, call: Call) -> None:
         order = [call.calls[r] for r in call.group]
         first = order[0].header
@@ -266,12 +205,38 @@ class Relay:
             for p in order:
                 self._reply(p.rank, {"req": p.req, "error": str(err)})
             return
+        if first["kind"] == "barrier" and call.group == tuple(range(self.world_size)):
+            self.holds.barrier_done(time.monotonic())
         sizes, seqs = tuple(len(p.payload) for p in order), tuple(p.seq for p in order)
         kind, dtype, op = first["kind"], first["dtype"], first.get("op", "")
         event = Event(kind, call.group, -1, -1, 0, sizes, dtype, op, self._now(), seqs)
-        self.events.append(replace(event, **extra, held=self._mail.held if extra else 0))
+        arrived = tuple(p.since - self._start for p in order)
+        self.events.append(
+            replace(event, **extra, held=self._mail.held if extra else 0, arrived=arrived)
+        )
         for p, out in zip(order, results, strict=True):
             self._reply(p.rank, {"req": p.req, "ok": True}, out)
+
+    def _tick(self) -> None:
+        self._release()
+        self._expire()
+
+    def _release(self) -> None:
+        """End the holds that are due (:mod:`course.ranks.holds`), and read what each held."""
+        if not self.holds.active:
+            return
+        world = tuple(range(self.world_size))
+        pending = [c for c in self._calls.values() if c.group == world]
+        at_barrier = {
+            r for c in pending for r, p in c.calls.items() if p.header["kind"] == "barrier"
+        }
+        waiting = {p.rank for p in self._recvs} | {r for c in self._calls.values() for r in c.calls}
+        waiting |= self._groups.waiting()
+        waiting |= {r for r in world if self._mail.waiting(r)}
+        for hold in self.holds.due(at_barrier, waiting, self.probe.pids, time.monotonic()):
+            self.events.append(Event("release", (hold.rank,), hold.rank, tag=hold.after,
+                                     time=self._now()))  # fmt: skip
+            self.read_deferred(hold.rank)
 
     def _expire(self) -> None:
         """Fail every wait older than the timeout, naming whom it waited for."""
@@ -283,6 +248,19 @@ class Relay:
             whom = "any rank" if src == ANY else f"rank {src}"
             why = f"timed out after {self.timeout:g} s: rank {p.rank} waited for a message from {whom} that never came"  # noqa: E501
             self._reply(p.rank, {"req": p.req, "error": why})
+        for sent in self._mail.expired(now - self.timeout):
+            why = (
+                f"timed out after {self.timeout:g} s: rank {sent.src} waited for rank "
+                f"{sent.dst} to receive its message (tag {sent.tag}), and it never did. As on "
+                "gloo, a send completes only once its receive is posted: two ranks that both "
+                "send first wait for each other forever"
+            )
+            self._reply(sent.src, {"req": sent.req, "error": why})
+        for calls, why in self._groups.expired(now - self.timeout):
+            for p in calls:
+                self._reply(
+                    p.rank, {"req": p.req, "error": f"timed out after {self.timeout:g} s: {why}"}
+                )
         for key, call in list(self._calls.items()):
             oldest = min(p.since for p in call.calls.values())
             if now - oldest > self.timeout:
@@ -294,5 +272,10 @@ class Relay:
                 for p in call.calls.values():
                     self._reply(p.rank, {"req": p.req, "error": why})
 
-    def _now(self) -> float:
-        return time.monotonic() - self._start
+
+def _nbytes(header: dict[str, Any]) -> int:
+    """The bytes of the tensor a header describes (checked by ``check_recv`` before)."""
+    numel = 1
+    for s in header["shape"]:
+        numel *= s
+    return numel * DTYPES[header["dtype"]].itemsize

@@ -23,6 +23,7 @@ from course.ranks import confined, messages
 from course.ranks.clock import RunClock
 from course.ranks.failures import RankFailure, RanksInterrupted, RunResult
 from course.ranks.forkserver import RUN_DIR_PREFIX, SERVER, RankProcess, RankStartError, kill
+from course.ranks.holds import Hold
 from course.ranks.isolation import SANDBOX_SHARED, map_ids
 from course.ranks.report import build_result
 from course.ranks.router import Relay
@@ -85,6 +86,7 @@ class Supervisor:
         backend: str,
         before: bytes = b"",
         measured: bool = False,
+        holds: tuple[Hold, ...] = (),
     ) -> None:
         self.world_size, self.payloads, self.before = world_size, payloads, before
         self.measured = measured
@@ -93,8 +95,12 @@ class Supervisor:
         self.box = confined.current()
         if self.box and backend == "gloo":
             backend = "relay"  # graded ranks reach each other only through the caller
+        if holds and backend != "relay":
+            raise ValueError("only the relay makes stragglers (holds=): run with backend='relay'")
         self.relay = (
-            Relay(world_size, pg_timeout, keep=bool(self.box)) if backend == "relay" else None
+            Relay(world_size, pg_timeout, keep=bool(self.box), holds=holds)
+            if backend == "relay"
+            else None
         )
         self.backend = backend
 

@@ -11,10 +11,11 @@ one point-to-point message), in each rank's order: the relay's own record under 
 recorder's in a notebook. From it:
 
 - **bytes across nodes** (:func:`cross_node_bytes`): what each rank would send over links
-  between nodes if every collective ran as a ring over its group (an all-reduce of M members
-  sends 2(M-1)/M of its contribution, a reduce-scatter (M-1)/M, an all-gather M-1 times its
-  shard), every byte of a group that spans nodes counted as crossing, plus every
-  point-to-point message to another node;
+  between nodes if every collective ran as a ring over its group (an all-reduce or a reduce
+  of M members sends 2(M-1)/M of its contribution, a reduce-scatter, an all-to-all or a
+  scatter (M-1)/M, an all-gather, a broadcast or a gather M-1 times its own), every byte
+  of a group that spans nodes counted as crossing, plus every point-to-point message to
+  another node;
 - **emulated time** (:func:`emulated_time`): the alpha-beta model of those rings, each step
   costing ``ALPHA`` plus its bytes times ``BETA_IN`` inside a node or ``BETA_ACROSS`` (10x)
   when its group spans nodes; a rank's time is the sum over its calls, the run's the slowest
@@ -53,6 +54,7 @@ EMULATION = (
     "over its calls, the run's the slowest rank's"
 )
 NAMES = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "barrier"}
+NAMES |= {"reduce", "gather", "scatter"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +84,11 @@ def _ring(call: Call, member: int) -> tuple[int, float]:
         return 1, b
     if m < 2:
         return 0, 0.0
-    if call.kind == "all_reduce":
+    if call.kind in ("all_reduce", "reduce"):  # a reduce: a reduce-scatter, then a gather
         return 2 * (m - 1), b / m
-    if call.kind in ("reduce_scatter", "all_to_all"):
+    if call.kind in ("reduce_scatter", "all_to_all", "scatter"):  # scatter: the root's pieces
         return m - 1, b / m
-    if call.kind in ("all_gather", "broadcast"):
+    if call.kind in ("all_gather", "broadcast", "gather"):
         return m - 1, b
     return m - 1, 0.0  # a barrier moves no data
 

@@ -48,6 +48,9 @@ NAMES = {
     "reduce_scatter": "reduce_scatter",
     "broadcast": "broadcast",
     "alltoall": "all_to_all",
+    "reduce": "reduce",
+    "gather": "gather",
+    "scatter": "scatter",
     "barrier": "barrier",
 }
 

@@ -102,3 +102,28 @@ def step_with_backups(grad: torch.Tensor, backups: int) -> list[int]:
     reply[kept] = 1
     _SENDING.extend(dist.isend(reply, r, tag=tag) for r in range(1, n))
     return kept
+
+
+def step_with_backups_in_two_messages(grad: torch.Tensor, backups: int) -> list[int]:
+    """The same step, rank 0 replying with the kept flags and the mean as two tagged
+    messages, each sent with dist.isend and kept."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    _STEPS[0] += 1
+    tag = 2 * _STEPS[0]
+    flags = torch.zeros(n, dtype=torch.int64)
+    if rank:
+        _SENDING.append(dist.isend(grad, 0, tag=tag))
+        dist.recv(flags, 0, tag=tag)
+        dist.recv(grad, 0, tag=tag + 1)
+        return [r for r in range(n) if flags[r]]
+    total, kept = grad.to(torch.float64), [0]
+    incoming = torch.empty_like(grad)
+    while len(kept) < n - backups:
+        kept.append(dist.recv(incoming, tag=tag))
+        total += incoming
+    grad.copy_(total / len(kept))
+    flags[kept] = 1
+    for r in range(1, n):
+        _SENDING.append(dist.isend(flags, r, tag=tag))
+        _SENDING.append(dist.isend(grad, r, tag=tag + 1))
+    return sorted(kept)

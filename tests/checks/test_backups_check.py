@@ -27,6 +27,7 @@ def test_the_model_step_passes() -> None:
     [
         ("waits_for_everyone", "waited for"),  # kept the straggler, or waited in a send
         ("all_reduce_of_everyone", "waited for"),
+        ("blocks_on_the_straggler", "waited for the straggler"),
         ("divides_by_everyone", "divided by N, not by the number kept"),
         ("each_keeps_its_own", "the ranks disagree on whom they kept"),
     ],

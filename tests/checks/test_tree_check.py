@@ -17,8 +17,9 @@ pytestmark = pytest.mark.ranks
 tree_allreduce = as_student_code(synchrony_impls.tree_allreduce)
 CHECKS = {"sums": check_tree_sums, "pattern": check_tree_pattern}
 # The narrowest world sizes that show each mistake: a fold needs N > p.
-SLOW = {"tree_deadlock"}  # runs into the launch deadline
+SLOW = {"tree_deadlock", "tree_blocking_sends"}  # run into the launch deadline
 SIZES = {"off_by_one_fold": (5, 6), "no_unfold": (5,), "tree_deadlock": (2,)}
+SIZES |= {"tree_blocking_sends": (2,), "powers_of_two_only": (3,)}
 
 
 def test_recursive_doubling_passes() -> None:

@@ -69,3 +69,28 @@ def each_keeps_its_own(grad: torch.Tensor, backups: int) -> list[int]:
     """Every rank decides for itself: it keeps itself and the lowest others."""
     rank, n = dist.get_rank(), dist.get_world_size()
     return sorted({rank, *range(n - backups - 1)})
+
+
+def blocks_on_the_straggler(grad: torch.Tensor, backups: int) -> list[int]:
+    """Keeps the first N - b, but replies with blocking sends, the straggler's too: on gloo a
+    send waits for its receive, so rank 0's step waits for the straggler."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    _STEPS[0] += 1
+    tag = _STEPS[0]
+    reply = torch.empty(n + grad.numel(), dtype=torch.float64)
+    if rank:
+        _SENDING.append(dist.isend(grad, 0, tag=tag))
+        dist.recv(reply, 0, tag=tag)
+        grad.copy_(reply[n:])
+        return [r for r in range(n) if reply[r]]
+    total, kept, incoming = grad.double(), [0], torch.empty_like(grad)
+    while len(kept) < n - backups:
+        kept.append(dist.recv(incoming, tag=tag))
+        total += incoming
+    kept.sort()
+    grad.copy_(total / len(kept))
+    reply[:n], reply[n:] = 0, grad.double()
+    reply[kept] = 1
+    for r in range(1, n):
+        dist.send(reply, r, tag=tag)
+    return kept

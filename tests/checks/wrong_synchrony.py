@@ -90,6 +90,33 @@ def tree_deadlock(tensor):
         tensor.add_(incoming)
 
 
+def tree_blocking_sends(tensor):
+    """Both partners of an exchange send first, with blocking calls: on gloo a send waits for
+    its receive, so both wait forever."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    incoming = torch.empty_like(tensor)
+    peer = rank ^ 1
+    if peer < n:
+        dist.send(tensor, peer)
+        dist.recv(incoming, peer)
+        tensor.add_(incoming)
+
+
+def powers_of_two_only(tensor):
+    """Recursive doubling with no fold: right on 2, 4, 8 ranks; on 3, rank 2 is left out."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    incoming = torch.empty_like(tensor)
+    distance = 1
+    while distance < n:
+        peer = rank ^ distance
+        if peer < n:
+            sent = dist.isend(tensor.clone(), peer)
+            dist.recv(incoming, peer)
+            sent.wait()
+            tensor.add_(incoming)
+        distance *= 2
+
+
 def tree_library(tensor):
     """The library's own all-reduce."""
     dist.all_reduce(tensor)
@@ -110,7 +137,13 @@ TREES = {
     ),
     "no_unfold": (no_unfold, "sums", ["wrong result", "rank 4"]),
     "tree_deadlock": (tree_deadlock, "sums", ["deadlock", "dist.isend"]),
+    "tree_blocking_sends": (tree_blocking_sends, "sums", ["deadlock", "dist.isend"]),
     "tree_library": (tree_library, "sums", ["dist.all_reduce", "a collective"]),
+    "powers_of_two_only": (
+        powers_of_two_only,
+        "sums",
+        ["not a power of two", "fold", "holds the sum of ranks"],
+    ),
 }
 
 
@@ -149,6 +182,43 @@ def uncached_groups(tensor, ranks_per_node):
     tensor.copy_(padded[: flat.numel()].view(tensor.shape))
 
 
+def groups_of_its_own(tensor, ranks_per_node):
+    """The two levels, but each rank makes only the groups it is in: torch requires every
+    rank to make every group, in the same order (on gloo the groups meet under one name)."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    node = rank // ranks_per_node
+    node_group = dist.new_group(list(range(node * ranks_per_node, (node + 1) * ranks_per_node)))
+    cross_group = dist.new_group(list(range(rank % ranks_per_node, n, ranks_per_node)))
+    dist.all_reduce(tensor, group=node_group)
+    dist.all_reduce(tensor, group=cross_group)
+
+
+def leader_based(tensor, ranks_per_node):
+    """Right sums: each node reduces to its first rank, the leaders all-reduce the whole
+    tensor, and each leader broadcasts to its node. Not the two-level scheme: the leaders
+    carry the whole tensor across nodes, the others nothing."""
+    node_group, cross_group = _groups(ranks_per_node)
+    rank = dist.get_rank()
+    leader = rank - rank % ranks_per_node
+    dist.reduce(tensor, leader, group=node_group)
+    if rank == leader:
+        dist.all_reduce(tensor, group=cross_group)
+    dist.broadcast(tensor, leader, group=node_group)
+
+
+def own_node_only(tensor, ranks_per_node):
+    """The reduce-scatter and the all-gather inside the node, and no all-reduce across."""
+    node_group, _cross_group = _groups(ranks_per_node)
+    flat = tensor.reshape(-1)
+    shard = -(-flat.numel() // ranks_per_node)
+    padded = torch.zeros(shard * ranks_per_node, dtype=tensor.dtype)
+    padded[: flat.numel()] = flat
+    mine = torch.empty(shard, dtype=tensor.dtype)
+    dist.reduce_scatter_single(mine, padded, group=node_group)
+    dist.all_gather_single(padded, mine, group=node_group)
+    tensor.copy_(padded[: flat.numel()].view(tensor.shape))
+
+
 def flat_world(tensor, ranks_per_node):
     """One all-reduce over the whole world: no hierarchy at all."""
     dist.all_reduce(tensor)
@@ -175,6 +245,9 @@ def dropped_remainder(tensor, ranks_per_node):
 
 
 HIERARCHIES = {
+    "groups_of_its_own": (groups_of_its_own, "sums", ["dist.new_group", "same order"]),
+    "leader_based": (leader_based, "pattern", ["carried", "its shard"]),
+    "own_node_only": (own_node_only, "sums", ["its own node's only", "across nodes is missing"]),
     "flat_world": (flat_world, "sums", ["over the whole world", "earns none"]),
     "flat_world_pattern": (flat_world, "pattern", ["ran over the whole world"]),
     "whole_across": (whole_across, "pattern", ["per rank; across nodes each rank", "its shard"]),

@@ -20,6 +20,7 @@ from course.grading.student import StudentCode
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "checks"))
 import synchrony_impls
+import wrong_backups
 
 pytestmark = [
     pytest.mark.ranks,
@@ -68,6 +69,12 @@ def _source(module: object, name: str) -> str:
     return state + inspect.getsource(getattr(module, name))
 
 
+def _as_step(module: object, name: str) -> str:
+    """Function ``name`` of ``module``, with its module's state, as a notebook's
+    ``step_with_backups``."""
+    return _source(module, name).replace(f"def {name}(", "def step_with_backups(")
+
+
 def test_the_model_step_passes_through_the_relay() -> None:
     with RankBox():
         report = check_step_with_backups(
@@ -90,3 +97,57 @@ def test_waiting_with_the_clocks_stopped_earns_nothing() -> None:
     assert "passed" in str(check_step_with_backups(namespace["step_with_backups"], (3,)))
     with RankBox(), pytest.raises(AssertionError, match="it waited for the straggler"):
         check_step_with_backups(_code(attack), world_sizes=(3,))
+
+
+@pytest.mark.parametrize(
+    ("impl", "words"),
+    [
+        ("waits_for_everyone", "waited for"),
+        ("all_reduce_of_everyone", "waited for"),
+        ("blocks_on_the_straggler", "waited for the straggler"),
+        ("divides_by_everyone", "divided by N, not by the number kept"),
+        ("each_keeps_its_own", "the ranks disagree on whom they kept"),
+    ],
+)
+def test_each_misconception_gets_the_notebooks_verdict_graded(impl: str, words: str) -> None:
+    """Does each wrong step fail graded as it fails in a notebook (where its straggler sleeps),
+    for the same reason, though no rank is told who the straggler is?"""
+    with RankBox(), pytest.raises(AssertionError, match=words):
+        check_step_with_backups(_code(_as_step(wrong_backups, impl)), world_sizes=(3,))
+
+
+def test_a_reply_in_two_messages_passes_on_both_paths() -> None:
+    """Does a right step that replies with the kept flags and the mean as two tagged messages
+    pass in a notebook and graded?"""
+    impl = synchrony_impls.step_with_backups_in_two_messages
+    assert "passed" in str(check_step_with_backups(impl, world_sizes=(4,)))
+    with RankBox():
+        report = check_step_with_backups(
+            _code(_as_step(synchrony_impls, "step_with_backups_in_two_messages")), (4,)
+        )
+    assert "no rank waited for the straggler" in str(report)
+
+
+def peeks_at_the_frame() -> str:
+    """What a step could learn of the straggler from the check's own frame on the rank."""
+    import inspect as look
+
+    frame = look.currentframe()
+    while frame is not None and "todo" not in frame.f_locals:
+        frame = frame.f_back
+    return repr([getattr(c, "straggler", None) for c in frame.f_locals["todo"]]) if frame else ""
+
+
+def test_no_rank_is_told_who_the_straggler_is() -> None:
+    """Graded, do the cases the ranks get name no straggler (the relay makes it)?"""
+    source = inspect.getsource(peeks_at_the_frame).replace(
+        "def peeks_at_the_frame() -> str:", "def _peek():"
+    )
+    attack = (
+        source
+        + "\ndef step_with_backups(grad, backups):\n"
+        + "    raise RuntimeError('stragglers ' + _peek())\n"
+    )
+    with RankBox(), pytest.raises(AssertionError) as failed:
+        check_step_with_backups(_code(attack), world_sizes=(3,))
+    assert "RuntimeError: stragglers [None]" in str(failed.value)

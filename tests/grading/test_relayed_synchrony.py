@@ -7,6 +7,7 @@ code, groups made with dist.new_group included, still passes.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,11 @@ pytestmark = [
 
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "checks"
+sys.path.insert(0, str(CATALOGUE))
+from wrong_synchrony import HIERARCHIES, TREES  # noqa: E402 - the catalogue, beside its tests
+
+TREE_SIZES = {"off_by_one_fold": (5, 6), "no_unfold": (5,), "tree_deadlock": (2,)}
+TREE_SIZES |= {"tree_blocking_sends": (2,), "powers_of_two_only": (3,)}
 
 
 def _source(name: str) -> str:
@@ -117,3 +123,37 @@ def test_a_flat_allreduce_wiped_from_the_ranks_record_earns_nothing() -> None:
             check_hierarchical_sums(hidden, layouts=((4, 2),))
         with pytest.raises(AssertionError, match="ran over the whole world"):
             check_hierarchical_pattern(hidden, layouts=((4, 2),))
+
+
+def _catalogued(name: str) -> StudentCode:
+    """Entry ``name`` of the wrong trees' and hierarchies' catalogue, as a student's cell."""
+    fn = {**TREES, **HIERARCHIES}[name][0]
+    exercise = "tree_allreduce" if name in TREES else "hierarchical_allreduce"
+    source = _source("wrong_synchrony").replace(f"def {fn.__name__}(", f"def {exercise}(")
+    return StudentCode((("wrong", source),), exercise)
+
+
+@pytest.mark.parametrize("name", sorted({*TREES, *HIERARCHIES}))
+def test_each_wrong_tree_and_hierarchy_gets_the_notebooks_verdict_graded(name: str) -> None:
+    """Does each wrong tree and hierarchy fail graded (on the relay) for the reason it fails
+    in a notebook (on gloo, tests/checks), so that a deadlock on gloo is one under grading,
+    and a group not made by every rank fails on both?"""
+    _fn, check, words = {**TREES, **HIERARCHIES}[name]
+    run = {
+        ("sums", True): lambda c: check_tree_sums(c, world_sizes=TREE_SIZES.get(name, (4,))),
+        ("pattern", True): lambda c: check_tree_pattern(c, world_sizes=TREE_SIZES.get(name, (4,))),
+        ("sums", False): lambda c: check_hierarchical_sums(c, layouts=((6, 2),)),
+        ("pattern", False): lambda c: check_hierarchical_pattern(c, layouts=((6, 2),)),
+    }[check, name in TREES]
+    with RankBox(), pytest.raises(AssertionError) as failure:
+        run(_catalogued(name))
+    message = str(failure.value)
+    assert all(w in message for w in words), message
+
+
+def test_a_leader_based_hierarchy_earns_its_sums_graded() -> None:
+    """Does a leader-based all-reduce (dist.reduce to a node's first rank, an all-reduce among
+    the leaders, dist.broadcast back) earn the sums graded, as in a notebook, with no error
+    about backends?"""
+    with RankBox():
+        assert "passed" in check_hierarchical_sums(_catalogued("leader_based"), ((6, 2),))

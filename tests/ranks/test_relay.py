@@ -83,7 +83,9 @@ def test_every_route_goes_through_the_relay_and_is_recorded() -> None:
     )
     kinds = [e.kind for e in result.relayed if e.kind not in ("send", "recv")]
     assert kinds == ["allreduce", "allgather", "allgather", "reduce_scatter", "broadcast",
-                     "allreduce", "allreduce", "allreduce", "barrier"]  # fmt: skip
+                     "new_group", "allreduce", "allreduce", "allreduce", "barrier"]  # fmt: skip
+    made = next(e for e in result.relayed if e.kind == "new_group")
+    assert made.group == (0, 1)  # its members made it together, as on gloo
     assert Event("allreduce", (0, 1), nbytes=(4, 4), dtype="float32", op="SUM") in [
         Event(e.kind, e.group, nbytes=e.nbytes, dtype=e.dtype, op=e.op) for e in result.relayed
     ]

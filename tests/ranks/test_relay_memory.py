@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from course.ranks import launch, relay
+from course.ranks.link import Work
 from course.ranks.memory import process_memory
 
 pytestmark = [pytest.mark.ranks, pytest.mark.slow]
@@ -71,7 +72,7 @@ def uneven_snapshots() -> str:
         link = relay._LINK  # noqa: SLF001 - the rank's own link, as hostile code would find it
         header = {"kind": "snapshot", "group": [0], "tag": 2, "dtype": "float32", "shape": [0]}
         try:
-            relay._Work(link.request(header, b"", lambda _h, _p: None), link).wait()  # noqa: SLF001 - a forged call
+            Work(link.request(header, b"", lambda _h, _p: None), link).wait()  # a forged call
         except RuntimeError as err:
             out.append(str(err))
     return " | ".join(out)

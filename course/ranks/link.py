@@ -1,0 +1,107 @@
+"""A rank's side of the relay's wire: one socket, requests out, a thread matching replies in.
+
+    link = Link(sock)                                   # course.ranks.relay makes one a rank
+    work = Work(link.request(header, payload, on_reply), link)
+    work.wait()                                         # the relay answered, or raise why
+
+Each request carries a number; the relay's reply names it, and :class:`Link` hands the reply
+to the call that waits on it (``on_reply`` turns its bytes into the call's result). A
+:class:`Work` is what torch's calls return: DDP's C++ waits on its future.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+from torch.futures import Future
+
+from course.ranks.frames import RelayError, frame, read_frame
+
+__all__ = ["Link", "Work"]
+
+
+class Link:
+    """A rank's one socket to the relay: requests out, a thread matching replies in."""
+
+    def __init__(self, sock: socket.socket, fatal: Any = None) -> None:
+        """``fatal(error)``: how the rank fails when a call that torch's C++ waits on (DDP's
+        buckets) is refused: a Python exception cannot travel through its future."""
+        self.sock, self.fatal = sock, fatal
+        self._lock = threading.Lock()
+        self._next = 0
+        self._waiting: dict[int, tuple[Future, Any]] = {}
+        self.native: set[int] = set()  # ids of futures handed to torch's C++
+        threading.Thread(target=self._read, name="relay-link", daemon=True).start()
+
+    def _fail(self, fut: Future, error: RelayError) -> None:
+        if id(fut) in self.native and self.fatal is not None:
+            self.fatal(error)
+        else:
+            fut.set_exception(error)
+
+    def request(self, header: dict[str, Any], payload: bytes, on_reply: Any) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            req = self._next = self._next + 1
+            self._waiting[req] = (fut, on_reply)
+            self.sock.sendall(frame({**header, "req": req}, payload))
+        return fut
+
+    def _read(self) -> None:
+        try:
+            while True:  # no reply stays referenced here once handled: a rank's memory is measured
+                self._answer(*read_frame(self.sock))
+        except (OSError, ConnectionError, RelayError, ValueError):
+            error = RelayError("the relay is gone: the run has ended")
+            for fut, _ in list(self._waiting.values()):
+                with contextlib.suppress(RuntimeError):
+                    fut.set_exception(error)
+
+    def _answer(self, header: dict[str, Any], payload: bytes) -> None:
+        """Hand one reply to the call that waits for it."""
+        req = header.get("req", -1)
+        if req == -1:  # the relay refused the link itself: every call fails
+            error = RelayError(header.get("error", "the relay closed the link"))
+            for waiting, _ in self._waiting.values():
+                self._fail(waiting, error)
+            return
+        fut, on_reply = self._waiting.pop(req, (None, None))
+        if fut is None:  # an answer to a request this link never made
+            return
+        if "error" in header:
+            self._fail(fut, RelayError(header["error"]))
+            return
+        try:
+            fut.set_result(on_reply(header, payload))
+        except Exception as err:  # noqa: BLE001 - the waiting call raises it
+            fut.set_exception(err)
+
+
+class Work(dist._Work):  # noqa: SLF001 - the Work base that C++ callers (DDP) wait on
+    """A call in flight: ``wait`` returns once the relay answered, or raises what it said."""
+
+    def __init__(self, fut: Future, link: Link, sender: Sequence[int] = ()) -> None:
+        """``sender``: where a receive's handler puts its sender's group rank."""
+        super().__init__()
+        self._fut, self._link, self._sender = fut, link, sender
+
+    def wait(self, timeout: timedelta | None = None) -> bool:  # noqa: ARG002 - torch's signature
+        self._fut.wait()  # the relay's own deadline ends every wait
+        return True
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def get_future(self) -> Future:
+        self._link.native.add(id(self._fut))  # torch's C++ waits on it, not Python
+        return self._fut
+
+    def _source_rank(self) -> int:
+        """The sender of a receive (torch asks it of ``dist.recv`` with no ``src``)."""
+        return self._sender[0] if self._sender else -1
