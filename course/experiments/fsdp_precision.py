@@ -107,7 +107,7 @@ def underflow(scale: float = 1.0, dtype: str = "fp16", size: float = 0.03) -> di
     """One process: the share of gradient elements, non-zero in fp32, that come out exactly 0
     when ``toy_model(width=64, depth=6)`` runs in ``dtype`` on a batch of 256 inputs and targets
     of standard deviation ``size``, its mean squared error times ``scale`` (the gradient
-    divided by ``scale`` afterwards, in fp32), and how many come out infinite."""
+    divided by ``scale`` afterwards, in fp32), and how many come out not finite (inf or NaN)."""
     model = toy_model(0, width=64, depth=6)
     generator = torch.Generator().manual_seed(0)
     x, y = (size * torch.randn(256, 64, generator=generator) for _ in range(2))

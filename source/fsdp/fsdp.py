@@ -157,7 +157,7 @@ for rank, shard in enumerate(layout):
 # model, with each layer a unit of its own, and with one unit wrapping the whole model?
 #
 # * a) 4 bytes with a unit per layer; 16 with one unit, never sharded.
-# * b) 4 bytes with a unit per layer; 8 with one unit, gradients whole.
+# * b) 4 bytes with a unit per layer; 7 with one unit, gradients whole.
 # * c) 16 bytes either way: sharding saves memory only inside the step.
 # * d) 4 bytes either way: units set only what is gathered at once.
 #
@@ -184,8 +184,10 @@ check_answer(
     sharded, whatever the unit's size, and its gradient is reduce-scattered into a shard of the
     same size; Adam then keeps its moments for the shards only. What the units change is the peak
     of gathered parameters during the step (question fsdp_3), not what stays between steps. a)
-    and c) mistake one unit for no sharding; b) is ZeRO-1's gradients. The same holds on GPUs;
-    there the caching allocator may also keep freed blocks reserved.
+    mistakes one unit for no sharding, c) sharding for a saving inside the step only. b) keeps
+    the whole gradient of one unit, 1 + 4 + 2 = 7 bytes: the gradient does exist in full during
+    backward, but the unit's reduce-scatter leaves only the shard. The same holds on GPUs; there
+    the caching allocator may also keep freed blocks reserved.
     """,
     giveaways=(
         r"1 \+\s+1 \+ 2 = 4 bytes",
@@ -209,7 +211,8 @@ print({k: held[k] for k in ("model", "params", "grads", "state")})
 # *Difficulty 3/3*
 #
 # The same model, 8 layers of M/8 bytes each (M the fp32 model's bytes), on 4 ranks, now with
-# one `fully_shard` unit wrapping all of it (reshard after forward left on). What is the peak
+# one unit wrapping all of it, `fully_shard(model, reshard_after_forward=True)`: set explicitly,
+# since torch's default keeps a root unit gathered from forward to backward. What is the peak
 # of unsharded parameter bytes a rank holds during a forward and backward, measured?
 #
 # * a) M / 4: each rank gathers only the part it trains on.
@@ -607,16 +610,18 @@ check_answer(
     choices="abcd",
     key="b",
     explanation="""
-    Measured: 3 layers in forward with the prefetch, 2 without (the gathered layer and its flat
-    buffer, kept until the next layer's copy-out), and 2 in backward either way. The order of
-    calls shows why: with the prefetch a rank issues layer 1's gather before layer 0 computes, so
-    while layer 0 runs, layer 0's parameters, its buffer and layer 1's gather buffer are all
-    alive. d) FSDP2 allocates each gather's output afresh. c) one prefetch target is one layer.
-    What the prefetch buys is overlap, and on gloo that is little: over runs on 2 ranks, the
-    matmuls took 2 to 30 ms of a recorded forward of 70 to 200 ms (the rest FSDP2's and gloo's),
-    the prefetch moved about 2 ms of them into the gathers' windows, the time waited for gathers
-    did not fall steadily (3 to 17 ms with it, 5 to 9 without), and a step took 0.5 to 1.5 times
-    as long as without it. On GPUs, NCCL's gathers run on their own stream beside the compute.
+    Measured on CPU ranks (gloo): 3 layers in forward with the prefetch, 2 without (the gathered
+    layer and its flat buffer, kept until the next layer's copy-out), and 2 in backward either
+    way; on GPUs the peak was not measured here. The order of calls shows why: with the
+    prefetch a rank issues layer 1's gather before layer 0 computes, so while layer 0 runs,
+    layer 0's parameters, its buffer and layer 1's gather buffer are all alive. d) FSDP2 allocates each gather's output afresh. c) one prefetch target is one layer.
+    What the prefetch buys is overlap, and on gloo that is little: over runs on 2 ranks of a
+    loaded 2-core machine, the matmuls took 2 to 30 ms of a recorded forward of 70 to 200 ms (the
+    rest FSDP2's and gloo's), the prefetch moved about 2 ms of them into the gathers' windows,
+    the time waited for gathers did not fall steadily (3 to 17 ms with it, 5 to 9 without), and
+    a step took 0.5 to 1.5 times as long as without it. On GPUs even the default forward
+    overlaps the next gather (the CPU issues it while the GPU still computes, on NCCL's own
+    stream); the explicit prefetch issues it earlier from the CPU, per torch's docstring.
     """,
     giveaways=(
         r"3 layers in forward",
@@ -671,11 +676,14 @@ check_answer(
     explanation="""
     Measured order in backward on 6 layers (units 0, 2, ..., 10 of the Sequential): gather 10,
     gather 8, compute 10, gather 6, compute 8, ... : FSDP2 prefetches one unit ahead in backward
-    implicitly, in the reverse of forward's order, while in forward it prefetches only when told
-    (the measured forward order was gather 0, compute 0, gather 2, ...). So the backward peak is 2
-    layers. b) is forward's default, not backward's. c) would hold every layer at once, the memory
-    of no sharding. d) is reshard_after_forward=False. On gloo the prefetched gather overlaps
-    little: gloo runs it on its own threads, which compete with the matmuls for 2 shared cores.
+    implicitly, in the reverse of forward's order, while in forward the CPU issues a unit's
+    gather as the unit's forward starts (measured: gather 0, compute 0, gather 2, ...) unless
+    told to prefetch. So the backward peak is 2 layers (measured on CPU). b) is forward's order
+    of issue, not backward's; on GPUs that forward order already overlaps, since the CPU issues
+    the next gather while the GPU still computes (torch's set_modules_to_forward_prefetch
+    docstring). c) would hold every layer at once, the memory of no sharding. d) is
+    reshard_after_forward=False. On gloo the prefetched gather overlaps little: gloo runs it on
+    its own threads, which compete with the matmuls for the same CPU cores.
     """,
     giveaways=(
         r"gather 10,\s+gather 8, compute 10",
@@ -790,7 +798,7 @@ print("dtypes held:", held["dtypes"])
 # * a) bf16: about 3e-3; fp32: about 1e-9 or less, nearly exact.
 # * b) About 3e-3 either way: the bf16 inputs had already lost it.
 # * c) About 1e-7 either way: a sum of 4 rounds off too little.
-# * d) bf16: about 3e-5, its 16 bits; fp32: about 1e-9 or less.
+# * d) About 3e-5 in bf16 (its 16 bits); 1e-9 or less in fp32.
 #
 # Set `answer_fsdp_9` to your letter and run the cell below it.
 
@@ -870,10 +878,11 @@ check_answer(
     gradient here is 7e-8: without scaling, fp16 loses what it cannot reach. bf16 has fp32's 8
     exponent bits, down to 1.2e-38, and gives up significand bits instead: it rounds more (a)
     holds for rounding, not for underflow) but flushes nothing here. That is why bf16 training
-    needs no loss scaler. A scale can also overflow: 2^16 applied to this fp16 loss made every
-    gradient infinite (fp16's largest number is 65504); torch's GradScaler starts at 2^16 but
-    scales an fp32 loss under autocast and lowers the scale when it sees infinities. Formats are
-    the same on GPUs.
+    needs no loss scaler. The scale itself can overflow: 2^16 = 65536 is above fp16's largest
+    number, 65504, so backward, which carries the scale into the fp16 loss's gradient, makes it
+    infinity there, and every gradient came out NaN (2^15 gave none). torch's GradScaler starts
+    at 2^16 but scales an fp32 loss under autocast, and lowers the scale when it sees infinities
+    or NaNs. Formats are the same on GPUs.
     """,
     giveaways=(
         r"0 in bf16",
@@ -885,7 +894,8 @@ check_answer(
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_10_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**, in fp16, without and with a loss scale of 1024: the share of non-zero fp32
-# gradient elements that come out 0, the infinite ones, and the median gradient's size.
+# gradient elements that come out 0, how many come out not finite (inf or NaN), and the median
+# gradient's size.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_10_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for scale in (1.0, 1024.0):
@@ -920,16 +930,22 @@ print(check_fsdp_mixed_precision(fully_shard))
 # %% [markdown] nbgrader={"grade": false, "grade_id": "gpu_notes", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## What changes on GPUs
 #
-# Everything above ran on CPU ranks talking gloo over loopback, and the layouts, the counts of
-# bytes held and the orders of calls are FSDP2's own: they hold on GPUs. What does not carry:
+# Everything above ran on CPU ranks talking gloo over loopback. The layouts, the bytes held
+# between steps and the order in which FSDP2 issues its calls are FSDP2's own: they hold on
+# GPUs. The peaks of unsharded bytes were measured on CPU only. What does not carry:
 #
-# * **overlap**: with NCCL, collectives run on their own CUDA stream, and a prefetched gather
-#   overlaps the compute almost entirely; on CPU, gloo's threads and the ranks' arithmetic share
-#   the same cores;
+# * **overlap**: with NCCL, collectives run on their own CUDA stream, and the CPU runs ahead of
+#   the GPU: even without `set_modules_to_forward_prefetch`, the CPU issues the next unit's
+#   all-gather while the GPU still computes the current one, and the two overlap (torch's
+#   docstring: prefetching the one next unit gives the default's overlap, issued earlier from
+#   the CPU). On CPU, without a prefetch, a unit's matmuls end before the next unit's gather
+#   is issued, and gloo's threads share the cores with them;
 # * **bytes on the wire**: what each collective sends is the backend's algorithm; NCCL's
 #   reduce-scatter and all-gather are ring halves, (N-1)/N of the tensor each;
 # * **memory**: the CUDA caching allocator keeps freed blocks reserved, so
-#   `torch.cuda.memory_reserved` runs above what is allocated; FSDP2 also records streams to
-#   keep buffers alive until the collectives that use them are done;
+#   `torch.cuda.memory_reserved` runs above what is allocated, and a freed block is reused
+#   only on the stream that allocated it; FSDP2 keeps each collective's buffers alive by
+#   waiting on events between streams (it calls no `record_stream`). A GPU's peak can differ
+#   from the peaks measured here;
 # * **speed of bf16**: on CPU, bf16 matmuls are emulated on many machines and can be slower than
 #   fp32; on tensor cores they are several times faster.

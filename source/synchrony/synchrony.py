@@ -99,15 +99,17 @@ check_answer(
     explanation="""
     Half the peak means n / (alpha + n beta) = 1 / (2 beta), that is alpha + n beta = 2 n beta, so
     n = alpha / beta: the size whose bytes take as long as the fixed cost (n one-half, in the
-    parallel-computing literature). The cell fitted alpha of 38 to 67 us and 1/beta of 2.8 to 4.5
-    GB/s on this machine over many runs, which puts that size at 114 to 336 KB, and a message of
-    it measured 0.28 to 0.68 (usually 0.5 to 0.65) of 1/beta. b) n = 2 alpha / beta is where the
-    bytes take 2/3 of the time: two thirds of the peak. c) 1 KB messages reached 1% of the peak
-    here: the fixed cost dominates far above 1 KB. d) the largest messages (64 MB) run near the
-    peak, not at half of it. Below alpha / beta a message is latency-bound, above it
-    bandwidth-bound: gradients of megabytes are the second kind, a 256 B control message the
-    first. Real networks have a much smaller alpha (a few us on InfiniBand) and a larger 1/beta,
-    so their half-bandwidth size is of the same order, tens to hundreds of KB.
+    parallel-computing literature). b) n = 2 alpha / beta is where the bytes take 2/3 of the
+    time: two thirds of the peak. c) a message's share of the peak is n / (n + alpha / beta),
+    a half at 1 KB only if alpha / beta were 1 KB, and over loopback TCP it is far larger (the
+    cell prints it). d) half of the largest size, far above alpha / beta, comes close to the
+    whole peak in the model, not to half of it. What the cell prints are measurements against
+    a fit, and both move with the machine and its load: the share at alpha / beta can land away
+    from 0.5, and a size can even print above 1, for 1/beta is the fitted line's slope, not a
+    ceiling. Below alpha / beta a message is latency-bound, above it bandwidth-bound: gradients
+    of megabytes are the second kind, a 256 B control message the first. Real networks have a
+    much smaller alpha (a few us on InfiniBand) and a larger 1/beta (tens of GB/s), which puts
+    their half-bandwidth size at tens of KB or more.
     """,
     giveaways=(
         r"n\s*1/2",
@@ -159,22 +161,23 @@ check_answer(
     choices="abcd",
     key="d",
     explanation="""
-    Measured: 33 to 51 alpha on 4 ranks (1.8 to 2.5 ms), and 3.7 to 11.6 alpha on 2 ranks where
-    the model says 2: the model of messages leaves out what a call costs on its own. Every
-    collective call on gloo queues work for gloo's threads, sets up its algorithm and its
-    buffers, and on this machine 4 ranks share 2 cores, so its steps wait for each other's turn
-    on the CPU; each call pays about 1 to 2 ms of fixed work per rank before any byte matters.
-    So c) is the model's answer, and the measurement is several times over it; a) and b) are
-    below even the model: one message cannot carry a sum over 4 ranks, and the log2 N = 2
-    exchanges of a tree would be 2 alpha. This per-call cost is what DDP's buckets amortize (the buckets
-    assignment), and what makes small all-reduces latency-bound even where the network is fast.
-    On GPUs with NCCL the fixed cost of a call is a few microseconds to tens of them, and NCCL
-    picks a tree or a low-latency protocol for small messages; the lesson carries: measure the
-    cost of a call, not of a message.
+    Measured, a 256 B call takes more than 15 alpha on 4 ranks, and more than the model's 2 on 2
+    ranks (how many more varies with the machine and its load): the model of messages leaves
+    out what a call costs on its own. Every collective call on gloo queues work for gloo's
+    threads, sets up its algorithm and its buffers, and where ranks outnumber cores (4 ranks on
+    2 cores, say) its steps also wait for each other's turn on the CPU: each call pays a fixed
+    cost of many alphas before any byte matters. So c) is the model's answer, and the
+    measurement is several times over it; a) and b) are below even the model: one message
+    cannot carry a sum over 4 ranks, and the log2 N = 2 exchanges of a tree would be 2 alpha.
+    This per-call cost is what DDP's buckets amortize (the buckets assignment), and what makes
+    small all-reduces latency-bound even where the network is fast. On GPUs with NCCL the fixed
+    cost of a call is a few microseconds to tens of them, and NCCL picks a tree or a
+    low-latency protocol for small messages; the lesson carries: measure the cost of a call,
+    not of a message.
     """,
     giveaways=(
-        r"33 to 51 alpha",
-        r"1 to 2 ms of fixed work",
+        r"more than the model's 2",
+        r"fixed\s+cost of many alphas",
         r"per-call cost",
     ),
 )
@@ -441,18 +444,23 @@ check_answer(
     key="a",
     explanation="""
     The flat ring is one cycle through all 8 ranks, and only two of its links cross between the
-    nodes, one each way (gloo's ring sends to rank - 1: rank 4 to rank 3 and rank 0 to rank 7);
-    each carries what any ring link carries, 2(N-1)/N S = 1.75 S. Measured: 1.7526 S on each of
-    those two links (gloo's own bookkeeping adds 0.3%), and about 576 bytes across from every
-    other rank. The two-level scheme sends between nodes only the all-reduce of each shard of
-    S/4, among 2 ranks (one per node): 2(2-1)/2 x S/4 = 0.25 S from every rank, on four links at
-    once (measured 0.2505 S). b) swaps the two. c) the ring does not send the sum across once:
-    its link between the nodes carries every step's chunk, 14 of them. d) counts every rank's
-    traffic as crossing, but 6 of the flat ring's 8 links stay inside a node. With links between
-    nodes 10 times slower than inside, the busiest link decides, and the flat ring took 7 times
-    as long as the two-level scheme in the model fed with these bytes. A real cluster's nodes
-    have a network card per accelerator or two, so the four links exist; NCCL builds its rings
-    node by node for this reason.
+    nodes, one each way (gloo's ring sends its data to rank - 1: rank 4 to rank 3 and rank 0 to
+    rank 7); each carries what any ring link carries, 2(N-1)/N S = 1.75 S. Measured with S = 1
+    MiB: 1.7526 S on each of those two links (gloo's own bookkeeping adds 0.3%); besides, every
+    rank sends 1344 bytes to rank + 1, which crosses only from rank 3 to 4 and from 7 to 0, and
+    ranks 1, 2, 5 and 6 send nothing to the other node. The two-level scheme sends between
+    nodes only the all-reduce of each shard of S/4, among 2 ranks (one per node): 2(2-1)/2 x
+    S/4 = 0.25 S from every rank, on four links at once (measured 0.2505 S). b) swaps the two.
+    c) the ring does not send the sum across once: its link between the nodes carries every
+    step's chunk, 14 of them. d) counts every rank's traffic as crossing, but 6 of the flat
+    ring's 8 links stay inside a node. With links between nodes 10 times slower than inside,
+    the busiest link decides: fed with the bytes measured, each phase run alone and the three
+    in turn, the flat ring takes 1.75 / (0.1 x 1.5 + 0.25 + 0.1 x 0.75) = 3.7 times as long as
+    the two-level scheme (gloo's reduce-scatter sends an all-reduce's 1.5 S, question zero_1,
+    its all-gather 0.75 S), and 1.75 / 0.4 = 4.4 times with a ring's reduce-scatter of 0.75 S,
+    as NCCL's (4.3 in course.ring.hierarchy's model, which adds 10 us to every step). A real
+    cluster's nodes have a network card per accelerator or two, so the four links exist; NCCL
+    builds its rings node by node for this reason.
     """,
     giveaways=(
         r"1\.7526",
@@ -618,7 +626,8 @@ check_answer(
     70 ms, and the fast ranks spent 32 to 38 ms of it waiting in the all-reduce, rank 3 only 3
     to 8 ms. a) would need the fast ranks to step without rank 3's gradient, which DDP never
     does. b) DDP moves no work between ranks. c) DDP has no deadline of its own: it waits until
-    the process group's timeout (30 minutes by default) ends the job. The slowest rank sets the
+    the process group's timeout fails the collective, 30 minutes by default on gloo
+    (torch.distributed.default_pg_timeout) and 10 on NCCL. The slowest rank sets the
     pace: one straggler in a thousand ranks slows all thousand, which is what backup workers
     (the next question) and elastic, asynchronous methods try to avoid.
     """,

@@ -109,10 +109,10 @@ widgets.half_widget("all-gather", world_size=4)
 # %% nbgrader={"grade": false, "grade_id": "zero_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_1 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_zero_1 = "b"
+answer_zero_1 = "c"
 ### END SOLUTION
 
-# %% nbgrader={"grade": true, "grade_id": "zero_1_check", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "zero_1_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_answer("answer_zero_1", answer_zero_1, choices="abcd")
 ### BEGIN HIDDEN TESTS
 check_answer(
