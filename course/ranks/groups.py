@@ -7,7 +7,8 @@
 torch names a rank's k-th new group ``k`` (without ``use_local_synchronization``), and gloo
 meets its members under that name: a rank outside the group goes on at once, the members
 wait for each other, and two ranks whose k-th groups differ (one skipped a group, or made them
-in another order) meet under one name and hang. Here they fail instead, with the rule.
+in another order) meet under one name and hang or mix their groups up. Here they fail
+instead, with the rule. A group of one rank meets no one, so its name collides with nothing.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ __all__ = ["GROUPS_RULE", "Groups"]
 
 GROUPS_RULE = (
     "torch requires every rank of the world to call dist.new_group for every group, even "
-    "the groups it is not in, with the same ranks and in the same order (on gloo a rank that "
-    "skips one, or calls them in another order, hangs)"
+    "the groups it is not in, with the same ranks and in the same order (on gloo, ranks whose "
+    "k-th groups differ meet under one name: they hang or mix their groups up)"
 )
 
 
@@ -51,7 +52,7 @@ class Groups:
         is not the others' k-th."""
         rank = pending.rank
         k = self._made[rank] = self._made.get(rank, 0) + 1
-        if rank not in group:
+        if rank not in group or len(group) == 1:  # a group of one meets no one, on gloo too
             return [pending]
         named = self._named.setdefault(k, group)
         if named != group:
