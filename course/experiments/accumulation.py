@@ -242,4 +242,5 @@ def dropout_masks(seed_per_rank: bool = False, n: int = 12, wrap: bool = True) -
 if __name__ == "__main__":  # torchrun --nproc-per-node 2 -m course.experiments.accumulation
     dist.init_process_group("gloo")
     print(accumulation_counts())
+    dist.barrier()  # no rank closes its connections while a peer still uses them
     dist.destroy_process_group()

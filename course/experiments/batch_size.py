@@ -121,4 +121,5 @@ if __name__ == "__main__":  # torchrun --nproc-per-node 4 -m course.experiments.
     dist.init_process_group("gloo")
     for rule in RULES:
         print(rule, train_rank(rule))
+    dist.barrier()  # no rank closes its connections while a peer still uses them
     dist.destroy_process_group()

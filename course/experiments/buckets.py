@@ -288,4 +288,5 @@ def _bucket_segments(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
 if __name__ == "__main__":  # torchrun --nproc-per-node 2 -m course.experiments.buckets
     dist.init_process_group("gloo")
     print(allreduce_timing())
+    dist.barrier()  # no rank closes its connections while a peer still uses them
     dist.destroy_process_group()

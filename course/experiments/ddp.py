@@ -224,3 +224,4 @@ if __name__ == "__main__":  # torchrun --nproc-per-node 2 -m course.experiments.
     dist.init_process_group("gloo")
     print(seed_step())
     dist.destroy_process_group()
+    dist.barrier()  # no rank closes its connections while a peer still uses them

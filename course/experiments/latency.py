@@ -139,4 +139,5 @@ if __name__ == "__main__":  # torchrun --nproc-per-node 2 -m course.experiments.
     if dist.get_rank() == 0:
         alpha, beta = fit_alpha_beta(list(measured), list(measured.values()))
         print(f"alpha = {alpha * 1e6:.1f} us, 1/beta = {1 / beta / 1e9:.2f} GB/s")
+    dist.barrier()  # no rank closes its connections while a peer still uses them
     dist.destroy_process_group()

@@ -101,12 +101,13 @@ def groups_of_my_own() -> float:
     return t.item()
 
 
-def test_a_group_not_made_by_every_rank_fails_on_both_backends() -> None:
-    """Does new_group called only by the ranks in it hang on gloo (both groups take one
-    name) and fail on the relay, with the rule in its message?"""
-    on_gloo = launch(groups_of_my_own, 4, timeout=30, pg_timeout=3)
+def test_a_group_not_made_by_every_rank_fails_on_the_relay() -> None:
+    """Does new_group called only by the ranks in it fail on the relay, with torch's rule in
+    its message? On gloo both groups take one name and race for it: in 5 of 6 runs measured
+    the pair that lost the race hung, in 1 all four connected, so only the relay is
+    asserted here (torch documents the rule; gloo does not enforce it)."""
     on_relay = launch(groups_of_my_own, 4, backend="relay", timeout=30, pg_timeout=3)
-    assert on_gloo.failures and on_relay.failures
+    assert on_relay.failures
     said = " ".join(f.traceback for f in on_relay.failures.values())
     assert "every rank of the world to call dist.new_group for every group" in said
 
