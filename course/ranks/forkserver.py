@@ -15,7 +15,8 @@ the resource tracker's pipe, so no confined process can write to a tracker outsi
 sandbox (a ``REGISTER`` line there makes it unlink a file of the writer's choosing).
 
 Every wait on a server has a deadline (``START_WAIT``): a server that was stopped (SIGSTOP)
-or a child that reads nothing makes the launch raise :class:`RankStartError`, never hang.
+or a child that reads nothing makes the launch raise :class:`RankStartError`, never hang,
+on their clock (:class:`course.ranks.clock.Deadline`: time they waited for a CPU is free).
 A server whose processes have a PID namespace of their own (``own_pids``) reports its
 children's pids in that namespace: they are translated to this process's pids (the
 kernel's ``NSpid``), so the launcher signals and measures the right processes.
@@ -31,18 +32,20 @@ import threading
 import time
 from collections.abc import Iterator
 from multiprocessing import forkserver, popen_forkserver, reduction, resource_tracker, spawn, util
-from multiprocessing.connection import wait
 from multiprocessing.context import set_spawning_popen
 from multiprocessing.process import BaseProcess
 from typing import ClassVar
 
+from course.ranks.clock import Deadline
 from course.ranks.processes import (
     RUN_DIR_PREFIX,
+    NamespacePid,
     RankStartError,
     host_pid,
     kill,
     reap,
     sweep_stale_run_dirs,
+    wait_within,
     write_within,
 )
 
@@ -80,6 +83,7 @@ class Server:
         self._idle_shutdown, self._users, self._used = idle_shutdown, 0, time.monotonic()
         self._reaper: threading.Thread | None = None
         self._own_pids = own_pids
+        self._inner = NamespacePid(SERVER_NS_PID)  # the server's Python, found once for each
 
     def get(self) -> forkserver.ForkServer:
         """The running forkserver, starting a fresh one if there is none or it died."""
@@ -158,11 +162,9 @@ class Server:
         return host_pid(outer, pid)
 
     def server_pid(self) -> int | None:
-        """This process's pid of the server's Python itself (None if it is gone)."""
-        try:
-            return self.host_pid(SERVER_NS_PID) if self._own_pids else self.pid()
-        except RankStartError:
-            return None
+        """This process's pid of the server's Python itself (None: gone, or not there yet)."""
+        outer = self.pid()
+        return self._inner(outer) if self._own_pids and outer is not None else outer
 
     def kill(self) -> None:
         """Stop a server that stopped answering: SIGKILL (its namespace dies with it)."""
@@ -269,10 +271,10 @@ class _Popen(popen_forkserver.Popen):
         _parent_w = os.dup(w)  # keeps the child's parent_sentinel open while we live
         self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
         try:  # the server sends the pid as soon as it forked: before the child reads its job
-            if not wait([self.sentinel], START_WAIT):
-                raise RankStartError(f"the forkserver started no rank in {START_WAIT:.0f} s")
-            self.pid = server.host_pid(forkserver.read_signed(self.sentinel))
-            write_within(w, buf.getbuffer(), START_WAIT)
+            forking = Deadline(START_WAIT, lambda: (server.pid(), server.server_pid()))
+            wait_within(self.sentinel, forking, "the forkserver started no rank")
+            self.pid = pid = server.host_pid(forkserver.read_signed(self.sentinel))
+            write_within(w, buf.getbuffer(), Deadline(START_WAIT, lambda: (pid,)))
         finally:
             os.close(w)
 

@@ -3,8 +3,9 @@
 The plain-OS side of :mod:`course.ranks.forkserver` (which holds the private multiprocessing
 API): a confined forkserver's ranks live in a PID namespace of their own, so their pids are
 translated to the caller's (:func:`host_pid`); every write to and wait on a process is
-bounded (:func:`write_within`, :func:`reap`); :func:`kill` ignores what is already gone; run
-folders that callers which died left behind are swept (:func:`sweep_stale_run_dirs`).
+bounded (:func:`write_within`, on the reading process's clock; :func:`reap`); :func:`kill`
+ignores what is already gone; run folders that callers which died left behind are swept
+(:func:`sweep_stale_run_dirs`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from collections.abc import Callable
 
 import psutil
 
+from course.ranks.clock import Deadline
+
 __all__ = [
-    "RUN_DIR_PREFIX", "RankStartError", "host_pid", "kill", "reap", "sweep_stale_run_dirs",
-    "write_within",
+    "RUN_DIR_PREFIX", "NamespacePid", "RankStartError", "host_pid", "kill", "reap",
+    "sweep_stale_run_dirs", "wait_within", "write_within",
 ]  # fmt: skip
 
 RUN_DIR_PREFIX = "course-ranks-"  # + the caller's pid: whose run left it, if one did
@@ -51,17 +54,38 @@ def host_pid(outer: int, ns_pid: int) -> int:
     raise RankStartError(f"no process {ns_pid} in the forkserver's sandbox")
 
 
-def write_within(fd: int, data: memoryview, seconds: float) -> None:
-    """Write all of ``data`` to the pipe ``fd``, or raise RankStartError after ``seconds``."""
+class NamespacePid:
+    """:func:`host_pid` of one process of a namespace, found once for each ``outer`` (a
+    server's Python, the same as long as it lives; None until it is there)."""
+
+    def __init__(self, ns_pid: int) -> None:
+        self.ns_pid, self.found = ns_pid, (0, 0)
+
+    def __call__(self, outer: int) -> int | None:
+        if self.found[0] != outer:
+            with contextlib.suppress(RankStartError):
+                self.found = (outer, host_pid(outer, self.ns_pid))
+        return self.found[1] if self.found[0] == outer else None
+
+
+def wait_within(fd: int, deadline: Deadline, what: str) -> None:
+    """Wait until ``fd`` can be read (or is closed), or raise RankStartError (``what``, not
+    done in time) once ``deadline`` (charged to the process that writes it) is past."""
+    while not select.select([fd], [], [], deadline.left())[0]:
+        if deadline.past():
+            raise RankStartError(f"{what} in {deadline.seconds:.0f} s")
+
+
+def write_within(fd: int, data: memoryview, deadline: Deadline) -> None:
+    """Write all of ``data`` to the pipe ``fd``, or raise RankStartError once ``deadline``
+    (charged to the process that reads it) is past."""
     os.set_blocking(fd, False)
-    end = time.monotonic() + seconds
     while data:
         try:
             data = data[os.write(fd, data) :]
         except BlockingIOError:
-            left = end - time.monotonic()
-            if left <= 0 or not select.select([], [fd], [], left)[1]:
-                raise RankStartError(f"a rank took no job in {seconds:.0f} s") from None
+            if not select.select([], [fd], [], deadline.left())[1] and deadline.past():
+                raise RankStartError(f"a rank took no job in {deadline.seconds:.0f} s") from None
 
 
 def reap(pid: int | None, timeout: float = 5.0) -> None:

@@ -20,7 +20,7 @@ from multiprocessing.connection import Connection, wait
 import psutil
 
 from course.ranks import confined, messages
-from course.ranks.clock import RunClock
+from course.ranks.clock import Deadline, RunClock
 from course.ranks.failures import RankFailure, RanksInterrupted, RunResult
 from course.ranks.forkserver import RUN_DIR_PREFIX, SERVER, RankProcess, RankStartError, kill
 from course.ranks.holds import Hold
@@ -33,7 +33,7 @@ __all__ = ["ABORT_GRACE", "STACK_WAIT", "Supervisor"]
 ABORT_GRACE = 0.5  # seconds the other ranks get after one rank fails
 STACK_WAIT = 0.5  # seconds to wait for stuck ranks to report where they are
 MESSAGE_WAIT = 5.0  # seconds for the rest of a message once its first byte has come
-MAP_WAIT = 10.0  # seconds for a graded rank to ask for its ids in its own namespace
+MAP_WAIT = 10.0  # seconds for a graded rank to ask for its ids, then to fork: on its own clock
 
 
 @dataclass
@@ -54,15 +54,27 @@ def _give_ids(pid: int, conn: Connection) -> int:
     """A graded rank's first word: it took namespaces of its own and asks for its ids to be
     mapped there (done from here: :mod:`course.ranks.isolation`), or it runs shared. Its
     second: it forked the process that runs its job, pid 1 of a PID namespace of its own,
-    found here as its only child, or it runs the job itself. The pid of the job's process."""
+    found here as its only child, or it runs the job itself. The pid of the job's process.
+
+    Each word has ``MAP_WAIT`` seconds of the rank's own time (:class:`Deadline`): a rank
+    kept from a CPU by a busy machine is waited for, not left without its ids."""
     try:
-        if conn.poll(MAP_WAIT) and conn.recv_bytes(16) == b"map":
+        if _said(conn, pid) and conn.recv_bytes(16) == b"map":
             conn.send_bytes(b"mapped" if map_ids(pid) else b"unmapped")
-            if conn.poll(MAP_WAIT) and conn.recv_bytes(16) == b"forked":
+            if _said(conn, pid) and conn.recv_bytes(16) == b"forked":
                 return _only_child(pid) or pid
     except (EOFError, OSError):  # it died first: the supervision says how
         pass
     return pid
+
+
+def _said(conn: Connection, pid: int) -> bool:
+    """Has rank ``pid`` sent something (or closed its end) within ``MAP_WAIT`` of its time?"""
+    deadline = Deadline(MAP_WAIT, lambda: (pid,))
+    while not conn.poll(deadline.left()):
+        if deadline.past():
+            return False
+    return True
 
 
 def _only_child(pid: int) -> int | None:
@@ -131,7 +143,8 @@ class Supervisor:
                 self.relay.close_ends()  # the ranks hold them now
                 memory = self.box.memory if self.box else None
                 self.relay.probe.name([r.pid for r in self.ranks], memory)
-            reason = self._supervise(RunClock([r.pid for r in self.ranks]))
+            clock = RunClock([r.pid for r in self.ranks], relayed=self.relay is not None)
+            reason = self._supervise(clock)
             if reason != "done":
                 self._collect_stacks()
             self._kill()

@@ -15,6 +15,7 @@ from pathlib import Path
 import cloudpickle
 import psutil
 import pytest
+from marks import CONFINED
 
 from course.grading import cgroups, sandbox
 from course.grading.rankbox import RankBox
@@ -23,10 +24,7 @@ from course.ranks import confined, forkserver, launch
 
 pytestmark = [
     pytest.mark.ranks,
-    pytest.mark.skipif(
-        not sandbox.available() or os.geteuid() != 0,
-        reason="graded ranks run confined with bubblewrap as another uid: needs bwrap and root",
-    ),
+    CONFINED,
 ]
 
 REPO = Path(__file__).resolve().parents[2]

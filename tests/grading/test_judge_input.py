@@ -10,7 +10,6 @@ over the honest wrong answer, and each failed cell says why in words a student c
 from __future__ import annotations
 
 import html.parser
-import os
 import re
 from pathlib import Path
 
@@ -18,8 +17,9 @@ import attacks
 import input_attacks as ia
 import nbformat
 import pytest
+from marks import CONFINED
 
-from course.grading import classrun, sandbox
+from course.grading import classrun
 from course.instructor.commands import nbgrader
 from course.instructor.grades import grade_rows
 from course.instructor.pipeline import prepare_course
@@ -30,10 +30,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.ranks,
     pytest.mark.timeout(1500),
-    pytest.mark.skipif(
-        not sandbox.available() or os.geteuid() != 0,
-        reason="grading confines student code with bubblewrap as another uid: needs bwrap and root",
-    ),
+    CONFINED,
 ]
 
 RING, ACC = "ring_allreduce", "accumulation"

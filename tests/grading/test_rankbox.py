@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import cloudpickle
 import psutil
 import pytest
+from marks import CONFINED
 
 from course.grading import sandbox
 from course.grading.judge import judge_cell
@@ -23,10 +24,7 @@ from course.ranks.clock import WALL_FACTOR
 
 pytestmark = [
     pytest.mark.ranks,
-    pytest.mark.skipif(
-        not sandbox.available() or os.geteuid() != 0,
-        reason="graded ranks run confined with bubblewrap as another uid: needs bwrap and root",
-    ),
+    CONFINED,
 ]
 
 REPO = Path(__file__).resolve().parents[2]

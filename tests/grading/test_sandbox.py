@@ -10,6 +10,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+from marks import CONFINED
 
 import course
 from course.grading import sandbox
@@ -20,10 +21,7 @@ from course.ranks import launch
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.ranks,
-    pytest.mark.skipif(
-        not sandbox.available() or os.geteuid() != 0,
-        reason="needs bubblewrap, setpriv and prlimit, and root to drop to the sandbox uid",
-    ),
+    CONFINED,
 ]
 # Graded ranks see only Python and the course package: send this module's functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

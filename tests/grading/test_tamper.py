@@ -10,14 +10,14 @@ plus its attack. The honest right one is graded at the same time as the fork bom
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import attacks
 import nbformat
 import pytest
+from marks import CONFINED
 
-from course.grading import classrun, sandbox
+from course.grading import classrun
 from course.instructor.commands import nbgrader
 from course.instructor.grades import format_grades, grade_rows, near_copies
 from course.instructor.pipeline import prepare_course
@@ -28,10 +28,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.ranks,
     pytest.mark.timeout(1200),
-    pytest.mark.skipif(
-        not sandbox.available() or os.geteuid() != 0,
-        reason="grading confines student code with bubblewrap as another uid: needs bwrap and root",
-    ),
+    CONFINED,
 ]
 
 A = "ring_allreduce"
