@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from course.ranks import RankError, RankFailure
-from course.ranks.mistakes import hint_for
+from course.ranks.mistakes import ABORT_HINT, hint_for
 
 __all__ = [
     "DEADLOCK_HINT",
@@ -40,10 +40,6 @@ DEADLOCK_HINT = (
     "Every rank was waiting for another and none could go on: a deadlock. Look at the line "
     "each rank was blocked in: every send needs a matching receive on the peer, and every "
     "collective must be called by every rank, in the same order, with the same sizes."
-)
-ABORT_HINT = (
-    "gloo aborts a rank when a message does not fit the buffer posted to receive it: check "
-    "that each send and the peer's receive use the same number of elements and dtype."
 )
 RED, BOLD, RESET = "\x1b[0;31m", "\x1b[1m", "\x1b[0m"
 
@@ -151,9 +147,9 @@ def failure_message(
     causes = [f for f in ordered if f.is_cause]
     if not causes:
         lines.append(deadlock_hint)
-    if any("SIGABRT" in f.message for f in causes):
-        lines.append(ABORT_HINT)
     hints = {hint_for(f"{f.message}\n{f.traceback}") for f in causes} - {None}
+    if any("SIGABRT" in f.message for f in causes):
+        hints.add(ABORT_HINT)
     lines += sorted(hints)
     for f in causes[:1]:
         if f.traceback.strip():

@@ -21,7 +21,7 @@ from typing import Any
 from course.ranks import confined
 from course.ranks import plain as plain_data
 from course.ranks.failures import CAUSES, PEER_GONE, RankFailure, RunResult
-from course.ranks.mistakes import plain_gloo
+from course.ranks.mistakes import native_crash, plain_gloo
 from course.ranks.wording import ranks_text
 
 # gloo's words for "my peer never answered"; a message from gloo's own C++ code names it
@@ -53,9 +53,13 @@ def build_result(
             except Exception as exc:  # noqa: BLE001 - any load failure is this rank's failure
                 outcome = ("raised", _load_error(exc))
         raw[r.rank] = _observe(r, outcome, reason, timeout)
-    failures = _resolve(raw, [r.rank for r in ranks if r.rank not in raw])
     stdout = [out for out, _ in outputs]
     stderr = [err for _, err in outputs]
+    for rank, err in enumerate(stderr):  # a native crash: its dump goes, its cause is said
+        stderr[rank], crash = native_crash(err)
+        if crash and raw.get(rank, {}).get("kind") == "killed":
+            raw[rank]["message"] = raw[rank]["message"].split(" (")[0] + f": {crash}"
+    failures = _resolve(raw, [r.rank for r in ranks if r.rank not in raw])
     return RunResult(len(ranks), results, stdout, stderr, failures, elapsed)
 
 

@@ -77,6 +77,28 @@ def test_rank_error_shows_user_traceback(ip, capsys: pytest.CaptureFixture[str])
     capsys.readouterr()
 
 
+@pytest.mark.ranks
+def test_a_native_abort_reads_as_one_line_and_its_hint(
+    ip, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ring step whose receive is one element short makes gloo abort the receiver in C++:
+    does the cell show one line for it, in bytes, with the hint for its cause, and none of
+    the C++ runtime's words, faulthandler's dump or the course's frames?"""
+    source = "%%ranks 3\nright, left = (rank + 1) % world_size, (rank - 1) % world_size\n"
+    source += "print('before', rank)\nsend = dist.isend(torch.ones(3), right)\n"
+    source += "dist.recv(torch.empty(2 if rank == 1 else 3), left)\nsend.wait()\n"
+    result = cell(ip, source)
+    shown = "\n".join(result.error_in_exec._render_traceback_())
+    said = capsys.readouterr()
+    everything = shown + said.out + said.err
+    killed = "rank 1 was killed by SIGABRT: gloo aborted it: a message of 12 bytes arrived"
+    assert f"{killed} for a receive of 8 bytes" in shown
+    assert "does not fit the buffer posted to receive it" in shown
+    assert "before 1" in said.out  # what the rank printed before it died is kept
+    for internal in ("terminate called", "Fatal Python error", "Extension modules", "course/"):
+        assert internal not in everything
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from course.ranks.mistakes import CELL_NAMES_HINT, TUPLE_HINT, hint_for, plain_gloo
+from course.ranks.mistakes import (
+    ABORT_HINT,
+    CELL_NAMES_HINT,
+    TUPLE_HINT,
+    hint_for,
+    native_crash,
+    plain_gloo,
+)
 from course.ranks.wording import count, listed, ranks_text, world_sizes_text
 
 GLOO = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
@@ -43,3 +50,27 @@ def test_counts_and_lists_read_as_english() -> None:
     assert (ranks_text([1]), ranks_text([0, 2])) == ("rank 1", "ranks 0 and 2")
     assert world_sizes_text([3]) == "world size 3"
     assert world_sizes_text([2, 3]) == "world sizes 2 and 3"
+
+
+ENFORCE = "[enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456]"
+DUMP = f"""terminate called after throwing an instance of 'gloo::EnforceNotMet'
+  what():  {ENFORCE} op.preamble.length <= op.nbytes. 12 vs 8
+Fatal Python error: Aborted
+
+Thread 0x00007f (most recent call first):
+  File "/work/main/course/ranks/worker.py", line 120 in _run
+Extension modules: numpy.core._multiarray_umath, torch._C (total: 2)
+"""
+
+
+def test_a_native_crash_is_cut_and_said_in_a_line() -> None:
+    """Is gloo's abort cut from a rank's stderr, what came before kept, and its cause said in
+    bytes? Another crash is named by faulthandler's words; no dump, nothing changes."""
+    assert native_crash("mine\n" + DUMP) == (
+        "mine\n",
+        "gloo aborted it: a message of 12 bytes arrived for a receive of 8 bytes",
+    )
+    assert hint_for("a message of 12 bytes arrived for a receive of 8 bytes") == ABORT_HINT
+    segv = "Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call):\n"
+    assert native_crash(segv) == ("", "it crashed in native code (Segmentation fault)")
+    assert native_crash("a warning\n") == ("a warning\n", None)
