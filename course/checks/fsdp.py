@@ -43,6 +43,11 @@ __all__ = [
 ]
 
 RTOL = 1e-4  # of the largest parameter: fp32 sums in another order (measured: below 1e-7)
+GENERIC = (
+    "check the order of the managed parameters (first appearance in named_parameters), "
+    "the views' offsets in the gathered tensor, and that the reduce-scattered gradient "
+    "is the mean over ranks"
+)
 LAUNCH_TIMEOUT = 30.0
 NAME = "fully_shard"
 FSDP_DEADLOCK = (
@@ -92,15 +97,20 @@ def _unit_names() -> tuple[str, ...]:
 
 
 def value_problem(
-    run: dict, rank: int, n: int, want: list[torch.Tensor], hints: Hints, rtol: float = RTOL
-) -> tuple[float, str | None]:
-    """(error relative to the largest parameter, what is wrong in words or None); each hint's
-    values, what a known mistake would give, are made only for shards that miss ``want``."""
+    run: dict, rank: int, n: int, want: list[torch.Tensor], hints: Hints, rtol: float = RTOL,
+    start: list[torch.Tensor] | None = None,
+) -> tuple[float, str | None]:  # fmt: skip
+    """(error relative to the largest parameter, or with ``start`` (the units before training)
+    to the largest change training made; what is wrong in words or None); each hint's values,
+    what a known mistake would give, are made only for shards that miss ``want``."""
     problem = readback_problem(run, n, want, list(_unit_names()))
     if problem:
         return math.inf, problem
     shards = run["shards"]
-    scale = max(t.abs().max().item() for t in want)
+    if start is None:
+        scale = max(t.abs().max().item() for t in want)
+    else:
+        scale = max((w - s).abs().max().item() for w, s in zip(want, start, strict=True))
     err = max(unit_error(shards, i, rank, n, w) for i, w in enumerate(want)) / scale
     if err <= rtol:
         return err, None
@@ -112,18 +122,21 @@ def value_problem(
 
 def worst_error(
     runs: list[dict], n: int, model: Any, want: list[torch.Tensor], hints: Hints,
-    where: Callable[[int], str], rtol: float = RTOL,
+    where: Callable[[int], str], rtol: float = RTOL, start: list[torch.Tensor] | None = None,
+    generic: str = GENERIC,
 ) -> float:  # fmt: skip
-    """The largest error of the ranks' shards from ``want``; at the first rank whose shards'
-    sizes or values are wrong, fail with ``where(rank)`` and what is wrong."""
+    """The largest error of the ranks' shards from ``want`` (relative as in
+    :func:`value_problem`); at the first rank whose shards' sizes or values are wrong, fail
+    with ``where(rank)`` and what is wrong (``generic``: when no hint fits)."""
     layout, worst = units(model), 0.0
     for rank, run in enumerate(runs):
         problem = shard_problem(run, n, layout, model)
         if problem:
             raise AssertionError(f"{where(rank)}: {problem}.")
-        err, why = value_problem(run, rank, n, want, hints, rtol)
+        err, why = value_problem(run, rank, n, want, hints, rtol, start)
         if why is not None:
-            raise AssertionError(differs(where(rank), err, why, rtol))
+            of = "of the largest parameter" if start is None else "of the largest update"
+            raise AssertionError(differs(where(rank), err, why or generic, rtol, of))
         worst = max(worst, err)
     return worst
 
@@ -170,18 +183,15 @@ def check_fully_shard(
 SUMMED = "the gradients are summed, not averaged: divide by world_size"
 
 
-def differs(where: str, err: float, why: str, rtol: float = RTOL) -> str:
-    """The failure message of a value verdict."""
+def differs(
+    where: str, err: float, why: str, rtol: float = RTOL, of: str = "of the largest parameter"
+) -> str:
+    """The failure message of a value verdict (``err`` is relative: ``of`` says to what)."""
     if err == math.inf:
         return f"{where}: {why}."
-    hint = why or (
-        "check the order of the managed parameters (first appearance in named_parameters), "
-        "the views' offsets in the gathered tensor, and that the reduce-scattered gradient "
-        "is the mean over ranks"
-    )
     return (
         f"{where}: the shards differ from the single-process oracle's after {STEPS} steps by "
-        f"{err:.2e} of the largest parameter (tolerance {rtol:g}): {hint}."
+        f"{err:.2e} {of} (tolerance {rtol:g}): {why or GENERIC}."
     )
 
 

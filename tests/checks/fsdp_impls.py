@@ -25,6 +25,7 @@ KNOBS = {
     "regather": True,  # gather again before backward (else keep the forward's parameters)
     "pad": True,  # shards of ceil(P / N); else floor, the remainder dropped
     "reduce_in_param_dtype": False,  # bf16 reduce-scatter under mixed precision
+    "divide_in_param_dtype": False,  # under mixed precision, average in bf16, then reduce in fp32
     "hang_on_last_rank": False,  # the last rank waits for a message: a deadlock
     "free_after_backward": True,
     "honour_param_dtype": True,  # else gather and compute in float32 whatever is asked
@@ -106,8 +107,10 @@ def fully_shard(module, *, param_dtype=None, reduce_dtype=None):  # noqa: C901, 
         dtype = reduce_dtype or grad.dtype
         if KNOBS["reduce_in_param_dtype"]:
             dtype = grad.dtype
+        if KNOBS["divide_in_param_dtype"]:
+            grad = grad / n
         grad = grad.to(dtype)
-        if KNOBS["average"]:
+        if KNOBS["average"] and not KNOBS["divide_in_param_dtype"]:
             grad = grad / n
         out = torch.empty(s, dtype=dtype)
         dist.reduce_scatter_single(out, grad.contiguous())

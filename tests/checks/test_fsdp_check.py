@@ -29,6 +29,7 @@ CHECKS = {
     "traffic": lambda fn: check_fsdp_traffic(fn, world_sizes=(2,), **QUICK),
     "memory": lambda fn: check_fsdp_memory(fn, **QUICK),
     "mixed": lambda fn: check_fsdp_mixed_precision(fn, world_sizes=(2,), **QUICK),
+    "mixed on 3": lambda fn: check_fsdp_mixed_precision(fn, world_sizes=(3,), **QUICK),
 }
 
 
@@ -57,7 +58,9 @@ def test_a_wrong_fully_shard_fails_with_its_reason(name: str) -> None:
     assert all(w in message for w in words), message
 
 
-@pytest.mark.parametrize("name", ["no_free_after_forward", "keeps_params", "bf16_reduce"])
+@pytest.mark.parametrize(
+    "name", ["no_free_after_forward", "keeps_params", "bf16_reduce", "bf16_average"]
+)
 def test_what_only_one_check_sees_passes_the_values(name: str) -> None:
     """Is a mistake that moves or holds the wrong bytes (but trains right in fp32) given the
     values' points?"""

@@ -3,7 +3,7 @@
 Each is ``fsdp_impls``'s source with one of its ``KNOBS`` turned, so it can be pasted as a
 student's cell (:func:`source`) or run as one (:func:`student_fn`). ``WRONG`` maps a name to
 ``(knobs, check, words)``: ``check`` is the check that must fail ("values", "traffic",
-"memory", "mixed" or "any": every one) and ``words`` what its message must say.
+"memory", "mixed", "mixed on 3" or "any": every one) and ``words`` what its message must say.
 """
 
 from __future__ import annotations
@@ -35,6 +35,12 @@ WRONG: dict[str, tuple[dict[str, bool], str, tuple[str, ...]]] = {
         "mixed",
         ("reduce_scatter", "2-byte", "reduce_dtype"),
     ),
+    "bf16_average": (
+        {"divide_in_param_dtype": True},
+        "mixed on 3",
+        ("rank 0 of 3", "of the largest update", "before anything else", "not exact"),
+    ),
+    "sums_mixed": ({"average": False}, "mixed", ("param_dtype=bf16", "summed, not averaged")),
     "fp32_compute": (
         {"honour_param_dtype": False},
         "mixed",

@@ -10,6 +10,7 @@ outside the ranks).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,24 @@ def test_the_model_solution_passes_through_the_relay() -> None:
         assert "nothing else" in check_fsdp_traffic(fn, world_sizes=(2,))
         assert "Measured from outside" in check_fsdp_memory(fn)
         assert "bf16 all-gathers" in check_fsdp_mixed_precision(fn, world_sizes=(2,))
+
+
+def test_a_bf16_average_fails_mixed_precision_on_both_paths() -> None:
+    """Does a fully_shard that divides its bf16 gradient by world_size before the fp32
+    reduce-scatter fail the mixed-precision check on 3 ranks, on the notebook's path and
+    confined through the relay, with the same hint?"""
+    source = IMPLS + "\nKNOBS['divide_in_param_dtype'] = True\n"
+    namespace: dict = {"__name__": "__main__"}
+    exec(source, namespace)  # noqa: S102 - a student's cell
+    said = []
+    for fn, box in (
+        (namespace["fully_shard"], None),
+        (StudentCode((("impls", source),), "fully_shard"), RankBox()),
+    ):
+        with box or contextlib.nullcontext(), pytest.raises(AssertionError) as failure:
+            check_fsdp_mixed_precision(fn, world_sizes=(3,))
+        said.append(str(failure.value))
+    assert all("before anything else" in s and "rank 0 of 3" in s for s in said), said
 
 
 def test_a_forged_record_earns_no_traffic_points() -> None:
