@@ -99,6 +99,15 @@ def shard_units(fully_shard: Any, model: torch.nn.Module, **kw: Any) -> list[str
         back = fully_shard(unit, **kw)
         if back is not unit:
             said.append(f"fully_shard(block {i}) did not return the module it was given")
+    for name, unit in [*((f"block {i}", b) for i, b in enumerate(model.blocks)), ("root", model)]:
+        shard = getattr(unit, "flat_shard", None)
+        if isinstance(shard, torch.Tensor) and shard.dtype != torch.float32:
+            said.append(  # before training: torch's own dtype error would come first
+                f"{name}'s flat_shard is {shard.dtype} after fully_shard(param_dtype="
+                f"{kw.get('param_dtype')}): the flat_shard is the master copy the optimizer "
+                "steps and stays float32; cast a copy of it to param_dtype when you gather"
+            )
+            break
     return said
 
 

@@ -26,6 +26,7 @@ KNOBS = {
     "pad": True,  # shards of ceil(P / N); else floor, the remainder dropped
     "reduce_in_param_dtype": False,  # bf16 reduce-scatter under mixed precision
     "divide_in_param_dtype": False,  # under mixed precision, average in bf16, then reduce in fp32
+    "master_in_param_dtype": False,  # the flat_shard itself in bf16 under mixed precision
     "hang_on_last_rank": False,  # the last rank waits for a message: a deadlock
     "free_after_backward": True,
     "honour_param_dtype": True,  # else gather and compute in float32 whatever is asked
@@ -74,7 +75,10 @@ def fully_shard(module, *, param_dtype=None, reduce_dtype=None):  # noqa: C901, 
     flat[:total] = torch.cat([p.detach().float().reshape(-1) for p in order])
     # Unpadded: uneven shards, the first total % n ranks one element more.
     mine = flat[rank * s : (rank + 1) * s] if KNOBS["pad"] else flat[:total].tensor_split(n)[rank]
-    module.flat_shard = nn.Parameter(mine.clone())
+    master = mine.clone()
+    if KNOBS["master_in_param_dtype"] and param_dtype is not None:
+        master = master.to(param_dtype)
+    module.flat_shard = nn.Parameter(master)
     offsets, start = {}, 0
     for p in order:
         offsets[id(p)] = (start, p.numel(), p.shape)

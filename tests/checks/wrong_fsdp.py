@@ -40,6 +40,11 @@ WRONG: dict[str, tuple[dict[str, bool], str, tuple[str, ...]]] = {
         "mixed on 3",
         ("rank 0 of 3", "of the largest update", "before anything else", "not exact"),
     ),
+    "bf16_master": (
+        {"master_in_param_dtype": True},
+        "mixed",
+        ("block 0's flat_shard is torch.bfloat16", "stays float32", "cast a copy"),
+    ),
     "sums_mixed": ({"average": False}, "mixed", ("param_dtype=bf16", "summed, not averaged")),
     "fp32_compute": (
         {"honour_param_dtype": False},
