@@ -59,12 +59,13 @@ test: setup lint
 # work/ (copies of release/) and opens its first notebook; `make lab WORK=selfstudy-work
 # FROM=selfstudy` the self-study build. The lab serves the course root, so that nbgrader's
 # formgrader (its links to source/ and release/) works too (course/instructor/lab.py).
+# `make lab PORT=8890` serves on that port; with no display no browser is opened.
 WORK ?= work
 FROM ?= release
 
 lab: setup
 	$(if $(filter selfstudy,$(FROM)),$(MAKE) selfstudy,)
-	$(PY) -m course.instructor.lab $(WORK) --from $(FROM)
+	$(PY) -m course.instructor.lab $(WORK) --from $(FROM) $(if $(PORT),--port $(PORT),)
 
 # A class on JupyterHub (course.instructor.hub): accounts, the students' environment in
 # HUB_ENV, the course and nbgrader's exchange in HUB_ROOT, then the hub on 127.0.0.1:HUB_PORT.

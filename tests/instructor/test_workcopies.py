@@ -57,3 +57,36 @@ def test_make_lab_serves_the_course_and_opens_the_first_work_copy(tmp_path) -> N
     assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
     assert ("--allow-root" in cmd) == (os.geteuid() == 0)
     assert "/work/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+def test_make_lab_takes_a_port_opens_no_browser_without_a_display_and_asks_no_news(
+    tmp_path, monkeypatch
+) -> None:
+    """Does `make lab PORT=8890` reach jupyter as its port; does a machine with no display
+    get --no-browser (and one with a display a browser); are JupyterLab's news and update
+    checks off in the environment's defaults, with what else was there kept?"""
+    import json
+    import subprocess
+
+    from course.instructor.hubconfig import QUIET_LAB
+    from course.instructor.lab import lab_command, quiet_lab
+
+    plan = subprocess.run(
+        ["make", "-n", "lab", "PORT=8890"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert "--port 8890" in plan
+    first = Path("work/ring_allreduce/ring_allreduce.ipynb")
+    for var in ("DISPLAY", "WAYLAND_DISPLAY"):
+        monkeypatch.delenv(var, raising=False)
+    cmd, _ = lab_command(tmp_path, first, port=8890)
+    assert "--ServerApp.port=8890" in cmd and "--no-browser" in cmd
+    monkeypatch.setenv("DISPLAY", ":0")
+    assert "--no-browser" not in lab_command(tmp_path, first)[0]
+    assert "--no-browser" in lab_command(tmp_path, first, open_browser=False)[0]
+    overrides = tmp_path / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    overrides.parent.mkdir(parents=True)
+    overrides.write_text(json.dumps({"@jupyterlab/apputils-extension:themes": {"theme": "x"}}))
+    settings = json.loads(quiet_lab(tmp_path).read_text())
+    assert settings["@jupyterlab/apputils-extension:themes"] == {"theme": "x"}
+    for plugin, values in QUIET_LAB.items():
+        assert settings[plugin] == values
