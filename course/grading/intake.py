@@ -140,9 +140,11 @@ def _check_file(path: str, st: os.stat_result, caps: Caps, fd: int, name: str) -
     if st.st_nlink > 1:
         raise Rejected(f"{path} is a hard link ({st.st_nlink} names for one file)")
     if st.st_size > caps.file_bytes:
-        raise Rejected(
-            f"{path} is {st.st_size / 2**20:.1f} MiB, over the {caps.file_bytes // 2**20} MiB cap"
-        )
+        cap = caps.file_bytes // 2**20
+        said = f"{path} is {st.st_size / 2**20:.1f} MiB, over the {cap} MiB cap"
+        if name.endswith(".ipynb"):  # outputs or saved widget state: the answers are small
+            said += ": clear its outputs (Edit > Clear Outputs of All Cells), save, submit again"
+        raise Rejected(said)
 
 
 def _read(fd: int, name: str, path: str, caps: Caps) -> bytes:

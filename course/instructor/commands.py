@@ -184,6 +184,7 @@ def execute(path: Path, out: Path | None = None, timeout: int = 120) -> list[Cel
         timeout=timeout,
         kernel_name="python3",
         allow_errors=True,
+        store_widget_state=False,  # megabytes a widget, which JupyterLab does not save either
         resources={"metadata": {"path": str(path.parent)}},
     )
     client.execute()

@@ -13,8 +13,11 @@ from typing import Any
 __all__ = ["COURSE_ID", "FRAME_SELF", "QUIET_LAB", "hub_config", "server_config"]
 
 COURSE_ID = "sync-data-parallel"
+# JupyterLab's defaults for the course's labs: no news toast over the widgets, and no widget
+# state saved into notebooks (a ring widget's is about 5 MB; the intake caps a file at 20 MiB).
 QUIET_LAB = {
-    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}
+    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
+    "@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": False},
 }
 # JupyterHub >= 4.1 keeps single-user pages out of frames; formgrader's page in JupyterLab
 # is one (nbgrader #1870): let a server frame its own pages, and nothing else.
@@ -52,8 +55,8 @@ def hub_config(cls: Any, proxy: Path) -> str:
     """The text of jupyterhub_config.py for the class (nbgrader's guide, JupyterHub >= 2)."""
     hub, api, service = cls.ports
     singleuser = str(cls.env / "bin" / "jupyterhub-singleuser")
-    user_env = {"JUPYTER_CONFIG_PATH": str(cls.config)}
-    service_env = {**user_env, "COURSE_EXCHANGE": str(cls.exchange),
+    user_env = {"JUPYTER_CONFIG_PATH": f"{cls.user_config}:{cls.config}"}
+    service_env = {"JUPYTER_CONFIG_PATH": str(cls.config), "COURSE_EXCHANGE": str(cls.exchange),
                    "JUPYTERHUB_DEFAULT_URL": "/formgrader"}  # fmt: skip
     settings = {
         "JupyterHub.ip": "127.0.0.1",

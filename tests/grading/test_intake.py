@@ -84,6 +84,12 @@ def test_size_and_count_caps(submitted: Path) -> None:
         f.truncate(SUBMISSION.file_bytes + 1)  # sparse: the size is what counts
     assert "big.bin is 20.0 MiB, over the 20 MiB cap" in _rejected(submitted, "eve", "a")
     big.unlink()
+    notebook = submitted / "eve" / "a" / "a.ipynb"
+    with open(notebook, "r+b") as f:
+        f.truncate(SUBMISSION.file_bytes + 1)
+    said = _rejected(submitted, "eve", "a")
+    assert "a.ipynb is 20.0 MiB, over the 20 MiB cap: clear its outputs" in said
+    notebook.write_text("{}")
     for i in range(6):
         with open(submitted / "eve" / "a" / f"part{i}.bin", "wb") as f:
             f.truncate(SUBMISSION.file_bytes - 1)

@@ -353,3 +353,18 @@ def test_a_gradebook_left_without_alembic_version_is_stamped(tmp_path, capsys):
     with commands.open_gradebook(db) as gb:
         assert [s.id for s in gb.students] == ["ada"]
     assert "alembic_version" not in capsys.readouterr().out  # said once, when repaired
+
+
+def test_a_notebook_run_by_the_pipeline_keeps_no_widget_state(tmp_path: Path) -> None:
+    """Does a notebook the pipeline runs carry its widget's view but not the widget's state
+    (megabytes for the ring's), as JupyterLab saves none by default?"""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import ipywidgets\nipywidgets.IntSlider(value=3)")]
+    nb.cells[0].metadata["nbgrader"] = {"grade_id": "slider"}
+    path, out = tmp_path / "w.ipynb", tmp_path / "out" / "w.ipynb"
+    nbformat.write(nb, path)
+    assert commands.execute(path, out=out) == []
+    ran = nbformat.read(out, as_version=4)
+    shown = ran.cells[0].outputs[0]["data"]
+    assert "application/vnd.jupyter.widget-view+json" in shown
+    assert "widgets" not in ran.metadata
