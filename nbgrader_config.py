@@ -33,7 +33,7 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
 # item and every check reports its own clear message instead of a NotImplementedError.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE"}
 
-# Grading an instructor can trust (README, "What grading defends"). No kernel runs the
+# Grading an instructor can trust (docs/grading.md, "What grading defends"). No kernel runs the
 # submission: course.grading.judge.Judge takes the place of nbgrader's Execute. Quiz answers
 # are read from the notebook's text; each code check runs here, its ranks confined
 # (course.grading.rankbox: bubblewrap, an unprivileged uid, no network, no course sources),

@@ -19,7 +19,10 @@ runs JupyterHub (with configurable-http-proxy from npm) on 127.0.0.1:
   Python with the course installed (not editable) and the instructor's modules readable by
   the graders group only (the same list the student view leaves out);
 * hub groups and roles: ``formgrade-<course>`` (the instructor) may use the course service;
-  ``nbgrader-<course>`` (the students) may see it listed.
+  ``nbgrader-<course>`` (the students) may see it listed;
+* the users' own servers read ``ROOT/jupyter-users`` first: nbgrader's instructor views
+  (formgrader, the course list, Create Assignment) are off there, so a student's lab shows
+  the assignment list only; the instructor grades in the course service, which keeps them.
 
 Grade with ``make autograde ROOT=ROOT/course`` (as root): results are handed back to the
 course root's owner so formgrader can open them.
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course.instructor.hubconfig import COURSE_ID, QUIET_LAB, hub_config, server_config
+from course.instructor.studentlab import student_config
 
 __all__ = ["COURSE_ID", "Class", "build_env", "hub_config", "main", "make_accounts", "make_course"]
 
@@ -82,6 +86,12 @@ class Class:
     def config(self) -> Path:
         """Jupyter config every user's server reads (JUPYTER_CONFIG_PATH): course, exchange."""
         return self.root / "jupyter"
+
+    @property
+    def user_config(self) -> Path:
+        """Jupyter config the users' own servers read before :attr:`config`: nbgrader's
+        instructor views off (the course's service, where grading happens, keeps them)."""
+        return self.root / "jupyter-users"
 
     @property
     def url(self) -> str:
@@ -183,6 +193,8 @@ def make_course(cls: Class, repo: Path = REPO) -> Path:
         f"c.Exchange.root = {str(cls.exchange)!r}\n"
     )
     (cls.config / "jupyter_server_config.py").write_text(server_config())
+    cls.user_config.mkdir(exist_ok=True)
+    student_config(cls.user_config)
     return cls.course
 
 

@@ -156,7 +156,14 @@ def demo(
     step(f"generate_feedback: {len(pages)} HTML pages; export: {csv.relative_to(root)}")
 
     rows = grade_rows(root)
-    say("\n" + format_grades(rows, near_copies(root)) + "\n")
+    copies = near_copies(root)
+    say("\n" + format_grades(rows, copies) + "\n")
+    if copies:  # the samples are the course's solutions with a mistake each: flagged, rightly
+        say(
+            "    The samples are built from the course's own solutions, so most are flagged as "
+            "near copies of them;\n    in a real class the flag marks a submission to look at "
+            "(it changes no grade)."
+        )
     problems = check_expectations(rows, subs)
     for p in problems:
         say(f"    NOT AS EXPECTED: {p}")

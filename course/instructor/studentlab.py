@@ -5,8 +5,14 @@
 nbgrader installs its formgrader, course list and "Create Assignment" sidebar for everyone;
 a student needs none of them (and Binder's memory is better spent on kernels). This turns
 them off at the ``sys-prefix`` level of the environment it runs in, with jupyter's own
-commands, so the student's own Jupyter settings are left alone. The assignment list and
-the Validate button stay: students on a JupyterHub fetch and submit with them.
+commands, so the student's own Jupyter settings are left alone. On the class's JupyterHub the
+same settings sit in a folder on the user servers' ``JUPYTER_CONFIG_PATH``
+(``course.instructor.hub``): the instructor grades in the course's service, which keeps them.
+The assignment list and the Validate button stay: students fetch and submit with them.
+
+These are the views, not a boundary: a student who turns formgrader back on in their own
+``~/.jupyter`` gets one over their own files, with their own uid; what keeps the course's
+sources, the gradebook and other students' work from them is the file system's permissions.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["INSTRUCTOR_LAB_PLUGINS", "INSTRUCTOR_SERVER_EXTENSIONS", "student_lab"]
+__all__ = [
+    "INSTRUCTOR_LAB_PLUGINS", "INSTRUCTOR_SERVER_EXTENSIONS", "student_config", "student_lab",
+]  # fmt: skip
 
 INSTRUCTOR_SERVER_EXTENSIONS = (
     "nbgrader.server_extensions.formgrader",
@@ -37,7 +45,13 @@ def student_lab(prefix: str = sys.prefix) -> Path:
     disable --level=sys_prefix`` write, written here: those commands act on whichever
     environment their own script belongs to, this on the one that runs it.
     """
-    config = Path(prefix) / "etc" / "jupyter"
+    return student_config(Path(prefix) / "etc" / "jupyter")
+
+
+def student_config(config: Path) -> Path:
+    """Write into the jupyter config folder ``config`` (a level of the environment, or a
+    folder on a server's ``JUPYTER_CONFIG_PATH``: a hub's user servers) what turns the
+    instructor's views off, keeping what is there; return ``config``."""
     server = _merge(config / "jupyter_server_config.json")  # it overrides the .d/ files
     enabled = server.setdefault("ServerApp", {}).setdefault("jpserver_extensions", {})
     enabled |= dict.fromkeys(INSTRUCTOR_SERVER_EXTENSIONS, False)

@@ -343,3 +343,24 @@ def test_formgrader_opens_in_jupyterlab_under_the_hub(cls, term, browser, helper
     frame.locator(f"td.name:has-text('{RING}')").wait_for(timeout=60_000)
     page.screenshot(path=helpers.artifact("hub-8-formgrader-iframe.png"))
     page.context.close()
+
+
+def test_a_student_on_the_hub_gets_the_student_lab(cls, term, browser, helpers):
+    """As a student on the hub: is the Nbgrader menu down to the assignment list, with no
+    Create Assignment sidebar, formgrader's page and API not served by the student's server,
+    and the course service's formgrader refused?"""
+    student = "hubt-ada"
+    page = login(browser, cls, student)
+    open_lab(page, cls, student)
+    page.locator('#jp-menu-panel div.lm-MenuBar-itemLabel:text("Nbgrader")').click()
+    items = page.locator(".lm-Menu-content .lm-Menu-itemLabel").all_text_contents()
+    assert [i for i in items if i] == ["Assignment List"]
+    assert page.get_by_text("Create Assignment").count() == 0
+    page.screenshot(path=helpers.artifact("hub-9-student-menu.png"))
+    page.keyboard.press("Escape")
+    for path in ("formgrader", "formgrader/api/assignments"):
+        seen = page.goto(f"{cls.url}user/{student}/{path}")
+        assert seen.status == 404, (path, seen.status)
+    service = page.goto(f"{cls.url}services/{COURSE}/formgrader")
+    assert service.status == 403 or "403" in page.content()
+    page.context.close()

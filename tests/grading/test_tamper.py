@@ -232,7 +232,7 @@ def test_a_near_copy_of_the_course_solution_is_flagged_not_scored(graded: dict) 
 
 def test_predicted_inputs_earn_no_sums(graded: dict) -> None:
     """Inputs come from fresh random seeds: a function that recomputes them without any
-    message gets no sums. (Its forged trace is the gap the README names.)"""
+    message gets no sums. (Its forged trace is the gap docs/grading.md names.)"""
     assert graded["scores"]["no_comm"]["ring_allreduce_sums"] == 0
 
 

@@ -189,7 +189,7 @@ def test_the_giveaway_check_would_catch_a_leak() -> None:
 
 def test_no_docstring_or_comment_of_the_student_package_gives_an_item_away() -> None:
     """Does no docstring or comment of a module students get state an item's give-away? (The
-    code itself computes what the checks and the widget need; that is said in the README.)"""
+    code itself computes what the checks and the widget need; that is said in docs/grading.md.)"""
     from course.instructor.bank import prose
     from course.instructor.studentview import student_files
 
