@@ -7,6 +7,8 @@ pure form). The recorder decodes every payload it sees with :func:`decode_tensor
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["check_encodable", "decode_tensor", "encoded_tensor", "max_numel"]
@@ -34,7 +36,7 @@ def decode_tensor(
     scale = 1 << (world_size if bits is None else bits)
     if first == 0:
         return (None, 0) if not values.any() else (None, None)
-    if first < 0 or first != int(first) or first >= 2**53:
+    if not math.isfinite(first) or first < 0 or first != int(first) or first >= 2**53:
         return None, None
     mask = int(first) % scale
     if mask == 0 or (int(first) - mask) % (mask * scale):

@@ -18,6 +18,7 @@ N <= 16 and up to 2**21 elements.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -119,7 +120,7 @@ def decode(values: Sequence[float], world_size: int) -> tuple[int | None, int | 
         return None, None
     scale = 1 << world_size
     first = values[0]
-    if first != int(first) or first <= 0:
+    if not math.isfinite(first) or first != int(first) or first <= 0:  # garbage received
         return (None, 0) if first == 0 and all(v == 0 for v in values) else (None, None)
     first = int(first)
     mask = first % scale

@@ -128,3 +128,16 @@ def test_expected_holds_matches_decoded_partial_sums(world_size: int) -> None:
         ranks = [r for r in range(world_size) if mask >> r & 1]
         values = [sum(encoded_value(r, i, world_size) for r in ranks) for i in range(2, 5)]
         assert decode(values, world_size) == (2, mask)
+
+
+@pytest.mark.parametrize("garbage", [float("nan"), float("inf"), float("-inf")])
+def test_a_payload_of_garbage_decodes_to_nothing(garbage: float) -> None:
+    """A receive gloo filled with what was not sent (NaN, inf): is it read as no ring's chunk,
+    rather than raising inside the recorded dist.recv (a student saw "cannot convert float NaN
+    to integer at dist.recv")?"""
+    import torch
+
+    from course.ring.encoding import decode_tensor
+
+    assert decode([garbage, 1.0], 3) == (None, None)
+    assert decode_tensor(torch.tensor([garbage, 1.0]), 3) == (None, None)
