@@ -3,6 +3,7 @@
 #   make test   the whole test suite (ruff included), as CI runs it
 #   make lab    open the course in JupyterLab
 #   make hub    the course on a JupyterHub with real accounts (root; loopback only)
+#   make hub-down   stop it (REMOVE=1: and remove its accounts and files)
 
 PYTHON ?= python3
 VENV := .venv
@@ -13,7 +14,7 @@ NODE_STAMP := node_modules/.installed
 # Debian packages the browser tests and the sandboxed autograde need.
 SYSTEM_PACKAGES := chromium bubblewrap
 
-.PHONY: setup system-deps test lint format lab hub benchmarks clean
+.PHONY: setup system-deps test lint format lab hub hub-down benchmarks clean
 
 setup: $(STAMP) system-deps $(NODE_STAMP)
 
@@ -75,6 +76,10 @@ HUB_PORT ?= 8000
 
 hub: setup
 	$(PY) -m course.instructor.hub --root $(HUB_ROOT) --env $(HUB_ENV) --port $(HUB_PORT) $(if $(HUB_PASSWORD),--password $(HUB_PASSWORD),)
+
+# Stop the class's hub; REMOVE=1 also deletes its accounts, HUB_ROOT (grades too) and HUB_ENV.
+hub-down: setup
+	$(PY) -m course.instructor.hubdown --root $(HUB_ROOT) --env $(HUB_ENV) $(if $(filter 1,$(REMOVE)),--remove,)
 
 benchmarks: setup
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

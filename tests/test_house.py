@@ -9,12 +9,12 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "course"
 MODULES = sorted(PACKAGE.rglob("*.py"))
-MAX_MODULE_LINES, MAX_FUNCTION_LINES = 300, 60
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60  # a module is one idea: cut by ideas, not size
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_modules_and_functions_stay_small(path: Path) -> None:
-    """Is every module under 300 lines, and every function in it under 60?"""
+    """Is every module under 400 lines, and every function in it under 60?"""
     source = path.read_text()
     assert len(source.splitlines()) <= MAX_MODULE_LINES, "split this module by concept"
     long = [

@@ -35,6 +35,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -59,7 +60,7 @@ class Class:
     students: tuple[str, ...] = ("student1", "student2", "student3")
     prefix: str = ""  # put before every account and group name (a test's own class)
     port: int = 8000
-    ports: tuple[int, int, int] = (8081, 8001, 9999)  # hub, proxy API, course service
+    ports: tuple[int, ...] = (8081, 8001, 9999)  # hub, proxy API, course service
     passwords: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -227,6 +228,25 @@ def set_up(cls: Class) -> dict[str, str]:
     return passwords
 
 
+def free_ports(n: int) -> tuple[int, ...]:
+    """``n`` ports free on 127.0.0.1 now: two classes' hubs on one machine do not collide."""
+    socks = [socket.socket() for _ in range(n)]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+    ports = tuple(sock.getsockname()[1] for sock in socks)
+    for sock in socks:
+        sock.close()
+    return ports
+
+
+def _ports(text: str) -> tuple[int, int, int]:
+    try:
+        hub, api, service = (int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"three ports, HUB,API,SERVICE: got {text!r}") from None
+    return hub, api, service
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m course.instructor.hub [--root DIR] [--env DIR] [--port N]``: set up, serve."""
     parser = argparse.ArgumentParser(
@@ -236,17 +256,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", type=Path, default=Class.env)
     parser.add_argument("--port", type=int, default=Class.port)
     parser.add_argument("--password", help="every account's password (default: random, printed)")
+    parser.add_argument(
+        "--inner-ports", type=_ports, default=None, metavar="HUB,API,SERVICE",
+        help="the hub's own, the proxy's API and the course service's (default: free ones)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    cls = Class(root=args.root.resolve(), env=args.env.resolve(), port=args.port)
-    if args.password:
-        cls = Class(root=cls.root, env=cls.env, port=cls.port,
-                    passwords=dict.fromkeys(cls.users, args.password))  # fmt: skip
+    ports = args.inner_ports or free_ports(3)
+    passwords = dict.fromkeys(Class().users, args.password) if args.password else {}
+    cls = Class(root=args.root.resolve(), env=args.env.resolve(), port=args.port,
+                ports=ports, passwords=passwords)  # fmt: skip
     passwords = set_up(cls)
     print(f"JupyterHub for {COURSE_ID} at {cls.url} (loopback only); accounts:")
     for user, password in passwords.items():
         print(f"    {user:12s} {password}")
     print(f"formgrader: {cls.url}services/{COURSE_ID}/formgrader (as {cls.instructor})")
     print(f"grade with: sudo make autograde ROOT={cls.course}")
+    print("stop with:  sudo make hub-down (REMOVE=1 also removes the accounts and the course)")
     os.execv(hub_command(cls)[0], hub_command(cls))  # noqa: S606 - becomes the hub
     return 0
 

@@ -156,14 +156,7 @@ def demo(
     step(f"generate_feedback: {len(pages)} HTML pages; export: {csv.relative_to(root)}")
 
     rows = grade_rows(root)
-    copies = near_copies(root)
-    say("\n" + format_grades(rows, copies) + "\n")
-    if copies:  # the samples are the course's solutions with a mistake each: flagged, rightly
-        say(
-            "    The samples are built from the course's own solutions, so most are flagged as "
-            "near copies of them;\n    in a real class the flag marks a submission to look at "
-            "(it changes no grade)."
-        )
+    _say_grades(rows, near_copies(root))
     problems = check_expectations(rows, subs)
     for p in problems:
         say(f"    NOT AS EXPECTED: {p}")
@@ -172,6 +165,17 @@ def demo(
     verdict = "every grade as its spec expects" if not problems else f"{len(problems)} surprises"
     say(f"demo finished in {time.monotonic() - t0:.0f} s: {verdict}")
     return 1 if problems or drift else 0
+
+
+def _say_grades(rows: list, copies: dict) -> None:
+    """The grade table, and why the samples are flagged as near copies (they are)."""
+    say("\n" + format_grades(rows, copies) + "\n")
+    if copies:  # the samples are the course's solutions with a mistake each
+        say(
+            "    The samples are built from the course's own solutions, so most are flagged as "
+            "near copies of them;\n    in a real class the flag marks a submission to look at "
+            "(it changes no grade)."
+        )
 
 
 def _stepper(t0: float) -> Callable[[str], None]:

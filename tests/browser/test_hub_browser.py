@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -24,7 +23,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course.instructor import hub
+from course.instructor import hub, hubdown
 from course.instructor.commands import open_gradebook
 from course.instructor.submissions import Submission, assemble, load_specs
 
@@ -48,16 +47,6 @@ for _path in glob.glob("/srv/*/course/source/*/*.ipynb") + glob.glob("/home/*/ri
 """
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _needs() -> None:
     if os.geteuid() != 0:
         pytest.skip("a hub with real Unix accounts needs root (useradd, PAM, spawning as users)")
@@ -72,7 +61,7 @@ def _needs() -> None:
 def cls() -> Iterator[hub.Class]:
     """The class, set up from scratch (its accounts removed afterwards), with its hub running."""
     _needs()
-    port, *ports = _free_ports(4)
+    port, *ports = hub.free_ports(4)
     users = ("hubt-teach", "hubt-ada", "hubt-cy", "hubt-eve")
     the_class = hub.Class(
         root=Path("/srv/sync-data-parallel-test"),
@@ -90,23 +79,11 @@ def cls() -> Iterator[hub.Class]:
         _wait_for(the_class, proc)
         yield the_class
     finally:
+        hubdown.stop_hub(the_class, wait=30)  # if the last test did not
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-        for user in (*the_class.users, the_class.grader):
-            subprocess.run(["pkill", "-KILL", "-u", user], check=False)  # the test's own accounts
-        _stop_proxy(the_class)  # a hub that died starting leaves its proxy (its own session)
-        hub.remove_accounts(the_class)
-
-
-def _stop_proxy(the_class: hub.Class) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        pid = int((the_class.root / "hub" / "jupyterhub-proxy.pid").read_text())
-        os.kill(pid, 9)
+            os.killpg(proc.pid, 9)  # nothing of a hub that would not stop
+        proc.wait()
+        hubdown.remove_class(the_class)
 
 
 def _wait_for(the_class: hub.Class, proc: subprocess.Popen) -> None:
@@ -364,3 +341,21 @@ def test_a_student_on_the_hub_gets_the_student_lab(cls, term, browser, helpers):
     service = page.goto(f"{cls.url}services/{COURSE}/formgrader")
     assert service.status == 403 or "403" in page.content()
     page.context.close()
+
+
+def test_make_hub_down_stops_the_hub_by_itself_without_a_traceback(cls, term) -> None:
+    """Last: does stopping the hub as `make hub-down` does (SIGTERM, found by its pid file)
+    end it by itself, its users' servers and service with it, and log no traceback?"""
+    logged = len(_log_all(cls))
+    how, took = hubdown.stop_hub(cls, wait=60)
+    print(f"the hub {how} in {took:.1f} s")
+    assert how == "stopped", (how, took)
+    after = _log_all(cls)[logged:]
+    assert "Traceback" not in after, after[-3000:]
+    for user in (*cls.users, cls.grader):
+        left = subprocess.run(["pgrep", "-u", user], capture_output=True, check=False).stdout
+        assert not left, (user, left)
+
+
+def _log_all(the_class: hub.Class) -> str:
+    return (the_class.root / "hub" / "hub.log").read_text()
