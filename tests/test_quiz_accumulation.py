@@ -33,108 +33,108 @@ def _times(r: dict, factor: float) -> bool:
     return torch.allclose(got, factor * want, rtol=1e-4, atol=1e-6)
 
 
-def test_accumulation_1_no_sync_count(run_ranks) -> None:
-    """With no_sync on 3 of 4 micro-batches, does DDP all-reduce once, in the last backward?"""
-    counts = run_ranks(counts_and_scales, 2)[0]
-    plain, no_sync = counts["plain"], counts["no_sync"]
-    same = torch.allclose(torch.tensor(plain["grad"]), torch.tensor(no_sync["grad"]), atol=1e-6)
+def test_accumulation_1_synced_first(run_ranks) -> None:
+    """The one synced backward first, no_sync on the 3 after it: does .grad hold micro-batch 1
+    averaged plus the rank's own last 3, different on the two ranks?"""
+    r0, r1 = run_ranks(accumulation.accumulation_counts, 2, True, 4, 0, "mean", True)
+    right = run_ranks(counts_and_scales, 2)[0]
+    assert right["no_sync"]["allreduces_per_backward"] == [0, 0, 0, 1]
+    assert r0["allreduces_per_backward"] == r1["allreduces_per_backward"] == [1, 0, 0, 0]
+    g0, g1 = torch.tensor(r0["grad"]), torch.tensor(r1["grad"])
+    local0, local1 = torch.tensor(r0["local_grads"]), torch.tensor(r1["local_grads"])
+    first = (local0[0] + local1[0]) / 2
     options = {
-        "a": no_sync["allreduces_per_backward"] == [1, 1, 1, 1],
-        "b": no_sync["allreduces_per_backward"] == [1, 1, 1, 0],
-        "c": no_sync["allreduces_per_backward"] == [0, 0, 0, 1]
-        and plain["allreduces_per_backward"] == [1, 1, 1, 1]
-        and same,
-        "d": sum(no_sync["allreduces_per_backward"]) == 0,
+        "a": torch.allclose(g0, g1) and torch.allclose(g0, torch.tensor(right["no_sync"]["grad"])),
+        "b": torch.allclose(g0, first, atol=1e-6),
+        "c": torch.allclose(g0, first + local0[1:].sum(0), atol=1e-6)
+        and torch.allclose(g1, first + local1[1:].sum(0), atol=1e-6)
+        and not torch.allclose(g0, g1, atol=1e-3),
+        "d": False,  # run_ranks returned: nothing raised
     }
     assert supported(options) == KEYS["accumulation_1"]
 
 
-def test_accumulation_2_undivided_loss_scale(run_ranks) -> None:
-    """Without dividing by K = 4, is the accumulated .grad 4 times the large-batch gradient?"""
-    counts = run_ranks(counts_and_scales, 2)[0]
-    r = counts["no_sync"]
-    options = {"a": _times(r, 1.0), "b": _times(r, 4.0), "c": _times(r, 8.0), "d": _times(r, 0.25)}
+def test_accumulation_2_summed_loss_scale(run_ranks) -> None:
+    """K = 4 micro-batches of 2 samples, summed loss, 2 ranks: is .grad 8 times the large-batch
+    gradient (and the cell's mean-loss run K = 3 times it)?"""
+    summed = run_ranks(accumulation.accumulation_counts, 2, True, 4, 0, "sum")[0]
+    assert _times(run_ranks(accumulation.accumulation_counts, 2, True, 3)[0], 3.0)
+    options = {
+        "a": _times(summed, 8.0),
+        "b": _times(summed, 4.0),
+        "c": _times(summed, 1.0),
+        "d": _times(summed, 16.0),
+    }
     assert supported(options) == KEYS["accumulation_2"]
 
 
-def test_accumulation_3_sampler_padding() -> None:
-    """10 samples over 4 ranks: 3 each, with samples 0 and 1 read twice?"""
-    split = sampler.sampler_split(10, 4)
-    assert split == [[0, 4, 8], [1, 5, 9], [2, 6, 0], [3, 7, 1]]
-    flat = [i for s in split for i in s]
+def test_accumulation_3_shuffled_padding() -> None:
+    """1000 samples, 64 ranks, shuffled with set_epoch: are the samples read twice the first 24
+    of each epoch's order, a new set each epoch?"""
+    repeated, starts = [], []
+    for epoch in (0, 1):
+        split = sampler.seeded_split(1000, [0] * 64, epoch)
+        assert [len(s) for s in split] == [16] * 64
+        order = [split[p % 64][p // 64] for p in range(1024)]  # the order the ranks deal from
+        assert order[1000:] == order[:24] and sorted(set(order)) == list(range(1000))
+        flat = [i for s in split for i in s]
+        repeated.append({i for i in flat if flat.count(i) == 2})
+        starts.append(set(order[:24]))
+        if epoch == 0:
+            dropped = sampler.seeded_split(1000, [0] * 64, 0, drop_last=True)
+            assert [len(s) for s in dropped] == [15] * 64
+            assert {i for s in dropped for i in s} == set(order[:960])  # the last 40 dropped
     options = {
-        "a": [len(s) for s in split] == [3, 3, 2, 2] and sorted(flat) == list(range(10)),
-        "b": [len(s) for s in split] == [3] * 4
-        and sorted(i for i in set(flat) if flat.count(i) == 2) == [0, 1],
-        "c": [len(s) for s in split] == [2] * 4,
-        "d": False,  # sampler_split returned: no error
+        "a": repeated[0] == repeated[1] == set(range(24)),
+        "b": repeated[0] == set(),
+        "c": repeated == starts and repeated[0] != repeated[1] and len(repeated[0]) == 24,
+        "d": repeated[0] == repeated[1] == set(range(960, 1000)),
     }
     assert supported(options) == KEYS["accumulation_3"]
-    assert sampler.sampler_split(10, 4, drop_last=True) == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert sampler.sampler_split(3, 4) == [[0], [1], [2], [0]]
+    assert sampler.sampler_split(10, 4) == [[0, 4, 8], [1, 5, 9], [2, 6, 0], [3, 7, 1]]
 
 
-def test_accumulation_4_set_epoch() -> None:
-    """Without set_epoch, does rank 0 read the same (shuffled) order in every epoch?"""
-    orders = sampler.epoch_orders(10, 2, 3, set_epoch=False)
-    reshuffled = sampler.epoch_orders(10, 2, 3, set_epoch=True)
-    assert len({tuple(o) for o in reshuffled}) == 3
-    same = len({tuple(o) for o in orders}) == 1
+def test_accumulation_4_seed_per_rank() -> None:
+    """Seed r on rank r (12 samples, 3 ranks): do the shares overlap, some samples read twice
+    and some never, where a shared seed gives disjoint ones?"""
+    split = sampler.seeded_split(12, [0, 1, 2])
+    assert split == [[8, 9, 2, 1], [4, 11, 3, 10], [3, 5, 8, 11]]
+    assert sorted(i for s in sampler.seeded_split(12, [0, 0, 0]) for i in s) == list(range(12))
+    flat = [i for s in split for i in s]
+    twice = sorted({i for i in flat if flat.count(i) > 1})
+    never = sorted(set(range(12)) - set(flat))
+    assert (twice, never) == ([3, 8, 11], [0, 6, 7])
     options = {
-        "a": not same,
-        "b": same and orders[0] != sorted(orders[0]),
-        "c": same and orders[0] == sorted(orders[0]),
-        "d": not same,
+        "a": sorted(flat) == list(range(12)),
+        "b": [len(s) for s in split] == [4] * 3 and bool(twice) and bool(never),
+        "c": all(sorted(s) == sorted(split[0]) for s in split),
+        "d": False,  # seeded_split returned: no error
     }
     assert supported(options) == KEYS["accumulation_4"]
 
 
-def test_accumulation_5_uneven_without_join(no_leftovers) -> None:
-    """Rank 0 with 3 batches, rank 1 with 2 and then idle: does rank 0 time out in backward,
-    rank 1 finish?"""
-    result = launch(accumulation.uneven_loop, 2, (3, 2), False, timeout=30, pg_timeout=5)
-    rank1 = result.results[1]
-    failure = result.failures.get(0)
-    waited = (
-        failure is not None
-        and "gloo gave up" in failure.message
-        and "backward()" in failure.message  # where it waited: DDP's all-reduce in backward
-        and result.elapsed >= 5
-    )
+def test_accumulation_5_zeros_complete_the_missing_all_reduce(no_leftovers) -> None:
+    """Rank 1, out of batches, all-reduces a zero tensor of the bucket's size: does rank 0's
+    third backward complete with half its local gradient, and both ranks finish?"""
+    result = launch(accumulation.uneven_loop, 2, (3, 2), False, "zeros", timeout=30, pg_timeout=5)
+    r0 = result.results[0]
     options = {
-        "a": result.ok,
-        "b": 1 in result.failures,
-        "c": waited and 1 not in result.failures and len(rank1) == 2,
-        "d": rank1 is not None and len(rank1) == 3,
+        "a": 0 in result.failures and "gloo gave up" in result.failures[0].message,
+        "b": 0 in result.failures and 1 in result.failures,
+        "c": result.ok and r0[2]["grad"] == [3.0, 3.0],
+        "d": result.ok and r0[2]["local"] == [3.0, 3.0] and r0[2]["grad"] == [1.5, 1.5],
     }
     assert supported(options) == KEYS["accumulation_5"]
 
 
-def test_accumulation_5_the_ending_depends_on_what_the_short_rank_does(no_leftovers) -> None:
-    """Do the other endings the explanation gives hold: an exiting rank ends its peer's wait
-    before the timeout, a rank in dist.barrier() waits out the timeout too?"""
-    exits = launch(accumulation.uneven_loop, 2, (3, 2), False, "exit", timeout=30, pg_timeout=5)
-    assert exits.elapsed < 5 and exits.failures[1].kind == "exited" and 0 in exits.failures
-    barrier = launch(
-        accumulation.uneven_loop, 2, (3, 2), False, "barrier", timeout=30, pg_timeout=5
-    )
-    assert barrier.elapsed >= 5
-    assert all("gloo gave up" in f.message for f in barrier.failures.values())
-    assert "dist.barrier" in barrier.failures[1].message
-
-
-def test_accumulation_6_join_divides_by_initial_world_size(run_ranks) -> None:
-    """With Join, is rank 0's third .grad its local [3, 3] divided by 2?"""
-    r0, r1 = run_ranks(accumulation.uneven_loop, 2, (3, 2), True)
-    assert len(r0) == 3 and len(r1) == 2 and r0[2]["local"] == [3.0, 3.0]
-    grad = r0[2]["grad"]
-    options = {
-        "a": grad == [3.0, 3.0],
-        "b": grad == [1.5, 1.5] and r0[0]["grad"] == r1[0]["grad"] == [6.0, 6.0],
-        "c": grad == [0.0, 0.0],
-        "d": grad == [7.5, 7.5],
-    }
-    assert supported(options) == KEYS["accumulation_6"]
+def test_accumulation_5_without_the_call_rank_0_waits_out_the_timeout(no_leftovers) -> None:
+    """As the explanation says of the plain loop: does rank 0 wait in backward until gloo gives
+    up after the 5 s timeout, while rank 1 finished?"""
+    result = launch(accumulation.uneven_loop, 2, (3, 2), False, timeout=30, pg_timeout=5)
+    failure = result.failures.get(0)
+    assert failure is not None and "gloo gave up" in failure.message
+    assert "backward()" in failure.message and result.elapsed >= 5
+    assert 1 not in result.failures and len(result.results[1]) == 2
 
 
 def unused_runs() -> dict[str, list]:
@@ -144,18 +144,42 @@ def unused_runs() -> dict[str, list]:
     }
 
 
-def test_accumulation_7_unused_parameter(run_ranks) -> None:
-    """find_unused_parameters=False: is step 1 unsynced and silent, step 2 an error?"""
-    r0, r1 = run_ranks(unused_runs, 2)
-    first0, first1 = r0["default"][0], r1["default"][0]
-    unsynced = first0.get("grad") == [1.0, 1.0] and first1.get("grad") == [2.0, 2.0]
-    second_fails = all("finished reduction" in r["default"][1].get("error", "") for r in (r0, r1))
-    found = all(s.get("grad") == [1.5, 1.5] for r in (r0, r1) for s in r["find"])
+def test_accumulation_6_weights_after_join(run_ranks) -> None:
+    """Rank 0 with 3 batches, rank 1 with 1, SGD lr 0.1 inside Join: does rank 1 end with rank
+    0's weights, which its lone steps moved by its local gradient over the initial world size?"""
+    r0, r1 = run_ranks(accumulation.uneven_loop, 2, (3, 1), True, "return", 0.1)
+    assert [s["grad"] for s in r0[:-1]] == [[6.0, 6.0], [1.0, 1.0], [1.5, 1.5]]
+    assert [round(s["weight"][0], 4) for s in r0[:-1]] == [-0.6, -0.7, -0.85]
+    assert len(r1) == 2 and r1[0]["weight"] == pytest.approx([-0.6, -0.6])
+    three = run_ranks(accumulation.uneven_loop, 3, (3, 2, 1), True, "return", 0.1)  # the cell's
+    assert three[0][2]["grad"] == pytest.approx([1.0, 1.0])
+    assert all(r[-1]["weight"] == three[0][-1]["weight"] for r in three)
+    final = r1[-1]["weight"]
     options = {
-        "a": "error" in first0,
-        "b": "error" not in r0["default"][1] and not unsynced,
-        "c": unsynced and second_fails and found,
-        "d": "error" not in r0["default"][1] and first0.get("grad") == [1.5, 1.5],
+        "a": final == pytest.approx([-1.1, -1.1]),
+        "b": final == pytest.approx([-0.6, -0.6]),
+        "c": final == pytest.approx([-1.95, -1.95]),
+        "d": final == pytest.approx([-0.85, -0.85]) and final == r0[-1]["weight"],
+    }
+    assert supported(options) == KEYS["accumulation_6"]
+
+
+def test_accumulation_7_head_used_on_one_rank(run_ranks) -> None:
+    """find_unused_parameters=True, rank 0 runs head a on [1, 1], rank 1 head b on [3, 3]: does
+    every rank hold both heads' gradients averaged with zeros?"""
+    g0, g1 = (  # head a is the module's "used", head b its "unused"
+        {"a": g["used"], "b": g["unused"]} for g in run_ranks(accumulation.branch_grads, 2, True)
+    )
+    r0, r1 = run_ranks(unused_runs, 2)  # the cell's: an unused head, with and without find
+    assert all(s["unused_grad"] is None for r in (r0, r1) for s in r["find"])
+    assert r0["default"][0]["grad"] == [1.0, 1.0] and r1["default"][0]["grad"] == [2.0, 2.0]
+    assert all("finished reduction" in r["default"][1].get("error", "") for r in (r0, r1))
+    assert g1 == g0
+    options = {
+        "a": g0 == {"a": [1.0, 1.0], "b": None},
+        "b": g0 == {"a": [1.0, 1.0], "b": [3.0, 3.0]},
+        "c": g0 == {"a": [0.5, 0.5], "b": None},
+        "d": g0 == {"a": [0.5, 0.5], "b": [1.5, 1.5]},
     }
     assert supported(options) == KEYS["accumulation_7"]
 
@@ -165,15 +189,20 @@ def sizes_differ() -> None:
     dist.all_reduce(t)
 
 
-def test_accumulation_8_swapped_collectives(run_ranks) -> None:
-    """Same-shaped all-reduces in swapped order: silently wrong sums, no error, no hang?"""
-    r0, r1 = run_ranks(accumulation.swapped_all_reduce, 2)
+def test_accumulation_8_collectives_pair_by_order(run_ranks) -> None:
+    """3 ranks, rank 2 reducing count before loss: do ranks 0 and 1 print 67 / 131 and rank 2
+    131 / 67, with no error and no hang?"""
+    means = run_ranks(accumulation.swapped_all_reduce, 3, 1.0, 64.0, (2,), False)
+    two = run_ranks(accumulation.swapped_all_reduce, 2, 5.0, 1000.0)  # the cell's run
+    assert [(r["loss_sum"], r["count"]) for r in two] == [(2005.0, 1006.0), (1006.0, 2005.0)]
+    assert [(r["loss_sum"], r["count"]) for r in means] == [(67.0, 131.0)] * 2 + [(131.0, 67.0)]
+    mean, rank2 = (round(r["loss_sum"] / r["count"], 3) for r in (means[0], means[2]))
+    assert rank2 == 1.955
     options = {
-        "a": r0["loss_sum"] == r1["loss_sum"] == 3.0 and r0["count"] == 300.0,
-        "b": False,  # run_ranks returned: nothing hung
-        "c": False,  # and nothing raised
-        "d": (r0["loss_sum"], r0["count"]) == (201.0, 102.0)
-        and (r1["loss_sum"], r1["count"]) == (102.0, 201.0),
+        "a": mean == round(6 / 192, 3),  # paired by tensor: the true mean
+        "b": mean == round(129 / 69, 3),  # own loss plus the other ranks' counts
+        "c": mean == 0.511,
+        "d": mean == rank2,
     }
     assert supported(options) == KEYS["accumulation_8"]
 
@@ -184,62 +213,77 @@ def test_accumulation_8_other_mismatches_crash_or_hang(by_value, no_leftovers) -
     assert not result.ok and any(f.kind == "killed" for f in result.failures.values())
 
 
-def _masks_on_other_data(n: int = 12) -> list[float]:
-    """A dropout mask drawn from seed 0 after DDP, applied to this rank's own data."""
-    torch.manual_seed(0)
+def _seeded_replicas(n: int = 12) -> dict[str, list[float]]:
+    """Seeded with its rank, a rank builds nn.Linear(n, n), wraps it in DDP and draws a dropout
+    mask: its weights (first row) and the mask."""
     from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    layer = nn.Dropout(0.5)
-    layer(torch.randn(n) + dist.get_rank())  # each rank's data differs
-    torch.manual_seed(0)
-    return (layer(torch.full((n,), 10.0 * (dist.get_rank() + 1))) != 0).float().tolist()
+    torch.manual_seed(dist.get_rank())
+    model = nn.Linear(n, n)
+    before = model.weight[0].detach().clone()
+    DDP(model)
+    mask = nn.functional.dropout(torch.ones(n), 0.5).tolist()
+    return {"before": before.tolist(), "weight": model.weight[0].detach().tolist(), "mask": mask}
 
 
-def test_accumulation_9_dropout_masks(run_ranks) -> None:
-    """Seeded alike and under DDP, do the ranks draw the same dropout mask, whatever their data
-    (and different ones per rank)?"""
-    same = run_ranks(accumulation.dropout_masks, 2, False)
-    per_rank = run_ranks(accumulation.dropout_masks, 2, True)
-    on_data = run_ranks(_masks_on_other_data, 2)
-    assert per_rank[0] != per_rank[1]
+def test_accumulation_9_seed_per_rank_under_ddp(run_ranks) -> None:
+    """Seeded with their rank and wrapped in DDP: equal weights, different dropout masks (and
+    equal masks when seeded alike, the cell's case)?"""
+    per_rank = run_ranks(_seeded_replicas, 3)
+    alike = run_ranks(accumulation.dropout_masks, 3, False)
+    assert alike[0] == alike[1] == alike[2]
+    assert per_rank[1]["before"] != per_rank[0]["before"]  # the seeds did differ
+    weights = all(r["weight"] == per_rank[0]["weight"] for r in per_rank)
+    masks = any(r["mask"] != per_rank[0]["mask"] for r in per_rank)
     options = {
-        "a": same[0] != same[1],
-        "b": same[0] == same[1] and 0.0 in same[0] and 2.0 in same[0],
-        "c": same[0] != same[1] or same == per_rank,  # as if DDP had seeded with the rank
-        "d": on_data[0] != on_data[1],
+        "a": not weights and masks,
+        "b": weights and not masks,
+        "c": weights and masks,
+        "d": not weights and not masks,
     }
     assert supported(options) == KEYS["accumulation_9"]
 
 
-def test_accumulation_10_clipping_needs_no_all_reduce(run_ranks) -> None:
-    """After DDP's backward, does every rank clip by the large-batch norm, with no collective?"""
-    r0, r1 = run_ranks(accumulation.clipped_norms, 2)
-    large = r0["large_batch_norm"]
+def test_accumulation_10_clip_after_accumulation(run_ranks) -> None:
+    """K = 4, undivided mean losses, max_norm twice the large-batch norm: does every rank step
+    with twice the large-batch gradient? (And, as the cell shows, does the clip after a plain
+    DDP backward see the large-batch norm on every rank, with no collective?)"""
+    r0, r1 = run_ranks(accumulation.accumulation_counts, 2, True, 4, 0, "mean", False, 2.0)
+    plain = run_ranks(accumulation.clipped_norms, 2)
+    assert all(r["collectives"] == [] for r in plain)
+    assert all(r["norm"] == pytest.approx(r["large_batch_norm"], rel=1e-5) for r in plain)
+    assert r0["norm"] == pytest.approx(4 * r0["large_batch_norm"], rel=1e-4)
+    same = r0["grad"] == r1["grad"]
     options = {
-        "a": r0["norm"] == pytest.approx(r0["local_norm"]) and r0["norm"] != r1["norm"],
-        "b": r0["norm"] == r1["norm"] == pytest.approx(large, rel=1e-5)
-        and r0["local_norm"] != pytest.approx(large, rel=1e-2)
-        and r0["collectives"] == r1["collectives"] == []
-        and r0["clipped"] == r1["clipped"],
-        "c": bool(r0["collectives"]),
-        "d": r0["norm"] == pytest.approx(2 * large, rel=1e-3),  # the norm of the sum over 2 ranks
+        "a": same and _times(r0, 2.0),
+        "b": _times(r0, 4.0),
+        "c": _times(r0, 1.0),
+        "d": not same,
     }
     assert supported(options) == KEYS["accumulation_10"]
 
 
 def test_accumulation_11_batchnorm_buffers(run_ranks) -> None:
-    """broadcast_buffers: is rank 1's running mean rank 0's, updated with its own batch?"""
-    r0, r1 = run_ranks(accumulation.batchnorm_buffers, 2, True)
-    own = run_ranks(accumulation.batchnorm_buffers, 2, False)
+    """4 ranks, batch means 10 r + 1.5, broadcast_buffers: after 3 steps, is rank 3's running
+    mean rank 0's after step 2, updated with its own batch?"""
+    r = run_ranks(accumulation.batchnorm_buffers, 4, True, 3, 10.0)
+    own = run_ranks(accumulation.batchnorm_buffers, 4, False, 3, 10.0)
+    two = run_ranks(accumulation.batchnorm_buffers, 2, True, 2, 20.0)  # the cell's run
+    assert two[1] == pytest.approx([2.15, 2.285])
     sync_bn = run_ranks(accumulation.sync_batchnorm_on_cpu, 2)[0]  # as the explanation says
     assert "expected input tensor to be on GPU or XPU or privateuseone" in sync_bn["forward"]
     assert "SyncBatchNorm layers only work with GPU modules" in sync_bn["DDP"]
-    assert r0[1] == pytest.approx(0.285)
+    assert r[0] == pytest.approx([0.15, 0.285, 0.4065])
+    assert own[3][2] == pytest.approx(8.5365, rel=1e-5)
+    assert sum(o[2] for o in own) / 4 == pytest.approx(4.4715, rel=1e-5)
+    rank3 = r[3][2]
     options = {
-        "a": r1[1] == pytest.approx(r0[1]),
-        "b": r1[1] == pytest.approx(own[1][1]),
-        "c": r1[1] == pytest.approx(0.9 * r0[0] + 0.1 * 11.5)
-        and own[1][1] == pytest.approx(2.185, rel=1e-5),
-        "d": r1[1] == pytest.approx((own[0][1] + own[1][1]) / 2),
+        "a": rank3 == pytest.approx(r[0][2]),
+        "b": rank3 == pytest.approx(0.9 * r[0][1] + 0.1 * 31.5)
+        and rank3 == pytest.approx(3.4065, rel=1e-5),
+        "c": rank3 == pytest.approx(sum(o[2] for o in own) / 4)
+        and rank3 == pytest.approx(4.4715, rel=1e-5),
+        "d": rank3 == pytest.approx(own[3][2]),
     }
     assert supported(options) == KEYS["accumulation_11"]

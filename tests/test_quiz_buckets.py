@@ -18,38 +18,44 @@ KEYS = keys("buckets")
 MODEL_BYTES = [p.numel() * p.element_size() for p in buckets.many_params_model().parameters()]
 
 
-def test_buckets_1_why_buckets(run_ranks) -> None:
-    """Does a call cost beyond its bytes, do buckets start during backward, do they give the
-    same values and cost memory rather than save it, and never wait for backward's end?"""
-    timing = run_ranks(buckets.allreduce_timing, 2, 200, 1000, (1, 200), 5)[0]
-    one, many = (row["seconds"] for row in timing["rows"])
-    timeline = run_ranks(buckets.overlap_timeline, 2, 0.25, 4, 256, 64)[0]
-    storage = [run_ranks(buckets.grad_storage, 2, v)[0] for v in (False, True)]
-    last_ready = max(t for _, t in timeline["grad_ready"])
-    # bytes DDP holds for gradients: its buckets, plus .grad where it is not a view into them
-    held = [s["bucket_bytes"] + (s["grads_in_buckets"] == 0) * s["grad_bytes"] for s in storage]
-    saves_memory = min(held) < storage[0]["grad_bytes"]  # against per-parameter all-reduces
+def test_buckets_1_one_bucket_for_the_whole_model(run_ranks) -> None:
+    """With a cap larger than the model, is there one bucket whose all-reduce starts only once
+    every gradient is ready, holding as many bytes as the small buckets together, while the
+    small buckets of a small cap start during backward?"""
+    one = run_ranks(buckets.overlap_timeline, 2, 1000.0, 4, 256, 64)[0]
+    small = run_ranks(buckets.overlap_timeline, 2, 0.25, 4, 256, 64)[0]
+    last_ready = max(t for _, t in one["grad_ready"])
+    start = min(b["start"] for b in one["buckets"])
     options = {
-        "a": saves_memory,
-        "b": not timing["same"],
-        "c": many > 3 * one and timeline["buckets"][0]["start"] < last_ready,
-        "d": timeline["buckets"][0]["start"] >= last_ready,
+        "a": sum(b["nbytes"] for b in one["buckets"]) < sum(b["nbytes"] for b in small["buckets"]),
+        "b": len(one["buckets"]) > 1 and start < last_ready,
+        "c": start < last_ready,
+        "d": len(one["buckets"]) == 1 and start >= last_ready,
     }
     assert supported(options) == KEYS["buckets_1"]
+    # the contrast the explanation draws: with a small cap the first bucket starts early
+    assert len(small["buckets"]) > 1
+    assert small["buckets"][0]["start"] < max(t for _, t in small["grad_ready"])
 
 
-def test_buckets_2_ddp_buckets_from_step_two(run_ranks) -> None:
-    """With bucket_cap_mb=0.5, are there 4 buckets from step 2, the last layers' first?"""
-    second = run_ranks(buckets.ddp_buckets, 2, 0.5, 2)[0][1]
-    params = [b["params"] for b in second]
+def test_buckets_2_ddp_buckets_follow_backward_not_registration(run_ranks) -> None:
+    """With bucket_cap_mb=0.5, on a stack whose forward runs its layers last-registered first,
+    does bucket 0 hold layers 0 and 1 from step 2 on, the first gradients backward produces?"""
+    second = run_ranks(buckets.reversed_stack_buckets, 2, 0.5, 2)[0][1]
+    params = [set(b["params"]) for b in second]
     n = len(MODEL_BYTES)
+    last_two = {n - 1, n - 2, n - 3, n - 4}  # layers 7 and 6: weights and biases
     options = {
-        "a": len(params) == 4 and set(params[0]) == {n - 1, n - 2, n - 3, n - 4},
-        "b": len(params) == 4 and set(params[0]) == {0, 1, 2, 3},
+        "a": params[0] == last_two,
+        "b": params[0] == {0, 1, 2, 3},
         "c": len(params) == 1,
-        "d": len(params) == n,
+        "d": params[0] == {n - 2, n - 1},  # layer 7 alone
     }
     assert supported(options) == KEYS["buckets_2"]
+    assert len(params) == 4  # two layers per bucket: 2 x (256 KiB + 1 KiB) passes 0.5 MiB
+    # and in the first step, before DDP knows the order, one bucket of everything
+    first = run_ranks(buckets.reversed_stack_buckets, 2, 0.5, 1)[0][0]
+    assert len(first) == 1
 
 
 def test_buckets_3_default_first_and_later_steps_of_a_40_mib_model(run_ranks) -> None:

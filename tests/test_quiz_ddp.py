@@ -6,8 +6,10 @@ decides, for each option, whether the measurement supports it.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
-import torch.distributed as dist
+import torch
 from quiz import keys, supported
 
 from course.experiments import ddp
@@ -17,69 +19,30 @@ pytestmark = pytest.mark.ranks
 KEYS = keys("ddp_gradients")
 
 
-def test_ddp_1_grad_after_backward(run_ranks) -> None:
-    """Does the seed step on 2 ranks leave the average [1.5, 1.5] in .grad on both ranks?"""
-    r0, r1 = run_ranks(ddp.seed_step, 2)
-    assert r0["local"] == [1.0, 1.0] and r1["local"] == [2.0, 2.0]
+def _ratio(a: list[float], b: list[float]) -> list[float]:
+    return [x / y for x, y in zip(a, b, strict=True)]
+
+
+def test_ddp_1_summed_loss_on_more_ranks(run_ranks) -> None:
+    """With a summed loss, the same 32 samples split 16 + 16 and then 8 + 8 + 16: does .grad
+    on 3 ranks hold two thirds of the 2-rank values, on every rank?"""
+    two = run_ranks(ddp.uneven_step, 2, (16, 16), reduction="sum")
+    three = run_ranks(ddp.uneven_step, 3, (8, 8, 16), reduction="sum")
+    assert all(r["grad"] == two[0]["grad"] for r in two)
+    assert all(r["grad"] == three[0]["grad"] for r in three)
+    ratio = _ratio(three[0]["grad"], two[0]["grad"])  # 3-rank .grad over 2-rank .grad
     options = {
-        "a": r0["grad"] == r1["grad"] == [1.5, 1.5],
-        "b": r0["grad"] == r1["grad"] == r0["all_reduce_sum"] == [3.0, 3.0],
-        "c": r0["grad"] == r0["local"] and r1["grad"] == r1["local"],
-        "d": r0["grad"] == [1.5, 1.5] and r1["grad"] == [2.0, 2.0],
+        "a": ratio == pytest.approx([1.0] * 3, rel=1e-5),
+        "b": ratio == pytest.approx([2 / 3] * 3, rel=1e-5),
+        "c": ratio == pytest.approx([3 / 2] * 3, rel=1e-5),
+        "d": ratio == pytest.approx([1 / 2] * 3, rel=1e-5),
     }
     assert supported(options) == KEYS["ddp_1"]
-
-
-def sum_hook_runs(lr: float) -> dict[str, list[float]]:
-    """On each rank, in one launch: the step's .grad and the training runs of question ddp_2."""
-    n = dist.get_world_size()
-    return {
-        "grad_sum": ddp.seed_step(ddp.sum_hook)["grad"],
-        "grad_default": ddp.seed_step()["grad"],
-        "default": ddp.train(lr),
-        "sum": ddp.train(lr, ddp.sum_hook),
-        "sum_lr_over_n": ddp.train(lr / n, ddp.sum_hook),
-        "default_lr_times_n": ddp.train(lr * n),
-    }
-
-
-def test_ddp_2_sum_hook_symptom(run_ranks) -> None:
-    """With the SUM hook on 4 ranks, is .grad 4x the default on every rank, so that every
-    step is 4x too large?"""
-    lr, n = 0.2, 4
-    ranks = run_ranks(sum_hook_runs, n, lr)
-    r = ranks[0]
-    four_times = [x["grad_sum"] == pytest.approx([n * g for g in x["grad_default"]]) for x in ranks]
-    options = {
-        "a": r["grad_sum"] == pytest.approx(r["grad_default"])
-        or r["sum"] == pytest.approx(r["default"], rel=1e-3),
-        "b": r["grad_sum"] == pytest.approx([g / n for g in r["grad_default"]]),
-        "c": four_times[0] and not all(four_times[1:]),
-        "d": all(four_times)
-        and r["sum_lr_over_n"] == pytest.approx(r["default"], rel=1e-4)
-        and r["default_lr_times_n"] == pytest.approx(r["sum"], rel=1e-4)
-        and r["sum"][-1] > 1e3 * r["default"][-1],
-    }
-    assert supported(options) == KEYS["ddp_2"]
-
-
-def test_ddp_3_uneven_batches(run_ranks) -> None:
-    """With local batches 1 and 3, does DDP under-weight rank 1's samples against the pool?"""
-    r = run_ranks(ddp.uneven_step, 2, (1, 3))[0]
-    grad, pooled, flat = r["grad"], r["pooled_mean"], r["flat_average"]
-    rank1_only = r["local_means"][1]
-    finite = all(abs(g) < float("inf") for g in grad)  # NaN compares False too
-    summed = [a + b for a, b in zip(*r["local_means"], strict=True)]
-    options = {
-        "a": grad == pytest.approx(pooled, rel=1e-4),
-        "b": grad == pytest.approx(summed, rel=1e-4),
-        "c": grad == pytest.approx(rank1_only, rel=1e-4),
-        # flat average: rank 1's 3 samples weigh 1/2 in all, against 3/4 in the pooled mean
-        "d": finite
-        and grad == pytest.approx(flat, rel=1e-5)
-        and grad != pytest.approx(pooled, rel=1e-2),
-    }
-    assert supported(options) == KEYS["ddp_3"]
+    # the explanation's measurement: the seed step on 4 ranks (local gradients [1, 1] to
+    # [4, 4]) leaves [2.5, 2.5] on every rank
+    seed = run_ranks(ddp.seed_step, 4)
+    assert [r["local"] for r in seed] == [[k, k] for k in (1.0, 2.0, 3.0, 4.0)]
+    assert all(r["grad"] == [2.5, 2.5] for r in seed)
 
 
 def test_ddp_1_scales_before_the_sum(run_ranks) -> None:
@@ -95,16 +58,101 @@ def test_ddp_1_scales_before_the_sum(run_ranks) -> None:
         )
 
 
-def test_ddp_4_construction_broadcast(run_ranks) -> None:
-    """After DDP(m) with different seeds on 3 ranks, does every rank hold rank 0's weights?"""
-    results = run_ranks(ddp.construction_step, 3)
-    before = [r["before"] for r in results]
-    after = [r["after"] for r in results]
-    mean = [sum(c) / 3 for c in zip(*before, strict=True)]
+def sum_hook_runs(lr: float) -> dict[str, list[float]]:
+    """On each rank, in one launch: the step's .grad and the training runs of question ddp_2."""
+    adam = {"optimizer": "adam"}
+    return {
+        "grad_sum": ddp.seed_step(ddp.sum_hook)["grad"],
+        "grad_default": ddp.seed_step()["grad"],
+        "sgd_default": ddp.train(lr),
+        "sgd_sum": ddp.train(lr, ddp.sum_hook),
+        "default": ddp.train(lr, **adam),
+        "sum": ddp.train(lr, ddp.sum_hook, **adam),
+        "default_4lr": ddp.train(4 * lr, **adam),
+        "default_2lr": ddp.train(2 * lr, **adam),
+        "default_lr_over_4": ddp.train(lr / 4, **adam),
+    }
+
+
+def test_ddp_2_sum_hook_under_adam(run_ranks) -> None:
+    """With the SUM hook on 4 ranks, .grad is 4x the default on every rank; under Adam, do
+    the losses follow the default run's at the same lr from the first step on, and none of
+    its runs at 4 lr, 2 lr or lr / 4, while under SGD the same lr blows up?"""
+    lr, n = 0.2, 4
+    ranks = run_ranks(sum_hook_runs, n, lr)
+    for x in ranks:
+        assert x["grad_default"] == [2.5, 2.5] and x["grad_sum"] == [10.0, 10.0]
+    r = ranks[0]
+
+    def follows(run: str) -> bool:
+        return r["sum"] == pytest.approx(r[run], rel=1e-3)
+
     options = {
-        "a": after == before,
-        "b": all(a == pytest.approx(mean) for a in after),
-        "c": all(a == before[0] for a in after),
-        "d": all(a == before[-1] for a in after),
+        "a": follows("default_4lr"),
+        "b": follows("default_2lr"),
+        "c": r["sum"] == pytest.approx(r["default"], rel=1e-5),
+        "d": r["sum"][1] == pytest.approx(r["default_4lr"][1], rel=1e-3)
+        and r["sum"][10:] == pytest.approx(r["default"][10:], rel=1e-3),
+    }
+    assert supported(options) == KEYS["ddp_2"]
+    assert not follows("default_lr_over_4")  # the explanation: nor at lr / 4
+    assert r["sgd_sum"][-1] > 1e3 * r["sgd_default"][-1]  # SGD: the same lr blows up
+
+
+def _fit(x: torch.Tensor, y: torch.Tensor, weights: list[float]) -> torch.Tensor:
+    """The weighted least-squares fit: minimizes sum_i weights[i] * (x_i . w - y_i)^2."""
+    s = torch.tensor(weights, dtype=torch.float64).sqrt().unsqueeze(1)
+    return torch.linalg.lstsq(s * x, s * y).solution.flatten()
+
+
+def test_ddp_3_uneven_split_trained_to_the_end(run_ranks) -> None:
+    """On a fixed split of 2 and 6 samples, mean loss per rank, does DDP's SGD end at the fit
+    that weighs each of rank 0's samples 3 times one of rank 1's, and not at the plain fit?"""
+    ranks = run_ranks(ddp.uneven_fit, 2, (2, 6))
+    r = ranks[0]
+    assert ranks[1]["weight"] == r["weight"]
+    w = torch.tensor(r["weight"], dtype=torch.float64)
+    x = torch.tensor(r["x"], dtype=torch.float64)
+    y = torch.tensor(r["y"], dtype=torch.float64).unsqueeze(1)
+    (lo0, hi0), (lo1, hi1) = r["shards"]
+    assert (hi0 - lo0, hi1 - lo1) == (2, 6)
+    settled = max(abs(g) for g in r["last_grad"]) < 1e-5
+
+    def at(fit: torch.Tensor) -> bool:
+        return settled and bool((w - fit).abs().max() < 1e-4)
+
+    plain = _fit(x, y, [1.0] * 8)
+    weighted = _fit(x, y, [3.0] * 2 + [1.0] * 6)
+    options = {
+        "a": at(plain),
+        "b": at(_fit(x[lo1:hi1], y[lo1:hi1], [1.0] * 6)),
+        "c": not settled,
+        "d": at(weighted),
+    }
+    assert supported(options) == KEYS["ddp_3"]
+    assert (w - plain).abs().max() > 0.02
+
+
+def test_ddp_4_offset_after_construction(run_ranks) -> None:
+    """After DDP(m), rank 1 adds 1.0 to its parameters: over 10 SGD steps, does the gap to
+    rank 0 stay 1.0 in every element?"""
+    results = run_ranks(ddp.offset_run, 2, 1.0)
+    gaps = results[1]["gaps"]
+    assert len(gaps) == 11 and all(g == 0.0 for g in results[0]["gaps"][0])
+    size = [max(abs(v) for v in g) for g in gaps]
+    moved = results[1]["params"][0] != results[1]["params"][-1]  # the steps did train
+    options = {
+        "a": moved and all(abs(v - 1.0) < 1e-6 for g in gaps for v in g),
+        "b": size[1] == 0.0,
+        "c": all(a > b for a, b in itertools.pairwise(size)) and size[-1] < 0.99,
+        "d": size[-1] > 1.01,
     }
     assert supported(options) == KEYS["ddp_4"]
+
+
+def test_ddp_4_construction_broadcast(run_ranks) -> None:
+    """After DDP(m) with different seeds on 4 ranks, does every rank hold rank 0's weights
+    (what ddp_4's explanation says the measurement shows)?"""
+    results = run_ranks(ddp.construction_step, 4)
+    assert len({tuple(r["before"]) for r in results}) == 4
+    assert all(r["after"] == results[0]["before"] for r in results)

@@ -7,14 +7,12 @@ real ranks and decides, for each option, whether the measurement supports it.
 from __future__ import annotations
 
 import pytest
-import torch
-import torch.distributed as dist
 from quiz import keys, supported
 
 from course.instructor.reference import ring_allreduce
 from course.ranks import launch
 from course.ring import p2p
-from course.ring.recorder import Recorder, record
+from course.ring.recorder import record
 from course.ring.trace import steps
 
 pytestmark = pytest.mark.ranks
@@ -22,55 +20,107 @@ pytestmark = pytest.mark.ranks
 KEYS = keys("ring_allreduce")
 
 
-def test_ring_1_steps() -> None:
-    """Does the recorded ring take 2(N-1) steps for every N, and so no other option's count?"""
+LATENCY_US = 20  # ring_1: the latency each message pays
+RING_1_LAWS = {  # option: (steps on N ranks, the option's figure in ms on 64 ranks)
+    "a": (lambda n: 2 * (n - 1).bit_length(), 0.24),  # recursive halving and doubling
+    "b": (lambda n: n * (n - 1) // 2, 40.3),  # one step per pair
+    "c": (lambda n: n - 1, 1.26),  # the reduce-scatter alone
+    "d": (lambda n: 2 * (n - 1), 2.52),
+}
+
+
+def test_ring_1_steps_on_64_ranks() -> None:
+    """Does the recorded ring take as many steps as one option's law on 2 to 6 ranks, and does
+    that law, carried to 64 ranks at 20 us a step, give that option's time and no other?"""
     measured = {n: steps(record(ring_allreduce, n, numel=60)) for n in (2, 3, 4, 5, 6)}
-    claims = {
-        "a": lambda n: n,
-        "b": lambda n: 2 * (n - 1),
-        "c": lambda n: (n - 1).bit_length(),  # ceil(log2 N)
-        "d": lambda n: n - 1,
+    options = {}
+    for k, (law, ms) in RING_1_LAWS.items():
+        assert abs(law(64) * LATENCY_US / 1000 - ms) <= 0.005 * ms, k  # the option's own arithmetic
+        options[k] = all(law(n) == s for n, s in measured.items())
+    assert supported(options) == KEYS["ring_1"]
+    assert {k for k, (law, _) in RING_1_LAWS.items() if law(4) == measured[4]} == {"b", "d"}
+
+
+def test_ring_1_gloo_s_chunks_fit_the_same_law() -> None:
+    """Does gloo's own all-reduce (the notebook's table) send law(N) chunks of 1/N per rank
+    for the keyed law only, on 2, 3 and 8 ranks?"""
+    from course.experiments.ring import allreduce_traffic
+    from course.ranks import run
+
+    numel = 2**18
+    chunks = {n: run(allreduce_traffic, n, numel) for n in (2, 3, 8)}
+    options = {
+        k: all(
+            law(n) <= b / (numel * 4 / n) < law(n) * 1.01
+            for n, sent in chunks.items()
+            for b in sent
+        )
+        for k, (law, _) in RING_1_LAWS.items()
     }
-    options = {k: all(claim(n) == s for n, s in measured.items()) for k, claim in claims.items()}
     assert supported(options) == KEYS["ring_1"]
 
 
-def bytes_sent_on_eight_ranks() -> int:
-    """On each rank: bytes this rank sends in a ring all-reduce of 8 MB (800 MB / 100)."""
-    tensor = torch.ones(2_000_000)
-    with Recorder() as recorder:
-        ring_allreduce(tensor)
-    assert bool((tensor == dist.get_world_size()).all())
-    return sum(m.nbytes for m in recorder.messages if m.op == "send")
+def _traffic(numel: int) -> dict:
+    from course.experiments.ring import collective_traffic
+
+    return collective_traffic("all_reduce", numel)
 
 
-def test_ring_2_bytes_per_rank(run_ranks) -> None:
-    """Scaled back to 800 MB, does each of 8 ranks send about 1400 MB and no other option?"""
-    sent_mb = [100 * b / 1e6 for b in run_ranks(bytes_sent_on_eight_ranks, 8)]
-    claims = {"a": 800, "b": 5600, "c": 1400, "d": 700}
-    options = {k: all(abs(mb - c) <= 0.05 * c for mb in sent_mb) for k, c in claims.items()}
+def test_ring_2_one_gigabyte_on_64_ranks(run_ranks) -> None:
+    """Do gloo's bytes per rank on 2 to 8 ranks fit one option's share of the tensor, sent to
+    one peer or spread, and does that, carried to 64 ranks, 1 GB and 10 GB/s, give its time?"""
+    numel = 1_000_000
+    measured = {n: run_ranks(_traffic, n, numel) for n in (2, 3, 5, 8)}
+    laws = {  # option: (share of the tensor each rank sends, peers it goes to, figure in ms)
+        "a": (lambda n: 2 * (n - 1) / n, lambda _: 1, 197),
+        "b": (lambda _: 1.75, lambda _: 1, 175),
+        "c": (lambda n: 2 * (n - 1) / n, lambda n: n - 1, 3.1),
+        "d": (lambda n: (n - 1) / n, lambda _: 1, 98),
+    }
+    options = {}
+    for k, (share, peers, ms) in laws.items():
+        assert abs(share(64) / peers(64) * 1e9 / 10e9 * 1000 - ms) <= 0.01 * ms, k
+        options[k] = all(
+            share(n) <= r["sent"] / r["nbytes"] < share(n) * 1.01
+            and max(r["to"].values()) >= 0.99 * r["sent"] / peers(n)
+            and sum(v > 0.01 * r["sent"] for v in r["to"].values()) == peers(n)
+            for n, ranks in measured.items()
+            for r in ranks
+        )
     assert supported(options) == KEYS["ring_2"]
 
 
-def test_ring_3_blocking_send_first() -> None:
-    """Does every rank of a send-first ring hang in dist.send, on 2 ranks and on 3?"""
-    runs = {n: launch(p2p.send_first, n, 1, timeout=5) for n in (2, 3)}
-    finished = {n: r.ok for n, r in runs.items()}
-    all_stuck_in_send = all(
-        len(r.failures) == n
-        and all(f.kind == "deadlock" and "dist.send" in f.message for f in r.failures.values())
-        for n, r in runs.items()
-    )
-    raised = any(f.kind == "raised" for r in runs.values() for f in r.failures.values())
+def test_ring_3_fewest_ranks_that_receive_first() -> None:
+    """On 8 ranks (the question's case), and on 3 and 5, with one element, does the step
+    finish with no rank receiving first, with one, with half, with all: whose minimum holds?"""
+    sizes = (3, 5, 8)
+    receivers = {
+        "none": lambda _: set(),
+        "one": lambda _: {0},
+        "half": lambda n: set(range(1, n, 2)),
+        "all": lambda n: set(range(n)),
+    }
+    runs = {
+        (who, n): launch(p2p.blocking_step, n, 1, pick(n), timeout=5)
+        for who, pick in receivers.items()
+        for n in sizes
+    }
+    finishes = {who: all(runs[who, n].ok for n in sizes) for who in receivers}
+    hangs = {who: all(not runs[who, n].ok for n in sizes) for who in receivers}
+    assert not any(f.kind == "raised" for r in runs.values() for f in r.failures.values())
     options = {
-        "a": all(finished.values()),
-        "b": all_stuck_in_send,
-        "c": raised,
-        "d": finished[3] and not finished[2],
+        "a": finishes["none"],
+        "b": finishes["half"] and hangs["one"] and hangs["none"],
+        "c": finishes["one"] and hangs["none"],
+        "d": finishes["all"] and hangs["half"] and hangs["one"],
     }
     assert supported(options) == KEYS["ring_3"]
-    assert launch(p2p.isend_then_recv, 3, 1, timeout=5).ok  # the fix the explanation gives
-    assert launch(p2p.parity_ordered, 3, 1, timeout=5).ok
+    # what the explanation says: sending first everywhere sticks in dist.send, one element on
+    # 3 ranks (the cell's case), and the fixes it names finish there
+    stuck = launch(p2p.send_first, 3, 1, timeout=5)
+    assert len(stuck.failures) == 3
+    assert all(f.kind == "deadlock" and "dist.send" in f.message for f in stuck.failures.values())
+    assert launch(p2p.isend_then_recv, 3, 1, timeout=5).ok
 
 
 def test_ring_1_and_2_hold_for_gloo_s_own_all_reduce() -> None:

@@ -6,11 +6,11 @@ model solution, kept in tests/checks/halves_impls.py (the package holds none).
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from quiz import keys, supported
 
 from course.experiments import compression, zero, zero_traffic
@@ -27,67 +27,71 @@ def _near(x: float, y: float, rel: float = 0.02) -> bool:
     return abs(x - y) <= rel * abs(y)
 
 
-def test_zero_1_gloo_reduce_scatter_sends_an_all_reduce(run_ranks) -> None:
-    """On 8 gloo ranks, does reduce_scatter_tensor of 800 MB (scaled down 100 times) send 14 MB
-    per rank, an all-reduce's bytes, while the ring half sends 7 and gloo's all-gather 7?"""
+def test_zero_1_least_a_reduce_scatter_sends(run_ranks) -> None:
+    """On 8 ranks: does each of rank 0's 7 foreign chunks reach its owner's shard (so 7/8 of
+    its tensor must leave it), does a ring half send exactly 7/8, and gloo's own 7/4? Then on
+    64 ranks with 1 GB the least is 63/64 GB = 0.98 GB."""
     from course.experiments.ring import collective_traffic
 
-    numel = 2_000_000  # 8 MB: the question's 800 MB / 100
-    sent = [
-        r["sent"] / 1e6 * 100
-        for r in run_ranks(collective_traffic, 8, "reduce_scatter_tensor", numel)
-    ]
-    gather = run_ranks(collective_traffic, 8, "all_gather_into_tensor", numel)
-    assert all(_near(r["sent"] / 1e6 * 100, 700, 0.01) for r in gather)
-    claims = {"a": 100, "b": 700, "c": 1400, "d": 5600}
-    options = {k: all(_near(mb, c, 0.01) for mb in sent) for k, c in claims.items()}
+    n = 8
+    seen = run_ranks(zero_traffic.shard_dependence, n, halves_impls.reduce_scatter, 800)
+    assert all(seen[r] == [c == r for c in range(n)] for r in range(n))  # chunk c -> rank c
+    must_leave = sum(seen[r][r] for r in range(1, n)) / n  # rank 0's chunks others need
+    ring = run_ranks(zero_traffic.halves_sent, n, halves_impls.reduce_scatter, 80_000)
+    assert all(s == must_leave for s in ring)  # a ring half reaches the bound: 7/8
+    least = must_leave / ((n - 1) / n) * 63 / 64  # (N-1)/N, carried to 64 ranks, in GB
+    gloo = run_ranks(collective_traffic, n, "reduce_scatter_tensor", 2_000_000)
+    assert all(_near(r["sent"] / r["nbytes"], 1.75, 0.01) for r in gloo)  # b's figure
+    claims = {"a": 1 / 64, "b": 2 * 63 / 64, "c": 63 / 64, "d": 63}
+    assert round(claims["a"] * 1000, 1) == 15.6 and round(claims["b"], 2) == 1.97
+    options = {k: _near(least, v, 0.005) for k, v in claims.items()}
     assert supported(options) == KEYS["zero_1"]
 
 
-def test_zero_2_traffic_per_step_on_8_ranks() -> None:
-    """On 8 ranks: DDP's step 1.75 model sizes on the wire, a ZeRO-1/2 step of ring halves the
-    same, and ZeRO-3 (torch's fully_shard: two all-gathers and one reduce-scatter per layer)
-    built from ring halves 3 x 0.875 = 2.625?"""
-    t = zero_traffic.traffic_on_ranks(halves_impls.reduce_scatter, halves_impls.all_gather, 8)
+def test_zero_2_zero3_traffic_on_64_ranks() -> None:
+    """ZeRO-3 from ring halves: two all-gathers and one reduce-scatter per unit (fully_shard's
+    calls), each half (N-1)/N (measured on 8 ranks): 2.95 GB of a 1 GB model on 64 ranks?"""
+    n = 8
+    t = zero_traffic.traffic_on_ranks(halves_impls.reduce_scatter, halves_impls.all_gather, n)
     layers = t["layers"]
     assert t["FSDP calls"] == {
         "all_gather_into_tensor": 2 * layers,
         "reduce_scatter_tensor": layers,
     }
-    per_unit = t["FSDP calls"]["all_gather_into_tensor"] / layers, 1  # gathers, reduce-scatters
-    zero3 = per_unit[0] * t["all_gather"] + per_unit[1] * t["reduce_scatter"]
-    claims = {
-        "a": (1.75, 0.875, 0.875),
-        "b": (1.75, 3.5, 5.25),
-        "c": (1.75, 1.75, 2.625),
-        "d": (3.5, 1.75, 1.75),
-    }
-    got = (t["DDP"], t["ZeRO-1/2"], zero3)
-    options = {
-        k: all(_near(g, c) for g, c in zip(got, cs, strict=True)) for k, cs in claims.items()
-    }
+    half = {"all_gather": t["all_gather"], "reduce_scatter": t["reduce_scatter"]}
+    assert all(_near(x, (n - 1) / n) for x in half.values())  # a ring half: (N-1)/N
+    assert _near(t["DDP"], 2 * (n - 1) / n) and _near(t["ZeRO-1/2"], t["DDP"])
+    gathers = t["FSDP calls"]["all_gather_into_tensor"] / layers
+    scatters = t["FSDP calls"]["reduce_scatter_tensor"] / layers
+    law = 63 / 64 / ((n - 1) / n)  # a half's (N-1)/N, carried from 8 ranks to 64
+    gather, scatter = half["all_gather"] * law, half["reduce_scatter"] * law  # GB of 1 GB
+    zero3 = gathers * gather + scatters * scatter
+    gloo_rs = (t["FSDP forward"] + t["FSDP backward"] - 2 * t["all_gather"]) / t["reduce_scatter"]
+    assert _near(gloo_rs, 2)  # gloo's reduce_scatter_tensor: an all-reduce's bytes
+    assert _near(t["FSDP forward"] + t["FSDP backward"], 3.5)  # 0.875 + 0.875 + 1.75
+    stated = {"a": 0.98, "b": 2.95, "c": 1.97, "d": 3.94}
+    distractors = {"a": gather, "c": t["DDP"] * law, "d": gathers * gather + 2 * scatter}
+    assert all(_near(v, stated[k], 0.01) for k, v in distractors.items())
+    options = {k: round(zero3, 2) == v for k, v in stated.items()}
     assert supported(options) == KEYS["zero_2"]
-    assert _near(t["FSDP forward"] + t["FSDP backward"], 0.875 * 2 + 1.75)  # gloo's own: 3.5
 
 
-def test_zero_2_torch_zero_redundancy_optimizer_adds_broadcasts(run_ranks) -> None:
-    """Does torch's ZeroRedundancyOptimizer send DDP's 1.5 model sizes and 0.75 more on 4
-    ranks (what zero_2's explanation says), where ZeRO as published sends DDP's alone?"""
-    sent = run_ranks(zero_traffic.torch_zero_traffic, 4, timeout=60)
-    assert all(_near(s["DDP"], 1.5) and _near(s["torch ZeRO-1"], 2.25) for s in sent)
-
-
-def test_zero_3_memory_per_rank(run_ranks) -> None:
-    """Bytes held after a ZeRO-2 step on 8 ranks: 5.5P, and DDP's 16P?"""
+def test_zero_3_memory_before_and_after_step(run_ranks) -> None:
+    """ZeRO-2 (the model solution) on 8 ranks: 9P after the second backward, before step(),
+    and 5.5P after it; DDP 16P?"""
     psi = sum(p.numel() for p in zero.toy_model().parameters())
-    held = run_ranks(zero.memory_on_ranks, 8, "zero", halves_impls.ZeroOptimizer, timeout=60)
+    after = run_ranks(zero.memory_on_ranks, 8, "zero", halves_impls.ZeroOptimizer, timeout=60)
+    before = run_ranks(
+        zero.memory_after_backward, 8, "zero", halves_impls.ZeroOptimizer, timeout=60
+    )
     ddp = run_ranks(zero.memory_on_ranks, 8, "DDP", timeout=60)
-    totals = [sum(h.values()) / psi for h in held]
     assert all(_near(sum(h.values()) / psi, 16) for h in ddp)
-    claims = {"a": 5.5, "b": 2, "c": 9, "d": 16}
-    options = {k: all(_near(t, c) for t in totals) for k, c in claims.items()}
+    got = [
+        (sum(b.values()) / psi, sum(a.values()) / psi) for b, a in zip(before, after, strict=True)
+    ]
+    claims = {"a": (9, 5.5), "b": (9, 2), "c": (5.5, 5.5), "d": (5.5, 2)}
+    options = {k: all(_near(b, c[0]) and _near(a, c[1]) for b, a in got) for k, c in claims.items()}
     assert supported(options) == KEYS["zero_3"]
-    assert _near(sum(zero.FORMULAS["ZeRO-2"](8)), 5.5)
 
 
 def test_zero_4_same_weights_as_ddp(run_ranks) -> None:
@@ -118,51 +122,70 @@ def test_zero_4_prescaling_closes_part_of_the_gap_on_3_ranks(run_ranks) -> None:
     assert gaps[4, "ZeroOptimizer"] == gaps[4, "PrescaledZero"]
 
 
-def test_zero_5_torch_zero_shards_whole_parameters(run_ranks) -> None:
-    """ZeroRedundancyOptimizer on 2 ranks: weight state on one rank, bias state on the other,
-    and largest-first on the measured models?"""
-    held = run_ranks(compression.torch_zero_state, 2, timeout=60)
-    weight, bias = 2 * 4 * 10_000, 2 * 4 * 10
-    owned = [h["params"] for h in held]
-    options = {
-        "a": sorted(h["nbytes"] for h in held) == sorted([weight + 4, bias + 4])
-        and sorted(map(list, owned)) == [["0.bias"], ["0.weight"]],
-        "b": all(_near(h["nbytes"], (weight + bias) / 2, 0.05) for h in held),
-        "c": all(set(o) == {"0.weight", "0.bias"} for o in owned),
-        "d": held[1]["nbytes"] == 0,
-    }
+def test_zero_5_torch_zero_busiest_rank(run_ranks) -> None:
+    """ZeroRedundancyOptimizer on 8 ranks, parameters of 50,000 and 24 x 1,000 elements (the
+    question's at a thousandth): does the busiest rank hold the big one's state alone, 400,004
+    bytes, and the others 3 or 4 small ones? And whole parameters on the default models?"""
+    held = run_ranks(zero.torch_zero_state_bytes, 8, [50_000] + [1_000] * 24, timeout=60)
+    busiest = max(held, key=lambda h: h["nbytes"])
+    assert busiest == {"numels": [50_000], "nbytes": 400_004}
+    others = sorted(h["nbytes"] for h in held if h is not busiest)
+    assert others == [24_012] * 4 + [32_016] * 3
+    mb = (busiest["nbytes"] - 4) * 1000 / 1e6  # back to the question's size, in MB
+    assert round(mb / 74, 1) == 5.4
+    claims = {"a": 400, "b": 424, "c": 592, "d": 74}
+    options = {k: _near(mb, v, 0.01) for k, v in claims.items()}
+    assert supported(options) == KEYS["zero_5"]
     two = run_ranks(compression.torch_zero_state, 2, [(1000, 10), (10, 1000)], timeout=60)
     assert [sorted(h["params"]) for h in two] == [["0.weight", "1.bias"], ["0.bias", "1.weight"]]
-    assert supported(options) == KEYS["zero_5"]
 
 
-def test_zero_6_fp16_hook_overflow_and_underflow(run_ranks) -> None:
-    """With the fp16 hook: 70000 -> inf, 1e-8 -> 0, 1e-6 -> 9.5e-7, 1.0 exact?"""
-    got = run_ranks(compression.fp16_hook_grads, 2, [7e4, 1e-8, 1e-6, 1.0], timeout=60)[0]
-    g = got["fp16 hook"]
+def test_zero_6_fp16_hook_on_8_ranks(run_ranks) -> None:
+    """Every one of 8 ranks holds 2e4 and 2e-7: does the hook give back about 2e4 (19984) and
+    0, where 2 ranks keep 2e-7 (as 2.38e-7) and a sum before the division would overflow?"""
+    got = run_ranks(compression.fp16_hook_grads, 8, [2e4, 2e-7], timeout=90)[0]
+    x, y = got["fp16 hook"]
+    near_x, inf_x = _near(x, 2e4, 0.005), x == float("inf")
+    zero_y, near_y = y == 0.0, _near(y, 2e-7, 0.15)
     options = {
-        "a": _near(g[0], 7e4) and _near(g[1], 1e-8, 1e-3),
-        "b": g[0] == 65504 and g[1] > 0,
-        "c": g[0] == float("inf") and g[1] == 0 and _near(g[2], 9.54e-7, 0.01) and g[3] == 1.0,
-        "d": all(math.isnan(x) for x in g),
+        "a": inf_x and zero_y,
+        "b": near_x and zero_y,
+        "c": near_x and near_y,
+        "d": inf_x and near_y,
     }
     assert supported(options) == KEYS["zero_6"]
-    assert got["fp32"][0] == 7e4  # without the hook the gradient is intact
-    edges = run_ranks(compression.fp16_hook_grads, 2, [65519.0, 65520.0], timeout=60)[0]
-    assert edges["fp16 hook"] == [65504.0, float("inf")]  # rounded to nearest, not clamped
+    assert x == 19984.0 and _near(got["fp32"][0], 2e4, 1e-6)
+    assert torch.tensor(8 * 2e4, dtype=torch.float16).item() == float("inf")  # a sum first
+    assert _near(torch.tensor(2e-7, dtype=torch.float16).item(), 1.79e-7, 0.01)
+    small = torch.finfo(torch.float16).smallest_normal * 2**-10  # the smallest subnormal
+    assert _near(small, 5.96e-8, 0.01)
+    two = run_ranks(compression.fp16_hook_grads, 2, [2e-7], timeout=60)[0]["fp16 hook"]
+    assert _near(two[0], 2.38e-7, 0.01)
+    default = run_ranks(compression.fp16_hook_grads, 2, [1e5, 65504.0, 65520.0, 2e-8], timeout=60)[
+        0
+    ]["fp16 hook"]
+    assert default == [float("inf"), 65504.0, float("inf"), 0.0]
 
 
-def test_zero_7_powersgd_bytes(run_ranks) -> None:
-    """r = 4, start_powerSGD_iter = 2: 256 KiB twice, then 8 KiB; and the error falls with r?"""
-    rows = run_ranks(compression.powersgd_steps, 2, 4, 2, 3, timeout=60)[0]
-    sent = [r["bytes"] for r in rows]
-    claims = {
-        "a": [8192] * 3,
-        "b": [131072] * 3,
-        "c": [65536] * 3,
-        "d": [262144, 262144, 8192],
+def test_zero_7_powersgd_rank_and_sides(run_ranks) -> None:
+    """512 x 128, r = 8, batches of 4 on 2 ranks: 20 KiB per step from step 3 and the exact
+    average (error below 1e-5); r = 4 or batches of 8 leave about 0.6; a square 256 x 256 layer
+    sends 16 KiB at r = 8 and is exact at r = 16 with batches of 8?"""
+    rows = run_ranks(zero_traffic.powersgd_traffic, 2, 8, 2, (512, 128), 4, 3, timeout=60)[0]
+    assert [r["bytes"] for r in rows[:2]] == [262144, 262144]  # plain all-reduces first
+    sent, error = rows[-1]["bytes"], rows[-1]["error"]
+    exact, lossy = error < 1e-5, error > 1e-2
+    options = {
+        "a": sent == 20 * 1024 and exact,
+        "b": sent == 16 * 1024 and exact,
+        "c": sent == 20 * 1024 and lossy,
+        "d": sent == 16 * 1024 and lossy,
     }
-    options = {k: sent == c for k, c in claims.items()}
     assert supported(options) == KEYS["zero_7"]
-    exact = run_ranks(compression.powersgd_steps, 2, 16, 2, 3, timeout=60)[0][-1]
-    assert exact["error"] < 1e-3 < rows[-1]["error"]  # rank >= the gradient's rank: no error
+    r4 = run_ranks(zero_traffic.powersgd_traffic, 2, 4, 2, (512, 128), 4, 3, timeout=60)[0]
+    b8 = run_ranks(zero_traffic.powersgd_traffic, 2, 8, 2, (512, 128), 8, 3, timeout=60)[0]
+    assert round(r4[-1]["error"], 2) == 0.66 and round(b8[-1]["error"], 2) == 0.60
+    square = run_ranks(zero_traffic.powersgd_traffic, 2, 8, 2, (256, 256), 8, 3, timeout=60)
+    assert square[0][-1]["bytes"] == 16 * 1024  # the same 256 KiB, square
+    full = run_ranks(zero_traffic.powersgd_traffic, 2, 16, 2, (256, 256), 8, 3, timeout=60)
+    assert full[0][-1]["error"] < 1e-5

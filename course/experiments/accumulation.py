@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 __all__ = [
     "accumulation_counts",
     "batchnorm_buffers",
+    "branch_grads",
     "clipped_norms",
     "counting_hook",
     "dropout_masks",
@@ -56,80 +57,112 @@ def _flat_grad(model: nn.Module) -> list[float]:
     return torch.cat([p.grad.flatten() for p in model.parameters()]).tolist()
 
 
-def accumulation_counts(use_no_sync: bool = True, k: int = 4, seed: int = 0) -> dict[str, Any]:
+def accumulation_counts(
+    use_no_sync: bool = True,
+    k: int = 4,
+    seed: int = 0,
+    reduction: str = "mean",
+    sync_first: bool = False,
+    max_norm_ratio: float | None = None,
+) -> dict[str, Any]:
     """K micro-batches of 2 samples per rank into one ``.grad``: all-reduces per backward.
 
-    Each micro-batch's mean loss is backpropagated as it is. Beside DDP's accumulated
-    ``.grad``, the single-process oracle: the mean-loss gradient of the whole global batch
-    (every rank's K micro-batches, ``2 * K * world_size`` samples).
+    Each micro-batch's ``mse_loss(..., reduction)`` is backpropagated as it is (``sync_first``:
+    only the first backward outside ``no_sync``). Beside ``.grad``: the global batch's mean-loss
+    gradient in one process, its norm, each micro-batch's local gradient (no DDP), and with
+    ``max_norm_ratio`` the norm one ``clip_grad_norm_`` saw at that times the large norm.
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model = _mlp(seed)
-    large = copy.deepcopy(model)
+    large, local = copy.deepcopy(model), copy.deepcopy(model)
     ddp = DDP(model)
     calls: list[int] = []
     ddp.register_comm_hook(calls, counting_hook)
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(world_size, k, 2, 4, generator=gen)
     y = torch.randn(world_size, k, 2, 1, generator=gen)
-    synced = [not use_no_sync or i == k - 1 for i in range(k)]  # no_sync on all but the last
-    per_backward = []
+    synced = [i == 0 if sync_first else not use_no_sync or i == k - 1 for i in range(k)]
+    per_backward, local_grads = [], []
     for i, sync in enumerate(synced):
         before = len(calls)
-        context = contextlib.nullcontext() if sync else ddp.no_sync()
-        with context:
-            loss = nn.functional.mse_loss(ddp(x[rank, i]), y[rank, i])
-            loss.backward()
+        with contextlib.nullcontext() if sync else ddp.no_sync():
+            nn.functional.mse_loss(ddp(x[rank, i]), y[rank, i], reduction=reduction).backward()
         per_backward.append(len(calls) - before)
+        local.zero_grad()
+        nn.functional.mse_loss(local(x[rank, i]), y[rank, i], reduction=reduction).backward()
+        local_grads.append(_flat_grad(local))
     nn.functional.mse_loss(large(x.reshape(-1, 4)), y.reshape(-1, 1)).backward()
+    large_norm = nn.utils.clip_grad_norm_(large.parameters(), float("inf")).item()
+    norm = None
+    if max_norm_ratio is not None:
+        norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm_ratio * large_norm).item()
     return {
         "rank": rank,
         "allreduces_per_backward": per_backward,
         "grad": _flat_grad(model),
         "large_batch_grad": _flat_grad(large),
+        "large_batch_norm": large_norm,
+        "norm": norm,
+        "local_grads": local_grads,
     }
 
 
 def uneven_loop(
-    batches_per_rank: Sequence[int] = (3, 2), join: bool = False, then: str = "return"
+    batches_per_rank: Sequence[int] = (3, 2),
+    join: bool = False,
+    then: str = "return",
+    lr: float = 0.0,
 ) -> list[dict]:
     """Train ``nn.Linear(2, 1)`` under DDP, rank r on ``batches_per_rank[r]`` batches.
 
     Batch i of rank r is one sample with both inputs ``10 r + i + 1``, so the local gradient
     of ``sum(w . x)`` is that input. Returns, per step, the input and ``.grad`` after backward.
-    What a rank does once its batches are done: ``then="return"`` returns (its process stays,
-    idle), ``"barrier"`` calls ``dist.barrier()`` first, ``"exit"`` ends its process at once.
+    Once its batches are done a rank returns (``then="return"``: its process stays, idle),
+    calls ``dist.barrier()`` (``"barrier"``), ends its process (``"exit"``), or all-reduces a
+    zero weight-shaped tensor once per batch it lacks against the longest rank (``"zeros"``).
+    With ``lr``: weights from 0, an SGD step after each backward, weights recorded per step
+    and, in a last entry, after the loop.
     """
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = nn.Linear(2, 1, bias=False)
+    if lr:
+        nn.init.zeros_(model.weight)
     ddp = DDP(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=lr)  # lr 0: the weights stay
     steps = []
     with Join([ddp]) if join else contextlib.nullcontext():
         for i in range(batches_per_rank[rank]):
             model.zero_grad()
             x = torch.full((1, 2), float(10 * rank + i + 1))
             ddp(x).sum().backward()
+            optimizer.step()
+            step = {"local": x.flatten().tolist(), "grad": model.weight.grad.flatten().tolist()}
             steps.append(
-                {"local": x.flatten().tolist(), "grad": model.weight.grad.flatten().tolist()}
+                {**step, "weight": model.weight.detach().flatten().tolist()} if lr else step
             )
+    if lr:
+        steps.append({"weight": model.weight.detach().flatten().tolist()})
     if then == "barrier":
         dist.barrier()
     elif then == "exit":
         os._exit(0)
+    elif then == "zeros":
+        for _ in range(max(batches_per_rank) - batches_per_rank[rank]):
+            dist.all_reduce(torch.zeros_like(model.weight).flatten())
     return steps
 
 
 class _TwoHeads(nn.Module):
-    """Two linear heads, of which ``forward`` uses only the first."""
+    """Two linear heads; ``forward`` runs the one it is given, by default only the first."""
 
     def __init__(self) -> None:
         super().__init__()
         self.used = nn.Linear(2, 1, bias=False)
         self.unused = nn.Linear(2, 1, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.used(x)
+    def forward(self, x: torch.Tensor, head: str = "used") -> torch.Tensor:
+        return getattr(self, head)(x)
 
 
 def unused_parameter_steps(find_unused_parameters: bool = False, steps: int = 2) -> list[dict]:
@@ -147,32 +180,50 @@ def unused_parameter_steps(find_unused_parameters: bool = False, steps: int = 2)
         except RuntimeError as err:
             out.append({"error": str(err).split("\n")[0]})
             continue
-        out.append(
-            {"local": x.flatten().tolist(), "grad": model.used.weight.grad.flatten().tolist()}
-        )
+        g = _head_grads(model)
+        out.append({"local": x.flatten().tolist(), "grad": g["used"], "unused_grad": g["unused"]})
     return out
 
 
-def swapped_all_reduce(loss: float = 1.0, samples: float = 100.0) -> dict[str, Any]:
-    """Two same-shaped all-reduces, called in opposite orders on rank 0 and the others.
+def _head_grads(model: _TwoHeads) -> dict[str, list[float] | None]:
+    grads = {h: getattr(model, h).weight.grad for h in ("used", "unused")}
+    return {h: None if g is None else g.flatten().tolist() for h, g in grads.items()}
 
-    Rank r's loss sum is ``loss + r`` and its sample count ``samples * (r + 1)``.
-    """
+
+def branch_grads(
+    find_unused_parameters: bool = True, heads: Sequence[str] = ("used", "unused")
+) -> dict[str, list[float] | None]:
+    """One DDP backward of the two-headed module in which rank r runs only head ``heads[r]``,
+    on input ``2 r + 1``: each head's ``.grad`` on this rank (None where it has none)."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = _TwoHeads()
+    ddp = DDP(model, find_unused_parameters=find_unused_parameters)
+    ddp(torch.full((1, 2), float(2 * rank + 1)), heads[rank]).sum().backward()
+    return _head_grads(model)
+
+
+def swapped_all_reduce(
+    loss: float = 1.0,
+    samples: float = 100.0,
+    swapped: Sequence[int] | None = None,
+    per_rank: bool = True,
+) -> dict[str, Any]:
+    """Two same-shaped all-reduces: rank r's loss sum ``loss + r`` and count ``samples * (r + 1)``
+    (``samples`` unless ``per_rank``), the ranks in ``swapped`` (default: all but rank 0) reducing
+    the count first, the others the loss first."""
     rank = dist.get_rank()
     loss_sum = torch.tensor([loss + rank])
-    count = torch.tensor([samples * (rank + 1)])
-    order = [loss_sum, count] if rank == 0 else [count, loss_sum]
-    for t in order:
+    count = torch.tensor([samples * (rank + 1) if per_rank else samples])
+    late = rank in swapped if swapped is not None else rank != 0
+    for t in [count, loss_sum] if late else [loss_sum, count]:
         dist.all_reduce(t)
     return {"rank": rank, "loss_sum": loss_sum.item(), "count": count.item()}
 
 
 def clipped_norms(max_norm: float = 0.1, seed: int = 0) -> dict[str, Any]:
-    """``clip_grad_norm_`` after a DDP backward: the norm each rank sees, and any collective.
-
-    Beside it, the norm of the large-batch gradient computed in one process on every rank's
-    data: what a single-GPU run would clip by.
-    """
+    """``clip_grad_norm_`` after a DDP backward: the norm each rank sees, and any collective;
+    beside it, the norm of the large-batch gradient in one process (what it would clip by)."""
     from course.ring.recorder import Recorder
 
     rank, world_size = dist.get_rank(), dist.get_world_size()

@@ -31,6 +31,8 @@ __all__ = [
     "grad_storage",
     "many_params_model",
     "overlap_timeline",
+    "reversed_stack",
+    "reversed_stack_buckets",
     "timeline_figure",
 ]
 
@@ -150,6 +152,45 @@ def ddp_buckets(
     in ``model.parameters()`` (registration) order; times are seconds from backward's start.
     """
     model = many_params_model(layers, width, bias=bias)
+    return _buckets_seen(model, width, bucket_cap_mb, iterations, **ddp_options)
+
+
+class _ReversedStack(nn.Module):
+    """``layers`` Linear(width, width) layers registered 0 to layers - 1 in a ModuleList,
+    whose forward runs them from the last registered to the first."""
+
+    def __init__(self, layers: int, width: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in reversed(self.layers):
+            x = torch.relu(layer(x))
+        return x
+
+
+def reversed_stack(layers: int = 8, width: int = 256, seed: int = 0) -> nn.Module:
+    """A stack whose forward runs its layers in the reverse of their registration order."""
+    torch.manual_seed(seed)
+    return _ReversedStack(layers, width)
+
+
+def reversed_stack_buckets(
+    bucket_cap_mb: float | None = None, iterations: int = 3, layers: int = 8, width: int = 256
+) -> list[list[dict[str, Any]]]:
+    """:func:`ddp_buckets` for :func:`reversed_stack`: parameter ``2 i`` is layer ``i``'s
+    weight and ``2 i + 1`` its bias, in registration order."""
+    return _buckets_seen(reversed_stack(layers, width), width, bucket_cap_mb, iterations)
+
+
+def _buckets_seen(
+    model: nn.Module,
+    width: int,
+    bucket_cap_mb: float | None,
+    iterations: int,
+    **ddp_options: bool,
+) -> list[list[dict[str, Any]]]:
+    """The buckets a recording comm hook sees in each of the first ``iterations`` steps."""
     kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
     ddp = DDP(model, **kwargs, **ddp_options)
     log: list[dict[str, Any]] = []

@@ -11,18 +11,14 @@ is a rank-side program: run it with ``course.ranks.run``.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
-from course.ring.recorder import Recorder
-
-__all__ = ["fp16_hook_grads", "powersgd_steps", "torch_zero_state"]
+__all__ = ["fp16_hook_grads", "torch_zero_state"]
 
 
 def fp16_hook_grads(values: Sequence[float]) -> dict[str, list[float]]:
@@ -37,41 +33,6 @@ def fp16_hook_grads(values: Sequence[float]) -> dict[str, list[float]]:
         ddp(torch.tensor([list(values)])).sum().backward()
         out[name] = model.weight.grad.reshape(-1).tolist()
     return out
-
-
-def powersgd_steps(
-    rank: int, start_iter: int, steps: int = 4, width: int = 256, batch: int = 8
-) -> list[dict[str, float]]:
-    """Per step of DDP with ``powerSGD_hook`` on a ``width x width`` layer: bytes all-reduced
-    by this rank and the relative error of the gradient against the exact average. A batch
-    of ``batch`` samples gives a gradient of rank at most ``batch`` per rank."""
-    torch.manual_seed(0)
-    model = nn.Linear(width, width, bias=False)
-    local = copy.deepcopy(model)
-    ddp = nn.parallel.DistributedDataParallel(model)
-    state = powersgd.PowerSGDState(
-        process_group=None,
-        matrix_approximation_rank=rank,
-        start_powerSGD_iter=start_iter,
-        use_error_feedback=False,  # the error of this step's compression alone
-    )
-    ddp.register_comm_hook(state, powersgd.powerSGD_hook)
-    g = torch.Generator().manual_seed(dist.get_rank())
-    rows = []
-    for _ in range(steps):
-        x = torch.randn(batch, width, generator=g)
-        with Recorder() as recorder:  # the hook's all-reduces, whatever calls them
-            ddp(x).pow(2).sum().backward()
-        sent = sum(c.nbytes for c in recorder.collectives if c.name == "all_reduce")
-        local.zero_grad()
-        local(x).pow(2).sum().backward()
-        exact = local.weight.grad.clone()
-        dist.all_reduce(exact)
-        exact /= dist.get_world_size()
-        err = (model.weight.grad - exact).norm() / exact.norm()
-        rows.append({"bytes": sent, "error": err.item(), "full": exact.nbytes})
-        model.zero_grad()
-    return rows
 
 
 def torch_zero_state(shapes: Sequence[tuple[int, int]] = ((1000, 10),)) -> dict:

@@ -25,12 +25,14 @@ __all__ = [
     "CommHook",
     "construction_step",
     "loss_figure",
+    "offset_run",
     "regression_data",
     "scaling_order",
     "seed_step",
     "sum_hook",
     "train",
     "train_single",
+    "uneven_fit",
     "uneven_step",
 ]
 
@@ -117,15 +119,25 @@ def _model(features: int, seed: int) -> nn.Module:
     return nn.Linear(features, 1)
 
 
-def train(lr: float, hook: CommHook | None = None, steps: int = 30, seed: int = 0) -> list[float]:
-    """Full-batch SGD under DDP, each rank on its shard; the pooled loss before each step."""
+def train(
+    lr: float,
+    hook: CommHook | None = None,
+    steps: int = 30,
+    seed: int = 0,
+    optimizer: str = "sgd",
+) -> list[float]:
+    """Full-batch training under DDP, each rank on its shard; the pooled loss before each step.
+
+    ``optimizer`` is ``"sgd"`` (``torch.optim.SGD``) or ``"adam"`` (``torch.optim.Adam``), both
+    with torch's defaults but the learning rate.
+    """
     rank, world_size = dist.get_rank(), dist.get_world_size()
     x, y = regression_data(seed=seed)
     x, y = x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
     ddp = DDP(_model(x.shape[1], seed))
     if hook is not None:
         ddp.register_comm_hook(None, hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    opt = _optimizer(optimizer, ddp.parameters(), lr)
     losses = []
     for _ in range(steps):
         opt.zero_grad()
@@ -136,6 +148,13 @@ def train(lr: float, hook: CommHook | None = None, steps: int = 30, seed: int = 
         losses.append(pooled.item() / world_size)
         opt.step()
     return losses
+
+
+def _optimizer(name: str, params: Any, lr: float) -> torch.optim.Optimizer:
+    optimizers = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+    if name not in optimizers:
+        raise ValueError(f"optimizer is one of {sorted(optimizers)}, got {name!r}")
+    return optimizers[name](params, lr=lr)
 
 
 def train_single(lr: float, steps: int = 30, seed: int = 0) -> list[float]:
@@ -169,25 +188,35 @@ def _mean_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[float
     return model.weight.grad.flatten().tolist()
 
 
-def uneven_step(local_batch_sizes: Sequence[int] = (1, 3), seed: int = 0) -> dict[str, Any]:
-    """One DDP step where rank r holds ``local_batch_sizes[r]`` samples (mean loss per rank).
-
-    Returns the synced ``.grad`` beside what every rank computes in one process on the whole
-    data: each rank's local mean gradient, the pooled per-sample mean, and the local means'
-    plain average.
-    """
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    if len(local_batch_sizes) != world_size:
+def _uneven_data(
+    local_batch_sizes: Sequence[int], seed: int
+) -> tuple[torch.Tensor, torch.Tensor, list[slice], nn.Module]:
+    """The samples, each rank's slice of them, and a seeded bias-free linear model."""
+    if len(local_batch_sizes) != dist.get_world_size():
         raise ValueError(f"need one local batch size per rank, got {list(local_batch_sizes)}")
     x, y = regression_data(samples=sum(local_batch_sizes), features=3, seed=seed)
-    shards = _split(local_batch_sizes)
     model = nn.Linear(3, 1, bias=False)
     torch.manual_seed(seed)
     nn.init.normal_(model.weight)
+    return x, y, _split(local_batch_sizes), model
+
+
+def uneven_step(
+    local_batch_sizes: Sequence[int] = (1, 3), seed: int = 0, reduction: str = "mean"
+) -> dict[str, Any]:
+    """One DDP step where rank r holds ``local_batch_sizes[r]`` samples.
+
+    Each rank's loss is the squared error over its own samples, reduced by ``reduction``
+    (``"mean"`` or ``"sum"``, as in ``nn.functional.mse_loss``). Returns the synced ``.grad``
+    beside what every rank computes in one process on the whole data: each rank's local mean
+    gradient, the pooled per-sample mean, and the local means' plain average.
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    x, y, shards, model = _uneven_data(local_batch_sizes, seed)
     oracle = nn.Linear(3, 1, bias=False)
     oracle.load_state_dict(model.state_dict())
     ddp = DDP(model)
-    nn.functional.mse_loss(ddp(x[shards[rank]]), y[shards[rank]]).backward()
+    nn.functional.mse_loss(ddp(x[shards[rank]]), y[shards[rank]], reduction=reduction).backward()
     local_means = [_mean_grad(oracle, x[s], y[s]) for s in shards]
     return {
         "rank": rank,
@@ -197,6 +226,73 @@ def uneven_step(local_batch_sizes: Sequence[int] = (1, 3), seed: int = 0) -> dic
         "flat_average": [sum(c) / world_size for c in zip(*local_means, strict=True)],
         "local_means": local_means,
     }
+
+
+def uneven_fit(
+    local_batch_sizes: Sequence[int] = (2, 6), lr: float = 0.1, steps: int = 400, seed: int = 1
+) -> dict[str, Any]:
+    """Full-batch SGD under DDP on a fixed uneven split, mean loss per rank: where it ends.
+
+    Rank r always holds the same ``local_batch_sizes[r]`` samples. Returns the weights after
+    ``steps`` steps, the last step's ``.grad``, and the whole data set (``x``, ``y``) with each
+    rank's slice, so that any fit of the same samples can be compared with where DDP ended.
+    """
+    rank = dist.get_rank()
+    x, y, shards, model = _uneven_data(local_batch_sizes, seed)
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x[shards[rank]]), y[shards[rank]]).backward()
+        opt.step()
+    return {
+        "rank": rank,
+        "weight": model.weight.detach().flatten().tolist(),
+        "last_grad": model.weight.grad.flatten().tolist(),
+        "x": x.tolist(),
+        "y": y.flatten().tolist(),
+        "shards": [(s.start, s.stop) for s in shards],
+    }
+
+
+def offset_run(
+    offset: float = 0.0, offset_rank: int = 1, steps: int = 10, lr: float = 0.1
+) -> dict[str, Any]:
+    """DDP(m) on every rank, then ``offset`` added to rank ``offset_rank``'s parameters alone,
+    then plain SGD steps, each rank on data of its own.
+
+    Returns, after construction and after each step, this rank's parameters minus rank 0's
+    (element by element), and this rank's parameters themselves.
+    """
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    m = nn.Linear(2, 1)
+    ddp = DDP(m)
+    if rank == offset_rank:
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(offset)
+    g = torch.Generator().manual_seed(100 + rank)
+    x, y = torch.randn(8, 2, generator=g), torch.randn(8, 1, generator=g)
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+
+    def flat() -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+
+    def gap() -> list[float]:
+        mine = flat()
+        theirs = mine.clone()
+        dist.broadcast(theirs, src=0)
+        return (mine - theirs).tolist()
+
+    gaps, params = [gap()], [flat().tolist()]
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+        gaps.append(gap())
+        params.append(flat().tolist())
+    return {"rank": rank, "gaps": gaps, "params": params}
 
 
 def loss_figure(curves: dict[str, Sequence[float]], title: str = "Loss per step") -> Any:
@@ -223,5 +319,5 @@ def loss_figure(curves: dict[str, Sequence[float]], title: str = "Loss per step"
 if __name__ == "__main__":  # torchrun --nproc-per-node 2 -m course.experiments.ddp
     dist.init_process_group("gloo")
     print(seed_step())
-    dist.destroy_process_group()
     dist.barrier()  # no rank closes its connections while a peer still uses them
+    dist.destroy_process_group()

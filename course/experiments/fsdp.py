@@ -35,6 +35,8 @@ __all__ = [
     "shard_layout",
     "traffic_on_ranks",
     "traffic_per_step",
+    "unit_size_on_ranks",
+    "unit_size_step",
     "units",
     "unsharded_bytes",
 ]
@@ -189,3 +191,40 @@ def layout_on_ranks(shape: tuple[int, ...], world_size: int = 3) -> list[dict[st
     from course.ranks import run
 
     return run(shard_layout, world_size, tuple(shape), timeout=60)
+
+
+def unit_size_step(layers_per_unit: int = 1, width: int = 128, depth: int = 8) -> dict[str, Any]:
+    """Rank side: torch's ``fully_shard`` on groups of ``layers_per_unit`` consecutive layers
+    (one unit each, then the root): the peak of unsharded parameter bytes in a forward and
+    backward, the bytes this rank sent in them (model sizes), and the collectives called."""
+    from torch.distributed.fsdp import fully_shard
+
+    from course.ring.recorder import Recorder
+    from course.ring.wire import WireMeter
+
+    model = toy_model(width=width, depth=depth)
+    layers = units(model)
+    for start in range(0, len(layers), layers_per_unit):
+        fully_shard(layers[start : start + layers_per_unit], reshard_after_forward=True)
+    fully_shard(model, reshard_after_forward=True)
+    x = torch.randn(16, width)
+    nn.functional.mse_loss(model(x), x).backward()  # once first: gloo and FSDP set up
+    sent = WireMeter()
+    with sent, Recorder() as recorder:
+        nn.functional.mse_loss(model(x), x).backward()
+    with UnshardedPeak(model) as peak:
+        nn.functional.mse_loss(model(x), x).backward()
+    calls = [c.name for c in recorder.collectives]
+    return {
+        "peak unsharded": peak.peak,
+        "layer": width * width * 4,
+        "sent": sent.total_sent / (depth * width * width * 4),
+        "calls": {name: calls.count(name) for name in sorted(set(calls))},
+    }
+
+
+def unit_size_on_ranks(world_size: int = 4, **options: Any) -> list[dict[str, Any]]:
+    """:func:`unit_size_step` on fresh ranks, one dict per rank."""
+    from course.ranks import run
+
+    return run(unit_size_step, world_size, timeout=90, **options)

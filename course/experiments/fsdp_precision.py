@@ -21,7 +21,15 @@ from torch import nn
 from course.experiments.fsdp import UnshardedPeak, shard
 from course.experiments.zero import toy_model
 
-__all__ = ["held_bytes", "held_on_ranks", "reduce_error", "reduce_on_ranks", "underflow"]
+__all__ = [
+    "held_bytes",
+    "held_on_ranks",
+    "reduce_error",
+    "reduce_on_ranks",
+    "reduce_result",
+    "reduce_results_on_ranks",
+    "underflow",
+]
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -76,6 +84,12 @@ def held_on_ranks(world_size: int = 4, **options: Any) -> list[dict[str, Any]]:
 def reduce_error(reduce_dtype: str = "bf16", width: int = 256, seed: int = 0) -> float:
     """Rank side: the relative error (L2) of the gradient FSDP2 left in this rank's shards,
     against the fp64 mean over ranks of each rank's own bf16 gradient (``param_dtype=bf16``)."""
+    return reduce_result(reduce_dtype, width, seed)["error"]
+
+
+def reduce_result(reduce_dtype: str = "bf16", width: int = 256, seed: int = 0) -> dict[str, Any]:
+    """Rank side: :func:`reduce_error`'s error, how many elements of the averaged gradient
+    came out 0 where the fp64 mean is not, and the smallest non-zero magnitude of that mean."""
     torch.manual_seed(seed + 1 + dist.get_rank())
     x = torch.randn(32, width)
     model = toy_model(seed, width=width, depth=4)
@@ -83,7 +97,7 @@ def reduce_error(reduce_dtype: str = "bf16", width: int = 256, seed: int = 0) ->
     nn.functional.mse_loss(local(x.bfloat16()).float(), x).backward()
     shard(model, **_policy("bf16", reduce_dtype))
     nn.functional.mse_loss(model(x).float(), x).backward()
-    errors, norms = 0.0, 0.0
+    errors, norms, zeroed, smallest = 0.0, 0.0, 0, float("inf")
     for mine, sharded in zip(local.parameters(), model.parameters(), strict=True):
         ranks = [
             torch.empty_like(mine.grad, dtype=torch.float64) for _ in range(dist.get_world_size())
@@ -93,7 +107,9 @@ def reduce_error(reduce_dtype: str = "bf16", width: int = 256, seed: int = 0) ->
         got = sharded.grad.full_tensor().double()
         errors += float((got - mean).square().sum())
         norms += float(mean.square().sum())
-    return (errors / norms) ** 0.5
+        zeroed += int(((got == 0) & (mean != 0)).sum())
+        smallest = min(smallest, float(mean[mean != 0].abs().min()))
+    return {"error": (errors / norms) ** 0.5, "zeroed": zeroed, "smallest": smallest}
 
 
 def reduce_on_ranks(world_size: int = 4, **options: Any) -> float:
@@ -101,6 +117,13 @@ def reduce_on_ranks(world_size: int = 4, **options: Any) -> float:
     from course.ranks import run
 
     return max(run(reduce_error, world_size, timeout=60, **options))
+
+
+def reduce_results_on_ranks(world_size: int = 4, **options: Any) -> list[dict[str, Any]]:
+    """:func:`reduce_result` on fresh ranks, one dict per rank."""
+    from course.ranks import run
+
+    return run(reduce_result, world_size, timeout=60, **options)
 
 
 def underflow(scale: float = 1.0, dtype: str = "fp16", size: float = 0.03) -> dict[str, Any]:

@@ -15,7 +15,6 @@ the rank spent computing instead of waiting.
 
 from __future__ import annotations
 
-import itertools
 import re
 import time
 from typing import Any
@@ -77,22 +76,23 @@ class Timeline(TorchDispatchMode):
         return what, unit, start
 
 
-def _model(forward_prefetch: bool, width: int) -> nn.Module:
+def _model(forward_prefetch: bool | int, width: int) -> nn.Module:
     model = shard(toy_model(width=width, depth=6))
     layers = units(model)
-    if forward_prefetch:
-        for layer, after in itertools.pairwise(layers):
-            layer.set_modules_to_forward_prefetch([after])
+    ahead = int(forward_prefetch)  # True: the next unit; k: the next k units
+    for i, layer in enumerate(layers[:-1] if ahead else []):
+        layer.set_modules_to_forward_prefetch(layers[i + 1 : i + 1 + ahead])
     return model
 
 
 def prefetch_step(
-    forward_prefetch: bool = False, width: int = 256, memory: bool = True
+    forward_prefetch: bool | int = False, width: int = 256, memory: bool = True
 ) -> dict[str, Any]:
     """Rank side: the timeline of one forward and backward of torch's ``fully_shard`` on 6
     layers (each a unit), with or without FSDP2's explicit forward prefetch of the next unit
-    (``set_modules_to_forward_prefetch``); backward with no switch set. Without
-    ``memory`` no bytes are sampled (the sampling is slower than the ops it samples)."""
+    (``set_modules_to_forward_prefetch``; an int k: of the next k units); backward with no
+    switch set. Without ``memory`` no bytes are sampled (the sampling is slower than the ops
+    it samples)."""
     model = _model(forward_prefetch, width)
     x = torch.randn(64, width)
     nn.functional.mse_loss(model(x), x).backward()  # once first: FSDP sets itself up

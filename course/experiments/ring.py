@@ -86,5 +86,5 @@ if __name__ == "__main__":  # torchrun --nproc-per-node 4 -m course.experiments.
     dist.init_process_group("gloo")
     for name in COLLECTIVES:
         print(collective_traffic(name, 2**20))
-    dist.destroy_process_group()
     dist.barrier()  # no rank closes its connections while a peer still uses them
+    dist.destroy_process_group()

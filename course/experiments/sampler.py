@@ -11,7 +11,7 @@ from typing import Any
 
 from torch.utils.data import DistributedSampler
 
-__all__ = ["epoch_orders", "sampler_figure", "sampler_split"]
+__all__ = ["epoch_orders", "sampler_figure", "sampler_split", "seeded_split"]
 
 
 def sampler_split(
@@ -22,6 +22,19 @@ def sampler_split(
         list(DistributedSampler(range(dataset_len), world_size, r, shuffle, drop_last=drop_last))
         for r in range(world_size)
     ]
+
+
+def seeded_split(
+    dataset_len: int, seeds: list[int], epoch: int = 0, drop_last: bool = False
+) -> list[list[int]]:
+    """The shuffled indices each rank's ``DistributedSampler`` gives, rank r built with
+    ``seed=seeds[r]`` (``len(seeds)`` ranks) and set to ``epoch``."""
+    split = []
+    for r, seed in enumerate(seeds):
+        s = DistributedSampler(range(dataset_len), len(seeds), r, True, seed, drop_last)
+        s.set_epoch(epoch)
+        split.append(list(s))
+    return split
 
 
 def epoch_orders(

@@ -32,9 +32,11 @@ __all__ = [
     "held_objects",
     "inner_optimizers",
     "make_batches",
+    "memory_after_backward",
     "memory_breakdown",
     "memory_on_ranks",
     "single_process_params",
+    "torch_zero_state_bytes",
     "toy_model",
 ]
 
@@ -243,3 +245,33 @@ def equivalence(zero_class: Any, steps: int = 20) -> dict[str, Any]:
     a, b = final_params("DDP", None, steps), final_params("zero", zero_class, steps)
     diff = (a - b).abs().max().item()
     return {"identical": torch.equal(a, b), "max_abs": diff, "max_rel": diff / a.abs().max().item()}
+
+
+def memory_after_backward(kind: str, zero_class: Any = None, steps: int = 2) -> dict[str, int]:
+    """Rank side: train ``steps - 1`` steps the ``kind`` way, then run the last step's forward
+    and backward only; the bytes this rank holds then, before ``step()``."""
+    batches = _own_batches(steps, 0, dist.get_rank())
+    model, optimizer = _train(kind, zero_class, steps - 1, 0, batches[:-1])
+    optimizer.zero_grad()
+    x, y = batches[-1]
+    nn.functional.mse_loss(model(x), y).backward()
+    return memory_breakdown(model, optimizer)
+
+
+def torch_zero_state_bytes(numels: list[int]) -> dict[str, Any]:
+    """Rank side: bytes of Adam state this rank holds under torch's
+    ``ZeroRedundancyOptimizer`` after one step, for flat parameters of ``numels`` elements,
+    and the sizes of the parameters it updates."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    params = [nn.Parameter(torch.zeros(n)) for n in numels]
+    optimizer = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, lr=0.01)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    owned = [p for group in optimizer.optim.param_groups for p in group["params"]]
+    state = optimizer.optim.state.values()
+    return {
+        "numels": sorted((p.numel() for p in owned), reverse=True),
+        "nbytes": sum(v.nbytes for s in state for v in s.values() if torch.is_tensor(v)),
+    }

@@ -54,30 +54,40 @@ def unwritten(*yours: Any) -> bool:
 
 
 def report_traffic(
-    reduce_scatter: Callable, all_gather: Callable, world_sizes: Sequence[int] = (2, 3, 4)
+    reduce_scatter: Callable,
+    all_gather: Callable,
+    world_sizes: Sequence[int] = (2, 3, 4),
+    calls: bool = False,
 ) -> None:
     """Bytes a rank sends per step, in model sizes: DDP and torch's ``fully_shard`` on the
-    wire, your halves recorded, on each world size."""
+    wire, your halves recorded, on each world size; with ``calls``, the collectives
+    ``fully_shard`` called."""
     if grading() or unwritten(reduce_scatter, all_gather):
         return
     for n in world_sizes:
         t = zero_traffic.traffic_on_ranks(reduce_scatter, all_gather, n)
-        calls = ", ".join(f"{count} {name}" for name, count in t["FSDP calls"].items())
+        called = ", ".join(f"{count} {name}" for name, count in t["FSDP calls"].items())
         print(
             f"N = {n}: DDP {t['DDP']:.2f}; your reduce_scatter {t['reduce_scatter']:.2f}, "
             f"all_gather {t['all_gather']:.2f}, ZeRO-1/2 step {t['ZeRO-1/2']:.2f}; torch's "
-            f"fully_shard forward {t['FSDP forward']:.2f}, backward {t['FSDP backward']:.2f} "
-            f"({calls} for {t['layers']} layers)"
+            f"fully_shard forward {t['FSDP forward']:.2f}, backward {t['FSDP backward']:.2f}"
+            + (f" ({called} for {t['layers']} layers)" if calls else "")
         )
 
 
-def report_memory(zero_class: Any, world_size: int = 4) -> None:
-    """Bytes held per rank after two steps, DDP + Adam against ``zero_class``, in units of P."""
+def report_memory(zero_class: Any, world_size: int = 4, when: str = "after step") -> None:
+    """Bytes held per rank in the second step, DDP + Adam against ``zero_class``, in units of
+    P: ``when`` is "after step" (after ``step()``) or "after backward" (before ``step()``)."""
     if grading() or unwritten(zero_class):
         return
+    measure = {"after step": zero.memory_on_ranks, "after backward": zero.memory_after_backward}
+    if when not in measure:
+        print(f"when must be one of {', '.join(map(repr, measure))}, not {when!r}")
+        return
     psi = sum(p.numel() for p in zero.toy_model().parameters())
+    print(f"{world_size} ranks, {when}:")
     for kind in ("DDP", "zero"):
-        held = run(zero.memory_on_ranks, world_size, kind, zero_class, timeout=TIMEOUT)[0]
+        held = run(measure[when], world_size, kind, zero_class, timeout=TIMEOUT)[0]
         parts = ", ".join(f"{k} {v / psi:.2f}P" for k, v in held.items())
         print(f"{kind:5}: {parts}; total {sum(held.values()) / psi:.2f}P")
 
@@ -116,11 +126,13 @@ def report_torch_zero(models: Sequence[tuple[int, Sequence[tuple[int, int]]]]) -
             print(f"  rank {r}: state of {owned}: {held['nbytes']:,} bytes")
 
 
-def report_fp16(values: Sequence[float]) -> None:
-    """DDP's averaged gradient, without and with fp16_compress_hook, on 2 ranks."""
+def report_fp16(values: Sequence[float], world_size: int = 2) -> None:
+    """DDP's averaged gradient, without and with fp16_compress_hook, every rank feeding
+    ``values``, on ``world_size`` ranks."""
     if grading():
         return
-    grads = run(compression.fp16_hook_grads, 2, list(values), timeout=TIMEOUT)[0]
+    grads = run(compression.fp16_hook_grads, world_size, list(values), timeout=TIMEOUT)[0]
+    print(f"{world_size} ranks, each with the gradient {list(values)}:")
     for name, got in grads.items():
         print(f"{name:9}: {got}")
 
@@ -136,12 +148,29 @@ def report_ef_training(hook: Any, scale: float = 1e-8) -> None:
         print(f"{name:5}: first weights {[f'{v:.3g}' for v in w[:4].tolist()]}")
 
 
-def report_powersgd(ranks: Sequence[int] = (1, 4, 16), start_iter: int = 2) -> None:
-    """Bytes all-reduced per step, and the gradient's error, for each PowerSGD rank."""
+def report_powersgd(
+    ranks: Sequence[int] = (1, 4, 16),
+    start_iter: int = 2,
+    shape: tuple[int, int] = (256, 256),
+    batch: int = 8,
+    world_size: int = 2,
+) -> None:
+    """Bytes all-reduced per step, and the gradient's error, for each PowerSGD rank, on one
+    bias-free ``shape`` layer fed ``batch`` samples per rank."""
     if grading():
         return
+    print(f"{world_size} ranks, a {shape[0]} x {shape[1]} layer, batches of {batch}:")
     for r in ranks:
-        rows = run(compression.powersgd_steps, 2, r, start_iter, timeout=TIMEOUT)[0]
+        rows = run(
+            zero_traffic.powersgd_traffic,
+            world_size,
+            r,
+            start_iter,
+            tuple(shape),
+            batch,
+            start_iter + 1,
+            timeout=TIMEOUT,
+        )[0]
         sent = ", ".join(f"{row['bytes']:,} B (error {row['error']:.2f})" for row in rows)
         print(f"r = {r:2}: {sent}")
 

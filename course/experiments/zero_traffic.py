@@ -17,7 +17,14 @@ from torch import nn
 
 from course.experiments.zero import toy_model
 
-__all__ = ["torch_zero_traffic", "traffic_on_ranks", "traffic_per_step"]
+__all__ = [
+    "halves_sent",
+    "powersgd_traffic",
+    "shard_dependence",
+    "torch_zero_traffic",
+    "traffic_on_ranks",
+    "traffic_per_step",
+]
 
 
 def _ddp_step(model: nn.Module, meter: Any) -> None:
@@ -129,3 +136,77 @@ def traffic_on_ranks(
         k: max(r[k] for r in per_rank) if isinstance(v, float) else v
         for k, v in per_rank[0].items()
     }
+
+
+def powersgd_traffic(
+    rank: int,
+    start_iter: int,
+    shape: tuple[int, int] = (256, 256),
+    batch: int = 8,
+    steps: int = 4,
+) -> list[dict[str, float]]:
+    """Rank side: per step of DDP with ``powerSGD_hook`` (error feedback off) on one bias-free
+    ``rows x cols`` layer, fed batches of ``batch`` samples: the bytes this rank hands to
+    ``all_reduce`` and the gradient's relative error against the exact average."""
+    import copy
+
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    from course.ring.recorder import Recorder
+
+    rows, cols = shape
+    torch.manual_seed(0)
+    model = nn.Linear(cols, rows, bias=False)
+    local = copy.deepcopy(model)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    state = powersgd.PowerSGDState(
+        process_group=None,
+        matrix_approximation_rank=rank,
+        start_powerSGD_iter=start_iter,
+        use_error_feedback=False,
+    )
+    ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    out = []
+    for _ in range(steps):
+        x = torch.randn(batch, cols, generator=g)
+        with Recorder() as recorder:
+            ddp(x).pow(2).sum().backward()
+        sent = sum(c.nbytes for c in recorder.collectives if c.name == "all_reduce")
+        local.zero_grad()
+        local(x).pow(2).sum().backward()
+        exact = local.weight.grad.clone()
+        dist.all_reduce(exact)
+        exact /= dist.get_world_size()
+        err = (model.weight.grad - exact).norm() / exact.norm()
+        out.append({"bytes": sent, "error": err.item(), "full": exact.nbytes})
+        model.zero_grad()
+    return out
+
+
+def halves_sent(reduce_scatter: Callable, numel: int) -> float:
+    """Rank side: the bytes this rank sends in ``reduce_scatter`` of a ``numel``-element
+    float32 tensor, recorded message by message, in units of the tensor's size."""
+    from course.ring.recorder import Recorder
+
+    tensor = torch.ones(numel)
+    with Recorder() as recorder:
+        reduce_scatter(tensor.clone())
+    return sum(m.nbytes for m in recorder.messages if m.op == "send") / tensor.nbytes
+
+
+def shard_dependence(reduce_scatter: Callable, numel: int, source: int = 0) -> list[bool]:
+    """Rank side: for each chunk c of rank ``source``'s tensor, whether changing that chunk
+    (and nothing else, on no other rank) changes this rank's shard of the sum."""
+    from course.ring.schedule import chunk_bounds
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    base = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+    before = reduce_scatter(base.clone())
+    changed = []
+    for lo, hi in chunk_bounds(numel, n):
+        tensor = base.clone()
+        if rank == source:
+            tensor[lo:hi] += 1.0
+        changed.append(not torch.equal(reduce_scatter(tensor), before))
+    return changed

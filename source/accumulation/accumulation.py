@@ -69,19 +69,19 @@ from course.ranks import RankError, launch, run
 # ```
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question accumulation_1: how often does DDP communicate?
+# ## Question accumulation_1: a synced backward in the wrong place
 #
 # *Difficulty 1/3*
 #
-# Two ranks accumulate K = 4 micro-batches per optimizer step with the loop above: the first
-# 3 backward passes run inside `ddp.no_sync()`, the 4th outside it. The model is small, so DDP
-# puts all its gradients in one bucket. How many times does DDP all-reduce that bucket during
-# one optimizer step?
+# Two ranks accumulate K = 4 micro-batches with the loop above, but its condition is inverted:
+# the **first** backward runs outside `ddp.no_sync()` and the other 3 inside it
+# (`with ddp.no_sync() if i > 0 else contextlib.nullcontext():`). The model is small, so DDP
+# puts all its gradients in one bucket. What does `.grad` hold when the optimizer steps?
 #
-# * a) 4 times, once per backward: `no_sync` only delays writing into `.grad`.
-# * b) 3 times: once for each of the backward passes run inside `no_sync`.
-# * c) Once, in the last backward, on the gradients summed over all 4 passes.
-# * d) Never: with `no_sync` in the loop, the gradients are not averaged at all.
+# * a) The same as the right loop's: one all-reduce per step, only earlier.
+# * b) The average over ranks of micro-batch 1, the others' gradients dropped.
+# * c) On each rank, micro-batch 1 averaged plus its own last 3: ranks differ.
+# * d) Nothing usable: DDP raises when no_sync follows a synced backward.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_1 = ""  # your answer: one letter, "a" to "d"
@@ -98,21 +98,20 @@ check_answer(
     choices="abcd",
     key="c",
     explanation="""
-    Inside no_sync() DDP's reducer does not launch its bucket all-reduces: the backward passes
-    only add into .grad on each rank. The first backward outside it all-reduces the buckets,
-    which by then hold the sum over all 4 micro-batches. The measurement counts the calls with a
-    comm hook: with K = 3 and K = 6, one all-reduce per backward without no_sync, and with it
-    none until the last backward, which makes one; the accumulated .grad is the same either way
-    (all-reducing a sum step by step or once gives the same sum). a) no_sync does skip the
-    communication, not only the write. b) It is the backward passes outside no_sync that
-    communicate. d) The last backward, outside no_sync, averages everything accumulated so far.
-    With K micro-batches no_sync saves K - 1 of every K all-reduces.
+    DDP all-reduces in a synced backward what .grad holds at that moment: here the first
+    backward's bucket carries micro-batch 1's gradients, averaged over the ranks. The 3
+    no_sync backwards after it only add each rank's own gradients into .grad, and no later
+    backward communicates (measured: all-reduces per backward [1, 0, 0, 0]). So .grad is the
+    average of micro-batch 1 plus the rank's own micro-batches 2 to 4, different on each rank
+    (measured element for element), and the optimizer step silently drives the replicas apart.
+    a) The place matters: the right loop all-reduces in the last backward, when .grad holds
+    all 4 micro-batches, as the cell's runs show. b) Nothing is dropped: .grad keeps adding.
+    d) DDP checks nothing of the sort: the run finishes.
     """,
     giveaways=(
-        r"none until the last backward",
-        r"saves K ?- ?1 of every K",
-        r"reducer does not launch",
-        r"one all-reduce \(?in the last backward",
+        r"\[1, 0, 0, 0\]",
+        r"micro-batch 1 averaged plus",
+        r"only add each rank's own gradients",
     ),
 )
 ### END HIDDEN TESTS
@@ -121,7 +120,8 @@ check_answer(
 # **Measure it.** `course.experiments.accumulation.accumulation_counts` runs the loop on 2 ranks
 # with a comm hook that counts DDP's all-reduces (`course.experiments.accumulation.counting_hook`),
 # for K = 3 and K = 6 micro-batches, once without and once with `no_sync` on all but the last,
-# and compares the accumulated `.grad` of both runs. What would K = 4 give?
+# and compares the accumulated `.grad` of both runs. Its `sync_first` puts the one synced
+# backward first; it also returns each micro-batch's local gradient (`local_grads`).
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for k in (3, 6):
@@ -138,20 +138,21 @@ for k in (3, 6):
 #
 # *Difficulty 2/3*
 #
-# The same two ranks accumulate 4 micro-batches with the loop above: `no_sync` on the first 3,
-# and `loss_fn(ddp(x), y).backward()` on each micro-batch's **mean** loss (MSE).
-# Compared with the gradient of the mean loss over the whole global batch (all 4 micro-batches
-# of both ranks), what does `.grad` hold when the optimizer steps?
+# The same two ranks accumulate K = 4 micro-batches of 2 samples each with the loop above
+# (`no_sync` on the first 3), but each micro-batch's loss is **summed** over its samples,
+# `mse_loss(ddp(x), y, reduction="sum")`, and backpropagated as it is. Compared with the
+# gradient of the mean loss over the whole global batch (all 16 samples of both ranks), what
+# does `.grad` hold when the optimizer steps?
 #
-# * a) The same gradient: DDP divides by the number of backward passes it saw.
-# * b) 4 times the large-batch gradient: one mean per micro-batch, added up.
-# * c) 8 times the large-batch gradient: 4 micro-batches times 2 ranks.
-# * d) A quarter of it: only the last micro-batch's gradient is all-reduced.
+# * a) 8 times the large-batch gradient
+# * b) 4 times the large-batch gradient
+# * c) The large-batch gradient itself
+# * d) 16 times the large-batch gradient
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_2 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_accumulation_2 = "b"
+answer_accumulation_2 = "a"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "accumulation_2_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -161,30 +162,31 @@ check_answer(
     "answer_accumulation_2",
     answer_accumulation_2,
     choices="abcd",
-    key="b",
+    key="a",
     explanation="""
-    .grad adds up the gradients of the 4 backward passes, so it holds the sum of 4 micro-batch
-    mean gradients, 4 times their mean. DDP then divides the all-reduced sum by world_size
-    only, which turns the sum over ranks into a mean over ranks (so not c: the ranks are
-    averaged, only the micro-batches add up); it knows nothing about micro-batches, so not a
-    either. The measured ratio of .grad to the large-batch gradient is K for every parameter:
-    3.0 with K = 3. Nothing is lost (d): the last all-reduce carries what the no_sync passes
-    accumulated. Divide each micro-batch's loss by K (or the learning rate by K) to get the
-    large-batch step.
+    Two factors combine. .grad adds up the gradients of the 4 backward passes, and a loss summed
+    over a micro-batch's 2 samples has twice the gradient of their mean: each rank's .grad
+    holds the sum of its 8 per-sample gradients. DDP divides the all-reduced sum by world_size
+    only, which averages over the 2 ranks: .grad is the sum of all 16 per-sample gradients over
+    2, that is 8 times their mean, the large-batch gradient (measured: 8.0 for every element).
+    The cell's mean-loss run shows the micro-batch factor alone: K (3.0 with K = 3). b) 4 is
+    that factor without the sum over samples. d) 16 would need DDP to sum over ranks instead of
+    averaging. c) Nothing divides by the micro-batches or the samples: DDP knows neither. For
+    the large-batch step, divide each summed loss by the samples per rank (K x 2 = 8).
     """,
     giveaways=(
-        r"\b4(\.0)? ?(x|times) the large-batch",
-        r"ratio of \.grad to the large-batch gradient is",
-        r"divide each micro-batch's loss by K",
+        r"\b8(\.0)? ?(x|times) (the )?large-batch",
+        r"sum of its 8 per-sample gradients",
+        r"8 times their mean",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The accumulated `.grad` of the loop above with **K = 3** micro-batches, against
-# the mean-loss gradient of the whole global batch (2 ranks x 3 micro-batches x 2 samples)
-# computed in one process: their ratio, element by element. What law gives it, and what
-# would it be with 4 micro-batches?
+# **Measure it.** The accumulated `.grad` of the loop above with **K = 3** micro-batches and the
+# mean loss, against the mean-loss gradient of the whole global batch (2 ranks x 3
+# micro-batches x 2 samples) computed in one process: their ratio, element by element.
+# `accumulation_counts` also takes `k` and the loss's `reduction`.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 r = run(accumulation.accumulation_counts, 2, True, 3)[0]
@@ -206,19 +208,20 @@ print(f"K = 3: .grad / large-batch gradient over {ratio.numel()} elements: "
 #
 # *Difficulty 2/3*
 #
-# A data set of 10 samples is split over 4 ranks with
-# `DistributedSampler(ds, num_replicas=4, rank=r, shuffle=False)` (and `drop_last=False`, the
-# default). What does one epoch give the ranks?
+# A data set of 1000 samples is split over 64 ranks with
+# `DistributedSampler(ds, num_replicas=64, rank=r, shuffle=True)` (and `drop_last=False`, the
+# default), and `sampler.set_epoch(epoch)` is called every epoch. Which samples does one epoch
+# read twice?
 #
-# * a) 3, 3, 2 and 2 samples: every sample read exactly once in the epoch.
-# * b) 3 samples each: samples 0 and 1 are read twice in the epoch.
-# * c) 2 samples each: samples 8 and 9 are left out of the epoch.
-# * d) An error: the sampler needs a length that divides by 4.
+# * a) Samples 0 to 23 in every epoch: the padding repeats the data set's start.
+# * b) None: each rank reads 15 or 16 samples, and every sample is read once.
+# * c) 24 samples that change with the epoch: the start of its shuffled order.
+# * d) Samples 960 to 999 in every epoch: the last, incomplete round of ranks.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_3 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_accumulation_3 = "b"
+answer_accumulation_3 = "c"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "accumulation_3_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -228,31 +231,34 @@ check_answer(
     "answer_accumulation_3",
     answer_accumulation_3,
     choices="abcd",
-    key="b",
+    key="c",
     explanation="""
-    DistributedSampler gives every rank the same number of samples, ceil(10 / 4) = 3, so that
-    every rank runs the same number of steps (and so of all-reduces): not a, whose uneven
-    shares would leave ranks waiting. It pads the index list to 12 by repeating it from the
-    start and deals it round robin: rank 0 gets [0, 4, 8], rank 1 [1, 5, 9], rank 2 [2, 6,
-    0], rank 3 [3, 7, 1]. Samples 0 and 1 count twice in the epoch's gradient; the measurement
-    shows the same padding with 11 samples (sample 0 twice) and 7 over 3 ranks. c) is what
-    drop_last=True does: it drops the tail instead, 2 samples each, [0, 4] to [3, 7]. d) No
-    length is refused: even 3 samples over 4 ranks works, and rank 3 reads sample 0.
+    DistributedSampler gives every rank the same number of samples, ceil(1000 / 64) = 16, so
+    that every rank runs the same number of steps (and so of all-reduces): not b, whose uneven
+    shares would leave ranks waiting. It shuffles first (a permutation seeded with seed +
+    epoch), then pads the permuted list to 16 x 64 = 1024 by repeating its start, and deals it
+    round robin. So the 24 samples read twice are the first 24 of the epoch's permutation, a
+    new set each epoch: measured, the repeated samples are the first 24 of the order rebuilt
+    from the ranks' shares, in epochs 0 and 1, and the two sets differ. a) holds only without
+    shuffling, the cell's case, where the order is the data set's own. d) takes the last,
+    incomplete round for the padding: positions 960 to 999 of the order are read once each, by
+    ranks 0 to 39, and only with drop_last=True do they change, dropped (the last 40 of the
+    permutation; 15 samples per rank, measured).
     """,
     giveaways=(
-        r"\[2, 6, 0\]",
-        r"samples 0 and 1 (are read|count) twice",
-        r"pads? the index list to 12",
-        r"\b0 and 1 (are )?read twice",
+        r"first 24 of the epoch'?s? permutation",
+        r"pads the permuted list",
+        r"start of its shuffled order",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The indices `DistributedSampler` gives each rank
-# (`course.experiments.sampler.sampler_split`) for 11 samples on 4 ranks, 7 on 3 and 3 on
-# 4, with and without `drop_last`, and the picture of the first (an x marks a sample read a
-# second time). What rule makes these, and what does it give for 10 samples on 4 ranks?
+# **Measure it.** The indices `DistributedSampler` gives each rank without shuffling
+# (`course.experiments.sampler.sampler_split`) for 11 samples on 4 ranks, 7 on 3 and 3 on 4,
+# with and without `drop_last`, and the picture of the first (an x marks a sample read a
+# second time). `sampler_split` takes `shuffle` too, and `sampler.seeded_split` sets each
+# rank's seed and the epoch.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for n, ranks in ((11, 4), (7, 3), (3, 4)):
@@ -262,18 +268,19 @@ for n, ranks in ((11, 4), (7, 3), (3, 4)):
 sampler.sampler_figure(sampler.sampler_split(11, 4), 11)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question accumulation_4: shuffling without `set_epoch`
+# ## Question accumulation_4: a seed per rank
 #
 # *Difficulty 1/3*
 #
-# A training script builds `DistributedSampler(ds, num_replicas=2, rank=r, shuffle=True)` once
-# and loops over 3 epochs, but never calls `sampler.set_epoch(epoch)`. What order does rank 0
-# read its samples in?
+# So that "every rank shuffles differently", a script builds
+# `DistributedSampler(ds, num_replicas=3, rank=r, shuffle=True, seed=r)` on each rank r, for a
+# data set of 12 samples, and calls `sampler.set_epoch(epoch)` every epoch. What do the three
+# ranks read in one epoch?
 #
-# * a) A new random order every epoch: `shuffle=True` reshuffles every pass.
-# * b) One random order, the same in every epoch: its epoch never changes.
-# * c) The data set's own order: shuffling only starts with `set_epoch`.
-# * d) A new order every epoch, and on rank 1 one that overlaps rank 0's.
+# * a) Disjoint shares of 4, each shuffled by its own seed: all 12 read once.
+# * b) Overlapping shares of 4: some samples twice or more, some left out.
+# * c) Identical shares of 4 on every rank, each in a different order.
+# * d) An error: the sampler checks that all ranks pass the same seed.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_4_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_4 = ""  # your answer: one letter, "a" to "d"
@@ -290,30 +297,35 @@ check_answer(
     choices="abcd",
     key="b",
     explanation="""
-    The sampler shuffles with a generator seeded with seed + epoch, and the epoch is whatever
-    set_epoch last set: 0 if it is never called. Every pass then draws the same permutation
-    (not a), a random one, not the data set's order (not c): the measurement finds identical
-    orders in every epoch, for 12 samples on 3 ranks as for any size, and different ones once
-    set_epoch is called. d) Every rank draws the same permutation and takes its own positions
-    of it, which is what keeps the ranks' shares disjoint: the seed must be the same on all
-    ranks.
+    DistributedSampler never communicates: each rank draws a permutation of all 12 indices from
+    a generator seeded with seed + epoch and keeps positions rank, rank + 3, ... of it. The
+    shares are disjoint only because every rank draws the same permutation. With seed = r the
+    ranks draw different permutations and each keeps its positions of its own: measured with
+    seeds 0, 1 and 2 in epoch 0, the shares are [8, 9, 2, 1], [4, 11, 3, 10] and [3, 5, 8, 11],
+    samples 3, 8 and 11 read twice and 0, 6 and 7 never. a) would need the sampler to split
+    first and shuffle within a share. c) The shares come from different permutations, so they
+    differ. d) It checks nothing, and needs no process group to compare seeds with. Pass the
+    same seed on every rank, and set_epoch for a new order each epoch.
     """,
     giveaways=(
-        r"seed ?\+ ?epoch",
-        r"same permutation",
-        r"identical orders? in every epoch",
+        r"every rank draws the same permutation",
+        r"\[8, 9, 2, 1\]",
+        r"keeps positions rank",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** Rank 0's order in 3 epochs, for 12 samples on 3 ranks, without and with
-# `set_epoch` (`course.experiments.sampler.epoch_orders`).
+# `set_epoch` (`course.experiments.sampler.epoch_orders`); then the three ranks' shares in one
+# epoch, every rank with the default seed 0 (`sampler.seeded_split`, which takes a seed per
+# rank).
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for set_epoch in (False, True):
     print(f"set_epoch called: {set_epoch!s:5}  rank 0's order per epoch: "
           f"{sampler.epoch_orders(12, 3, 3, set_epoch)}")
+print(f"seed 0 on every rank, epoch 0: shares {sampler.seeded_split(12, [0, 0, 0])}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "uneven_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Uneven data and `Join`
@@ -331,19 +343,21 @@ for set_epoch in (False, True):
 #
 # *Difficulty 2/3*
 #
-# Two ranks train with DDP in a plain loop (`zero_grad`, forward, `backward`, no `Join`). Rank 0
-# has 3 batches, rank 1 has 2. Rank 1, out of batches, returns from its training function; its
-# process stays alive, idle. What happens at rank 0's third batch?
+# Two ranks train `nn.Linear(2, 1, bias=False)` with DDP in a plain loop (`zero_grad`,
+# forward, `backward`, no `Join`). Rank 0 has 3 batches, rank 1 has 2; the model's gradient is
+# one bucket of 2 floats, and rank 0's local gradient in its third batch is `[3, 3]`. Rank 1,
+# out of batches, calls `dist.all_reduce(torch.zeros(2))` once and then returns. What happens
+# at rank 0's third batch?
 #
-# * a) Rank 0 steps with its own gradient alone: DDP sees that rank 1 left.
-# * b) DDP sees the uneven inputs and raises an error on both ranks at once.
-# * c) Rank 0 waits in its third backward's all-reduce until gloo times out.
-# * d) Rank 1 replays its last batch, so that rank 0 can finish its third.
+# * a) Rank 0 waits in its third backward until gloo's timeout, as without the call.
+# * b) Both ranks raise an error: DDP's all-reduce meets a call that is not DDP's.
+# * c) Rank 0 steps on its own gradient alone, `[3.0, 3.0]` in `.grad`.
+# * d) Rank 0's backward completes, and its `.grad` then holds `[1.5, 1.5]`.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_5_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_5 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_accumulation_5 = "c"
+answer_accumulation_5 = "d"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "accumulation_5_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -353,24 +367,23 @@ check_answer(
     "answer_accumulation_5",
     answer_accumulation_5,
     choices="abcd",
-    key="c",
+    key="d",
     explanation="""
-    Nothing in DDP counts batches: rank 0's third backward launches the bucket all-reduce and
-    waits for a partner that is not coming. Rank 1 has left the loop, so nothing is raised
-    anywhere (not b) until gloo's timeout on the wait (here shortened to 5 s; by default the
-    process group's timeout is 30 minutes): the measured run, with 4 batches against 2, fails
-    on rank 0, gloo giving up after 5 s inside backward(), while rank 1 finished normally. A
-    real job would look hung. No rank steps alone (a) and no batch is replayed (d). What the
-    short rank does next changes the ending: had its process exited, gloo would have seen the
-    connection close and rank 0 would have failed before the timeout; had it called
-    dist.barrier(), both ranks would have waited out the timeout. Join, a loop in which the
-    ranks agree each step whether anyone still has data (Exercise 3), or equal numbers of
-    batches on every rank (DistributedSampler) prevents it.
+    Nothing in DDP counts batches or checks whom it reduces with: rank 0's third backward
+    launches its bucket's all-reduce, and gloo pairs it with the next all-reduce rank 1 makes,
+    of the same size and dtype, whatever it means. So it completes: DDP divided rank 0's
+    gradient by the world size 2, and rank 1 brought zeros: 3 / 2 + 0 = 1.5 in each element,
+    measured, and both ranks finish. That is how Join keeps the ranks going: a rank that has
+    joined shadows the others' all-reduces. a) is the plain loop of the cell, where rank 1
+    made no call: rank 0 waited in backward() until gloo gave up (5 s here; the process
+    group's default timeout is 30 minutes), while rank 1 had finished normally. b) DDP's
+    all-reduce is an ordinary collective on the process group; nothing marks it as DDP's.
+    c) DDP always divides by the world size it was built with, before the sum.
     """,
     giveaways=(
-        r"waits? in its third backward",
-        r"until gloo'?s? timeout",
-        r"gloo giving up after",
+        r"rank 1 brought zeros",
+        r"checks whom it reduces with",
+        r"pairs it with the next all-reduce",
     ),
 )
 ### END HIDDEN TESTS
@@ -379,7 +392,7 @@ check_answer(
 # **Measure it.** The loop of `course.experiments.accumulation.uneven_loop` on 2 ranks with 4
 # batches on rank 0 and 2 on rank 1, no `Join`, launched with a 5 s gloo timeout
 # (`pg_timeout`) instead of the default 30 minutes. The launcher's report says what each rank
-# was doing.
+# was doing. `uneven_loop`'s `then` sets what a rank does once its batches are done.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 result = launch(accumulation.uneven_loop, 2, (4, 2), False, timeout=60, pg_timeout=5)
@@ -388,24 +401,25 @@ print(f"rank 1 returned: {result.results[1]}")
 print(RankError(result) if not result.ok else "")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_6_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question accumulation_6: what `Join` puts in `.grad`
+# ## Question accumulation_6: the weights after `Join`
 #
 # *Difficulty 3/3*
 #
-# The same two ranks run the same loop inside `with Join([ddp]):`. Batch i of rank r is one
-# sample whose two inputs are both `10 r + i + 1`, and the loss is `sum(w . x)`, so a rank's local
-# gradient is its input: in rank 0's third step it is `[3, 3]`. Rank 1 has already run out of
-# batches. What does rank 0's `m.weight.grad` hold after that third backward?
+# Two ranks train `nn.Linear(2, 1, bias=False)`, its weights starting at `[0, 0]`, in the plain
+# loop inside `with Join([ddp]):`, with an SGD step (lr 0.1) after each backward. Batch i of
+# rank r is one sample whose two inputs are both `10 r + i + 1`, and the loss is `sum(w . x)`,
+# so a rank's local gradient is its input. Rank 0 has 3 batches, rank 1 has 1. What weights
+# does rank 1 hold once both ranks have left the `with` block?
 #
-# * a) `[3.0, 3.0]`: its own local gradient, since no other rank adds to it.
-# * b) `[1.5, 1.5]`: its local gradient divided by the world size of 2.
-# * c) `[0.0, 0.0]`: the joined rank's zeros replace the gradient.
-# * d) `[7.5, 7.5]`: the average of `[3, 3]` and rank 1's last input `[12, 12]`.
+# * a) `[-1.10, -1.10]`
+# * b) `[-0.60, -0.60]`
+# * c) `[-1.95, -1.95]`
+# * d) `[-0.85, -0.85]`
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_6_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_6 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_accumulation_6 = "b"
+answer_accumulation_6 = "d"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "accumulation_6_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -415,59 +429,66 @@ check_answer(
     "answer_accumulation_6",
     answer_accumulation_6,
     choices="abcd",
-    key="b",
+    key="d",
     explanation="""
-    A rank that has joined shadows each all-reduce of the others with zeros, and DDP still
-    divides the sum by the world size it started with (Join's divide_by_initial_world_size=True
-    by default). So rank 0 gets (3 + 0) / 2 = 1.5, as if the missing rank had a zero gradient:
-    not its own gradient alone (a), not zeros only (c), and not rank 1's stale input (d). The
-    measurement on 3 ranks with 3, 2 and 1 batches shows the law: at step 2 (2 + 12 + 0) / 3,
-    at step 3 (3 + 0 + 0) / 3 = 1.0. That keeps the scale of an extra step consistent with the
-    others; pass divide_by_initial_world_size=False to divide by the ranks still training.
-    When the last rank leaves the Join context, DDP broadcasts its final parameters to the
-    joined ranks, so all ranks end with the same weights.
+    Two mechanisms of Join. A rank that has joined shadows each all-reduce of the others with
+    zeros, and DDP still divides the sum by the world size it started with (Join's
+    divide_by_initial_world_size=True by default): the measurement on 3 ranks shows it, rank
+    0's .grad at step 3 being (3 + 0 + 0) / 3 = 1.0. Here step 1 is (1 + 11) / 2 = 6, then
+    rank 0 steps alone with (2 + 0) / 2 = 1 and (3 + 0) / 2 = 1.5: its weights go -0.6, -0.7,
+    -0.85. And when the last rank leaves the Join context, DDP broadcasts its final parameters
+    to the joined ranks, so rank 1 ends with rank 0's [-0.85, -0.85], although its own
+    optimizer stepped once (the measurement's rank 2 also ends with rank 0's weights).
+    b) -0.6 is where rank 1's own step left it: true inside the block, not after it. a) -1.1
+    would need rank 0's lone steps to use its whole local gradient (2, then 3), dividing by the
+    ranks still training: that is divide_by_initial_world_size=False. c) -1.95 would need the
+    joined rank to replay its last input 11 ((2 + 11) / 2, (3 + 11) / 2): it sends zeros.
     """,
     giveaways=(
+        r"\[?-0\.85, -0\.85\]?",
         r"\(3 ?\+ ?0\) ?/ ?2",
-        r"shadows? each all-reduce (of the others )?with zeros",
-        r"divides? the sum by the world size it started with",
-        r"contributes zeros",
-        r"divided by the initial world size",
+        r"broadcasts its final parameters",
+        r"shadows each all-reduce of the others",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_6_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `uneven_loop` with `Join` on **3** ranks holding 3, 2 and 1 batches: each rank's
-# input and `.grad`, step by step. What law gives `.grad` once some ranks have run out, and what
-# does it give on the question's 2 ranks?
+# **Measure it.** `course.experiments.accumulation.uneven_loop` with `Join` and the SGD step
+# (`lr`, weights from 0), on **3** ranks holding 3, 2 and 1 batches: each rank's input, `.grad`
+# and weights step by step, and its weights after the `with` block.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for rank, steps in enumerate(run(accumulation.uneven_loop, 3, (3, 2, 1), True)):
-    for i, s in enumerate(steps):
-        print(f"rank {rank}, step {i + 1}: local gradient {s['local']}  .grad {[round(g, 4) for g in s['grad']]}")
+for rank, steps in enumerate(run(accumulation.uneven_loop, 3, (3, 2, 1), True, "return", 0.1)):
+    for i, s in enumerate(steps[:-1]):
+        print(f"rank {rank}, step {i + 1}: input {s['local']}  .grad {[round(g, 4) for g in s['grad']]}"
+              f"  weights {[round(w, 4) for w in s['weight']]}")
+    print(f"rank {rank}, after the with block: weights {[round(w, 4) for w in steps[-1]['weight']]}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "more_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Unused parameters, mismatched collectives, random numbers, clipping and buffers
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_7_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question accumulation_7: a parameter the loss does not use
+# ## Question accumulation_7: a head that only one rank uses
 #
 # *Difficulty 3/3*
 #
-# A module has two heads, `self.used` and `self.unused`, and its `forward` uses only the first.
-# It is wrapped in `DDP(model)` with the default `find_unused_parameters=False`, and two ranks
-# run two training steps (inputs `rank + 1`, loss `sum(w . x)`). What happens?
+# A module has two heads, `self.a` and `self.b` (each `nn.Linear(2, 1, bias=False)`), and its
+# `forward(x, head)` runs only the head it is given. It is wrapped in
+# `DDP(model, find_unused_parameters=True)`. In the first step rank 0 runs head `a` on input
+# `[1, 1]` and rank 1 runs head `b` on input `[3, 3]`, with the loss `sum(w . x)`, so each
+# rank's local gradient is its input. After that backward, what do rank 0's
+# `a.weight.grad` and `b.weight.grad` hold?
 #
-# * a) DDP raises an error in the first backward: a parameter got no gradient.
-# * b) Both steps run as usual, and `self.unused` simply keeps its `.grad` at `None`.
-# * c) The first step leaves unsynced local gradients in `.grad`; the next raises.
-# * d) Both steps work and average `.grad`: DDP finds the unused head itself.
+# * a) `[1.0, 1.0]` and `None`
+# * b) `[1.0, 1.0]` and `[3.0, 3.0]`
+# * c) `[0.5, 0.5]` and `None`
+# * d) `[0.5, 0.5]` and `[1.5, 1.5]`
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_7_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_7 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_accumulation_7 = "c"
+answer_accumulation_7 = "d"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "accumulation_7_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -477,56 +498,62 @@ check_answer(
     "answer_accumulation_7",
     answer_accumulation_7,
     choices="abcd",
-    key="c",
+    key="d",
     explanation="""
-    DDP all-reduces a bucket only when every parameter in it has reported a gradient. The unused
-    head never does, so its bucket (here the only one) is never reduced: the first backward
-    returns normally (not a) and leaves each rank's local gradient in .grad, [1, 1] on rank 0
-    and [2, 2] on rank 1, not the average [1.5, 1.5] (not b, and not d: DDP does not look for
-    unused parameters unless told to). An optimizer step now would silently drive the
-    replicas apart. Only the next forward notices the unfinished reduction and raises
-    "Expected to have finished reduction in the prior iteration before starting a new one";
-    the measurement shows the same on 3 ranks. With find_unused_parameters=True DDP marks
-    unused parameters ready after each forward, and both steps average.
+    DDP all-reduces every bucket on every rank in every synced backward: the collectives must
+    match. With find_unused_parameters=True it walks the autograd graph after each forward and
+    marks the parameters this rank did not use as ready, so their slots in the bucket carry
+    zeros from this rank; the sum is divided by the world size as always. It also all-reduces
+    a map of which parameters any rank used: a parameter that no rank used keeps .grad None
+    (the measured unused head), but one that some rank used gets the averaged gradient on
+    every rank. So rank 0 holds a = (1 + 0) / 2 = 0.5 and b = (0 + 3) / 2 = 1.5 in each
+    element, and rank 1 the same, measured. a) would be no reduction at all. b) would divide
+    by the ranks that used the head. c) treats a head unused here as unused everywhere. With
+    the default find_unused_parameters=False the bucket never completes: the first backward
+    leaves local gradients and the next forward raises, as the measurement shows.
     """,
     giveaways=(
-        r"Expected to have finished reduction",
-        r"(is )?never reduced",
-        r"leaves each rank's local gradient",
+        r"\(0 ?\+ ?3\) ?/ ?2",
+        r"carry zeros from this rank",
+        r"one that some rank used gets the averaged",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_7_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.experiments.accumulation.unused_parameter_steps` on 3 ranks, with and
-# without `find_unused_parameters`.
+# **Measure it.** `course.experiments.accumulation.unused_parameter_steps`: a module whose
+# `forward` never uses its second head, on 3 ranks (rank r's input `r + 1`), two steps with and
+# without `find_unused_parameters`: the used head's `.grad` (or the error) and the unused
+# head's `.grad`.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_7_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for find in (False, True):
     print(f"find_unused_parameters={find}")
     for rank, steps in enumerate(run(accumulation.unused_parameter_steps, 3, find)):
         for i, s in enumerate(steps):
-            print(f"  rank {rank}, step {i + 1}: {s['error'].split('. ')[0] if 'error' in s else '.grad ' + str(s['grad'])}")
+            got = s["error"].split(". ")[0] if "error" in s else (
+                f"used .grad {s['grad']}  unused .grad {s['unused_grad']}")
+            print(f"  rank {rank}, step {i + 1}: {got}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_8_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question accumulation_8: collectives called in a different order
 #
 # *Difficulty 3/3*
 #
-# After a step, each rank sums two one-element tensors with `dist.all_reduce`: its loss sum
-# (rank r holds `1 + r`) and its sample count (rank r holds `100 (r + 1)`). Because of an `if`,
-# rank 0 reduces the loss first and then the count, while rank 1 reduces the count first and
-# then the loss. What happens on 2 ranks?
+# After a step, each of 3 ranks sums two one-element tensors with `dist.all_reduce`: its loss
+# sum (rank r holds `1 + r`) and its sample count (64 on every rank); then it prints its mean
+# loss, loss sum / count. Because of an `if`, ranks 0 and 1 reduce the loss first and then the
+# count, while rank 2 reduces the count first and then the loss. What does rank 0 print?
 #
-# * a) Both end with the right sums, loss 3 and count 300: gloo pairs them by name.
-# * b) The run hangs: each all-reduce keeps waiting for the call it matches.
-# * c) Both ranks raise an error at once: the two collectives do not match.
-# * d) No error, no hang: rank 0 ends with a loss sum of 201 and a count of 102.
+# * a) 0.031 (6 / 192)
+# * b) 1.870 (129 / 69)
+# * c) 0.511 (67 / 131)
+# * d) 1.955 (131 / 67)
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_8_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_8 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_accumulation_8 = "d"
+answer_accumulation_8 = "c"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "accumulation_8_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -536,32 +563,37 @@ check_answer(
     "answer_accumulation_8",
     answer_accumulation_8,
     choices="abcd",
-    key="d",
+    key="c",
     explanation="""
-    Collectives are matched by their order on each rank, not by which tensor they carry (not
-    a). Rank 0's first all_reduce pairs with rank 1's first, whatever the tensors mean: rank
-    0's loss 1 is added to rank 1's count 200, giving 201, and rank 0's count 100 to rank 1's
-    loss 2, giving 102. Same shapes, same dtypes, so gloo has nothing to complain about (not
-    c) and every call finds a partner (not b): measured with other values (loss 5 + r, count
-    1000 (r + 1)), both ranks finish at once with the sums paired by order. Mismatches are
-    only caught when something else differs: a different number of elements crashed the
-    process (SIGABRT inside gloo), and all_reduce against broadcast hung until the timeout.
-    Every rank must issue the same collectives in the same order.
+    Collectives are matched by their order on each rank, not by which tensor they carry. The
+    first all_reduce of every rank is one collective: ranks 0 and 1 bring their losses 1 and 2,
+    rank 2 its count 64, so 67 lands in the loss sums of ranks 0 and 1 and in rank 2's count.
+    The second brings 64 + 64 + 3 = 131, into the counts of ranks 0 and 1 and rank 2's loss
+    sum. Rank 0 prints 67 / 131 = 0.511, as rank 1 does; d) 131 / 67 = 1.955 is what rank 2
+    prints. a) 6 / 192 = 0.031 would need the calls paired by tensor. b) 129 / 69 = 1.870
+    reads the 2-rank measurement as "a rank's loss meets the other ranks' counts": what pairs
+    is the k-th call of every rank, whichever rank made it. Same shapes, same dtypes, so gloo
+    has nothing to complain about and every call finds a partner: the 3-rank run finishes with
+    these values, silently wrong. Mismatches are only caught when something else differs: a
+    different number of elements crashed the process (SIGABRT inside gloo), and all_reduce
+    against broadcast hung until the timeout. Every rank must issue the same collectives in
+    the same order.
     """,
     giveaways=(
-        r"\b201\b",
-        r"\b102\b",
+        r"\b67 ?/ ?131\b",
         r"matched by (their )?order",
-        r"paired by order",
+        r"k-th call of every rank",
+        r"\b0\.511\b",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_8_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.experiments.accumulation.swapped_all_reduce` on 2 ranks, with other
-# values than the question's (rank r's loss sum `5 + r`, its count `1000 (r + 1)`), then two
-# other mismatches for comparison: different sizes, and `all_reduce` against `broadcast` (5 s
-# timeout). What would the question's values give?
+# **Measure it.** `course.experiments.accumulation.swapped_all_reduce` on 2 ranks: rank r's loss
+# sum is `5 + r` and its count `1000 (r + 1)`, and rank 1 reduces them in the opposite order to
+# rank 0; then two other mismatches for comparison: different sizes, and `all_reduce` against
+# `broadcast` (5 s timeout). `swapped_all_reduce` also takes which ranks swap and whether the
+# counts differ per rank.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_8_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 result = launch(accumulation.swapped_all_reduce, 2, 5.0, 1000.0, timeout=30, pg_timeout=5)
@@ -593,19 +625,19 @@ for fn in (sizes_differ, ops_differ):
 #
 # *Difficulty 1/3*
 #
-# Every rank runs `torch.manual_seed(0)` at start-up (so that the models start equal), wraps its
-# model in DDP, and then trains a model with dropout, each rank on different data. How do the
-# dropout masks of the ranks relate in the first step?
+# Every rank runs `torch.manual_seed(rank)` at start-up, builds its model (which has dropout),
+# wraps it in `DDP(model)`, and then trains, each rank on different data. In the first step,
+# how do the ranks' weights and their dropout masks compare?
 #
-# * a) Independent: each process has a random number generator of its own.
-# * b) Identical on every rank: the same seed draws the same masks.
-# * c) Different: DDP reseeds each rank's generator with its rank number.
-# * d) Different: each rank's own data changes what dropout draws.
+# * a) Weights different on each rank; dropout masks different too.
+# * b) Weights equal on every rank; dropout masks equal too.
+# * c) Weights equal on every rank; dropout masks different.
+# * d) Weights different on each rank; dropout masks equal.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_9_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_9 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_accumulation_9 = "b"
+answer_accumulation_9 = "c"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "accumulation_9_check", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
@@ -615,55 +647,58 @@ check_answer(
     "answer_accumulation_9",
     answer_accumulation_9,
     choices="abcd",
-    key="b",
+    key="c",
     explanation="""
-    Each process has its own generator, but the same seed gives the same sequence (so a's
-    independence does not follow), and every rank draws the same dropout mask for the same
-    layer shape: measured on 3 ranks, after building DDP, the masks are equal element for
-    element. DDP does not touch random number generators (not c: it broadcasts parameters and
-    buffers, not RNG state), and a mask does not depend on the data it is applied to (not d).
-    Because the ranks see different data the training still works, but the ranks drop the
-    same units, which correlates them. To get independent masks, seed with seed + rank after
-    building the model (DDP's construction already makes the weights equal, question
-    ddp_4).
+    Two mechanisms. DDP's constructor broadcasts rank 0's parameters and buffers to every rank,
+    so the replicas start equal whatever each rank's seed (measured on 3 ranks seeded with
+    their rank: equal weights after wrapping). It leaves random number generators alone: each
+    process keeps its own, and seeded with their rank the ranks draw different masks
+    (measured); seeded alike, as in the cell, they draw equal ones. Different masks are what
+    you want: the ranks drop different units, as one process would across a larger batch.
+    b) DDP syncs no generator state. a) and d) forget the broadcast at construction (question
+    ddp_4). To give every rank equal weights and its own masks without relying on it, seed
+    alike, build the model, then seed with seed + rank.
     """,
     giveaways=(
-        r"same seed (gives|draws) the same",
-        r"equal element for element",
-        r"seed ?\+ ?rank",
+        r"broadcasts rank 0's parameters and buffers to every rank",
+        r"seeded with their rank the ranks draw different masks",
+        r"leaves random number generators alone",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_9_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** The masks of `nn.functional.dropout(torch.ones(12), 0.5)` on 3 ranks, drawn after
-# `torch.manual_seed` and after building a DDP model, seeded alike and with their rank
-# (`course.experiments.accumulation.dropout_masks`).
+# `torch.manual_seed(0)` on every rank and after building a DDP model
+# (`course.experiments.accumulation.dropout_masks`, which can also seed each rank with its
+# rank).
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_9_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for per_rank in (False, True):
-    masks = run(accumulation.dropout_masks, 3, per_rank)
-    seed = "seed = rank" if per_rank else "seed = 0   "
-    print(f"{seed}: " + "\n             ".join(f"rank {r} {m}" for r, m in enumerate(masks)))
+masks = run(accumulation.dropout_masks, 3, False)
+print("seed = 0 on every rank: " + "\n                        ".join(
+    f"rank {r} {m}" for r, m in enumerate(masks)))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_10_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question accumulation_10: clipping the gradient norm
 #
 # *Difficulty 2/3*
 #
-# Two ranks train with DDP and clip gradients with `nn.utils.clip_grad_norm_(model.parameters(),
-# max_norm)` right after `backward()`. In a single-process run on all the data, the clip would
-# use the norm of the large-batch gradient. What norm does each rank compute?
+# Two ranks accumulate K = 4 micro-batches with the loop of the first questions (`no_sync` on
+# the first 3, each micro-batch's mean loss backpropagated as it is) and call
+# `nn.utils.clip_grad_norm_(model.parameters(), max_norm)` once, after the last backward and
+# before `optimizer.step()`. `max_norm` is twice the norm of the large-batch gradient (the
+# mean-loss gradient over all the samples of both ranks, which one process would not clip).
+# What does the optimizer step with?
 #
-# * a) Its local gradient's norm: ranks clip apart unless the norm is all-reduced.
-# * b) The averaged gradient's norm, the same on every rank, with no communication.
-# * c) The global norm: `clip_grad_norm_` all-reduces the norm across ranks itself.
-# * d) The norm of the sum over ranks, since `.grad` holds the summed gradient.
+# * a) Twice the large-batch gradient, the same on both ranks.
+# * b) 4 times the large-batch gradient: the clip is not reached.
+# * c) The large-batch gradient: the clip is not reached.
+# * d) Each rank's own clipped gradient, which differ between ranks.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_10_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_10 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_accumulation_10 = "b"
+answer_accumulation_10 = "a"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "accumulation_10_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -673,22 +708,25 @@ check_answer(
     "answer_accumulation_10",
     answer_accumulation_10,
     choices="abcd",
-    key="b",
+    key="a",
     explanation="""
-    After DDP's backward every rank's .grad already holds the averaged gradient, identical on all
-    ranks (not the sum, d, nor the local gradient, a), so clip_grad_norm_ computes the same norm
-    everywhere without communicating. Measured on 3 ranks: every rank computes the norm of the
-    large-batch gradient computed in one process, while the ranks' local gradients have other
-    norms; the recorder saw no collective call inside clip_grad_norm_ (not c). So every rank
-    scales by the same factor and the replicas stay in step. Under accumulation, clip once
-    after the last (synced) backward, not after each no_sync backward, whose .grad is still
-    local. The norm does need an all-reduce when each rank holds only a shard of the gradients
-    (ZeRO, FSDP), not under DDP.
+    Two effects combine. The accumulated .grad is K = 4 times the large-batch gradient (4
+    mean-loss gradients added up, the law of question accumulation_2's measurement), so its
+    norm is 4 times the large-batch norm, above max_norm: clip_grad_norm_ multiplies .grad by
+    max_norm / norm = 1/2, which leaves twice the large-batch gradient (measured: 2.0 for
+    every element). And after the synced backward every rank's .grad holds the same averaged
+    gradient, so clip_grad_norm_ computes the same norm on every rank without communicating
+    (the cell: no collective during the clip, the large-batch norm on every rank), and the
+    replicas stay in step: not d. b) forgets that the clip sees the accumulated scale. c) is
+    what dividing each micro-batch's loss by K gives: the norm is then the large-batch norm,
+    below max_norm. Clip after the last, synced backward: after a no_sync backward .grad is
+    still local. The norm does need an all-reduce when each rank holds only a shard of the
+    gradients (ZeRO, FSDP), not under DDP.
     """,
     giveaways=(
-        r"without communicating",
-        r"no collective call inside",
-        r"same norm everywhere",
+        r"twice the large-batch gradient",
+        r"max_norm / norm = 1/2",
+        r"measured: 2\.0 for every element",
     ),
 )
 ### END HIDDEN TESTS
@@ -696,7 +734,9 @@ check_answer(
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_10_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** `course.experiments.accumulation.clipped_norms` on 3 ranks: the norm `clip_grad_norm_`
 # returns, the rank's local gradient norm, the large-batch norm from one process, and the
-# collectives recorded during the clip (`course.ring.recorder.Recorder`).
+# collectives recorded during the clip (`course.ring.recorder.Recorder`), after one plain DDP
+# backward. `accumulation_counts(..., max_norm_ratio=...)` clips after K accumulated
+# micro-batches instead.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_10_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for r in run(accumulation.clipped_norms, 3):
@@ -711,18 +751,18 @@ for r in run(accumulation.clipped_norms, 3):
 #
 # A model with one `nn.BatchNorm1d(1)` (momentum 0.1, so after a batch
 # `running_mean = 0.9 running_mean + 0.1 batch_mean`, starting at 0) is wrapped in `DDP(model)`
-# with the default `broadcast_buffers=True`. Rank 0's batch always has mean 1.5, rank 1's mean
-# 11.5. After two training steps rank 0's `running_mean` is 0.285. What is rank 1's?
+# with the default `broadcast_buffers=True` and trained on **4** ranks; rank r's batch always
+# has mean `10 r + 1.5`. What is rank 3's `running_mean` after three training steps?
 #
-# * a) 0.285: DDP keeps the buffers identical on every rank, like the weights.
-# * b) 2.185: its own batches' statistics only, as if it trained alone.
-# * c) 1.285: rank 0's mean after step 1, updated with rank 1's own batch.
-# * d) 1.235: the average of the two ranks' own running means after step 2.
+# * a) 0.4065
+# * b) 3.4065
+# * c) 4.4715
+# * d) 8.5365
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_11_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_11 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_accumulation_11 = "c"
+answer_accumulation_11 = "b"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "accumulation_11_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -732,33 +772,34 @@ check_answer(
     "answer_accumulation_11",
     answer_accumulation_11,
     choices="abcd",
-    key="c",
+    key="b",
     explanation="""
     DDP averages gradients, not buffers. With broadcast_buffers=True it copies rank 0's buffers
     to every rank at the start of each forward, and each rank's BatchNorm then updates its copy
-    with its own batch. Step 1: both start from 0, rank 1 ends at 0.1 x 11.5 = 1.15. Step 2: the
-    forward first overwrites that with rank 0's 0.15, then 0.9 x 0.15 + 0.1 x 11.5 = 1.285. The
-    measurement, with batch means 1.5 and 21.5, gives rank 1 2.15 then 0.9 x 0.15 + 2.15 =
-    2.285. So the ranks' buffers differ after every step (not a), and rank 1's history is thrown
-    away at each forward; a checkpoint saved from rank 0 holds rank 0's statistics. b) is
-    broadcast_buffers=False: each rank keeps its own (2.185). d) Nothing averages buffers.
-    Statistics over all ranks need nn.SyncBatchNorm, which runs only on accelerators: on a CPU
-    tensor its forward raises "SyncBatchNorm expected input tensor to be on GPU or XPU or
+    with its own batch. So after step s a rank holds 0.9 x (rank 0's value after step s - 1) +
+    0.1 x its own mean. Rank 0 goes 0.15, 0.285, 0.4065; rank 3 (mean 31.5) ends at 0.9 x 0.285
+    + 3.15 = 3.4065, measured on 4 ranks. Its own history is thrown away at each forward, and a
+    checkpoint saved from rank 0 holds rank 0's statistics. a) 0.4065 is rank 0's value: the
+    buffers differ after every step. d) 8.5365 is broadcast_buffers=False, each rank on its own
+    batches: 31.5 x (1 - 0.9^3), measured. c) 4.4715 is the average of the ranks' own running
+    means, which is also what statistics over the global batch (mean 16.5) would give: nothing
+    averages buffers here. That needs nn.SyncBatchNorm, which runs only on accelerators: on a
+    CPU tensor its forward raises "SyncBatchNorm expected input tensor to be on GPU or XPU or
     privateuseone", and DDP refuses to wrap it ("SyncBatchNorm layers only work with GPU
     modules"), so this course cannot measure it.
     """,
     giveaways=(
-        r"\b1\.285\b",
+        r"\b3\.4065\b",
         r"copies rank 0's buffers",
-        r"overwrites that with rank 0's",
+        r"0\.9 x 0\.285 \+ 3\.15",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_11_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** `course.experiments.accumulation.batchnorm_buffers` on 2 ranks, with batch means
-# 1.5 and **21.5** (not the question's): the running mean after each step, with and without
-# `broadcast_buffers`; then `nn.SyncBatchNorm` on this CPU. What law gives rank 1's value?
+# 1.5 and 21.5: each rank's running mean after each of two steps, with and without
+# `broadcast_buffers`; then `nn.SyncBatchNorm` on this CPU.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_11_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for broadcast in (True, False):
@@ -818,7 +859,7 @@ def sampler_indices(
 #
 # Your indices beside `DistributedSampler`'s for 13 samples on 5 ranks.
 
-# %% nbgrader={"grade": false, "grade_id": "sampler_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "sampler_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for r in range(5):
     mine = sampler_indices(13, 5, r, shuffle=False)
     theirs = list(DistributedSampler(range(13), 5, r, shuffle=False))
@@ -872,7 +913,7 @@ def accumulation_step(ddp: DDP, optimizer: torch.optim.Optimizer, micro_batches:
 # Your step on 2 ranks, K = 4, with the counting hook: it prints how many all-reduces DDP made,
 # how many other collectives ran, and whether the update equals the large-batch step.
 
-# %% nbgrader={"grade": false, "grade_id": "accumulation_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "accumulation_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.checks.accumulation import try_accumulation_step
 
 try:
@@ -944,7 +985,7 @@ def train_uneven(ddp: DDP, optimizer: torch.optim.Optimizer, batches: list) -> N
 # Your loop on 2 ranks, rank 0 with 3 batches and rank 1 with 2, under a 5 s gloo timeout: it
 # should finish, and (once it trains) both ranks should end with the same weights.
 
-# %% nbgrader={"grade": false, "grade_id": "uneven_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "uneven_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
 def try_uneven(train):
     rank = dist.get_rank()
     torch.manual_seed(0)

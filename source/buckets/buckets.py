@@ -26,7 +26,7 @@
 # 2. watch DDP's own buckets through a comm hook, for several `bucket_cap_mb`, and a timeline of
 #    backward against communication;
 # 3. write `bucketed_allreduce`, then a small DDP of your own, `OverlappingDDP`, that starts
-#    each bucket's all-reduce from a gradient hook as soon as the bucket is full.
+#    each bucket's all-reduce from a gradient hook, during backward.
 #
 # `course.ranks.run(fn, N, ...)` runs `fn` on N real gloo ranks and returns each rank's value;
 # a cell that starts with `%%ranks N` runs its code on N ranks.
@@ -42,23 +42,24 @@ from course.checks import check_answer, check_bucketed_allreduce, check_overlapp
 from course.ranks import run
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question buckets_1: why buckets?
+# ## Question buckets_1: one bucket for everything
 #
 # *Difficulty 2/3*
 #
-# In DDP, gradient "bucketing" groups several parameters' gradients into one buffer before
-# running a single all-reduce over that buffer. What is the main reason DDP does this instead
-# of running one all-reduce per parameter?
+# DDP packs gradients into buckets of about `bucket_cap_mb` MiB and runs one all-reduce per
+# bucket. Suppose you set `bucket_cap_mb` larger than the whole model, so that from the second
+# step on every gradient lands in a single bucket. What happens to that bucket's all-reduce
+# during a training step?
 #
-# * a) It saves memory: bucketed gradients need no per-parameter communication buffers.
-# * b) A layer's weight and bias must be averaged together to stay consistent.
-# * c) It pays each call's fixed cost once per bucket, and buckets overlap backward.
-# * d) It holds every all-reduce until backward ends, so no gradient is sent unfinished.
+# * a) It needs less memory: one flat buffer holds fewer bytes than many small ones.
+# * b) gloo cuts the one large call into pieces, so it overlaps backward as before.
+# * c) It starts with the first gradient ready and takes in the rest as they come.
+# * d) It starts once the last gradient is ready, when backward's own work is done.
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_buckets_1 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_buckets_1 = "c"
+answer_buckets_1 = "d"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "buckets_1_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -68,27 +69,28 @@ check_answer(
     "answer_buckets_1",
     answer_buckets_1,
     choices="abcd",
-    key="c",
+    key="d",
     explanation="""
-    Every collective call pays a fixed cost (a latency term: launching, synchronising ranks,
-    a handshake per step) whatever its size. Hundreds of tiny all-reduces pay it hundreds of
-    times: the measurement moves the same 800 kB in 1, 8, 50 and 200 calls, and the time
-    grows with the number of calls, not with the bytes. And because backward produces
-    gradients layer by layer, from the last layer to the first, a bucket that is complete
-    can be reduced while the earlier layers are still being differentiated: the timeline
-    shows the first bucket's all-reduce starting well before the last gradient is ready, so
-    d) is the opposite of what DDP does. b) Averaging one parameter at a time gives exactly
-    the same numbers (every element is averaged on its own either way; the measurement
-    compares them). a) Buckets never save memory: DDP keeps a flat buffer per bucket as large
-    as the gradients it holds; by default .grad is a tensor of its own beside it (twice the
-    gradients' bytes), and with gradient_as_bucket_view=True .grad is a view into the bucket,
-    so the buckets cost nothing extra, at best.
+    A bucket's all-reduce is one collective call over one flat buffer: it can start only
+    when every gradient in the buffer is there, and an all-reduce cannot take in data after
+    it has started. The timeline at bucket_cap_mb=1 shows the other side: bucket 0, the last
+    layer's gradients, starts long before the last gradient is ready. With one bucket for
+    the whole model, the last gradient to arrive (the first layer's) completes it, so its
+    all-reduce starts once the last gradient is ready: nothing is left to overlap, and the
+    whole communication comes after backward's work (measured: one bucket, started after
+    every gradient was ready). That is the other side of the trade-off the calls measure: a
+    bucket per parameter pays the fixed cost of a call hundreds of times, a single bucket
+    overlaps nothing. c) is what a bucket cannot do: DDP copies gradients into the bucket as
+    they come, but reduces it in one call. b) The comm hook sees one bucket and one call;
+    however gloo moves its bytes, the call cannot start before the bucket is complete. a)
+    The buckets hold the same bytes whatever the cap (every gradient once), so one large
+    buffer saves nothing.
     """,
     giveaways=(
-        r"fixed cost",
-        r"pay it hundreds of times",
-        r"grows with the number of calls",
-        r"while the earlier layers are still",
+        r"starts once the last gradient is ready",
+        r"nothing is left to overlap",
+        r"a single bucket overlaps nothing",
+        r"cannot take in data after it has\s+started",
     ),
 )
 ### END HIDDEN TESTS
@@ -144,21 +146,21 @@ for as_view in (False, True):
 #
 # *Difficulty 2/3*
 #
-# A model of 8 layers `Linear(256, 256)` in an `nn.Sequential`: 16 parameters (8 weights of
-# 256 KiB, 8 biases of 1 KiB), about 2 MiB of gradients. It is wrapped in
-# `DDP(model, bucket_cap_mb=0.5)` and trained for a few steps. From the second step on, how
-# many buckets does DDP's comm hook see per backward, and what is in bucket 0 (the first one
-# reduced)?
+# A model holds 8 layers `Linear(256, 256)` in an `nn.ModuleList`, registered as layers 0 to
+# 7 (16 parameters, each layer 256 KiB of weight and 1 KiB of bias), but its `forward` runs
+# them from layer 7 down to layer 0. It is wrapped in `DDP(model, bucket_cap_mb=0.5)` and
+# trained for a few steps. From the second step on, what does bucket 0 (the first bucket
+# reduced) hold?
 #
-# * a) 4 buckets; bucket 0 holds the last two layers, whose gradients are first.
-# * b) 4 buckets; bucket 0 holds the first two layers, in registration order.
-# * c) 1 bucket with everything: DDP only splits gradients above 25 MiB.
-# * d) 16 buckets, one per parameter: each one is below the 0.5 MiB cap.
+# * a) Layers 7 and 6: the two registered last, as in a plain stack.
+# * b) Layers 0 and 1: the two whose gradients backward produces first.
+# * c) All 8 layers: one bucket, since forward does not follow registration.
+# * d) Layer 7 alone: a bucket per layer, in the order forward runs them.
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_buckets_2 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_buckets_2 = "a"
+answer_buckets_2 = "b"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "buckets_2_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -168,33 +170,39 @@ check_answer(
     "answer_buckets_2",
     answer_buckets_2,
     choices="abcd",
-    key="a",
+    key="b",
     explanation="""
-    DDP fills buckets in the order backward produces gradients, which for a plain stack is
-    the reverse of the order the parameters were registered: last layer first (b has it the
-    wrong way round). A bucket is closed as soon as it holds at least bucket_cap_mb; two
-    layers here are 2 x (256 KiB + 1 KiB), just over 0.5 MiB, so the 16 parameters make 4
-    buckets of 4, and bucket 0 holds parameters 15, 14, 13 and 12: the last two layers. The
-    measurement shows the same rule at other caps: one layer per bucket at 0.25 MiB, four
-    layers at 1 MiB. That is what makes overlap possible: the first bucket reduced is the
-    first one complete. c) The cap is a size limit, and 25 MiB is only its default; d) a
-    parameter below the cap shares its bucket with the next ones until the cap is reached.
+    DDP fills its buckets in the order backward produces gradients: during the first
+    backward it records the order the gradients become ready, and before the second forward
+    it rebuilds its buckets in that order, so that the first bucket reduced is the first
+    one complete, which is what lets it overlap backward. Backward runs the layers in the
+    reverse of the order forward used them; forward runs layer 0 last, so layer 0's
+    gradients come first, then layer 1's. A bucket closes at the first tensor that takes it
+    to the cap or beyond, and two layers, 2 x (256 KiB + 1 KiB), just pass 0.5 MiB: bucket 0
+    holds layers 0 and 1 (parameters 0 to 3), measured from the second step on. In an
+    nn.Sequential the gradient order and the reverse of registration coincide (the cell: the
+    last layers first), which is why a) looks right there; here layers 7 and 6 are what
+    backward produces last. d) A bucket holds layers until the cap is reached, not one layer
+    each: the cell has one layer per bucket at 0.25 MiB and four at 1 MiB; and forward's
+    order is not the order gradients come in: layer 7, run first, is ready last. c) DDP does not need forward to follow
+    registration: it builds one bucket only in the very first backward, before it knows the
+    order.
     """,
     giveaways=(
-        r"\b4 buckets\b",
-        r"last two layers",
-        r"15, 14, 13,? and 12",
-        r"closed as soon as it holds at least",
-        r"\blast (gradient |tensor )?first\b",
+        r"holds layers 0 and 1",
+        r"layer 0's\s+gradients come first",
+        r"rebuilds its buckets in that order",
+        r"parameters 0 to 3",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The model of the question, wrapped in DDP with a recording comm hook, for
-# three steps, with `bucket_cap_mb` of 0.25 and of 1. Parameters are numbered in
-# `model.parameters()` order: 0 is the first layer's weight, 15 the last layer's bias. What
-# rule fills the buckets, and what does it give at the question's 0.5?
+# **Measure it.** A plain `nn.Sequential` of 8 layers `Linear(256, 256)`, wrapped in DDP with
+# a recording comm hook, for three steps, with `bucket_cap_mb` of 0.25 and of 1. Parameters
+# are numbered in `model.parameters()` order: 0 is the first layer's weight, 15 the last
+# layer's bias. `buckets.reversed_stack_buckets(cap, steps)` runs the same experiment on the
+# question's model, whose forward runs its layers the other way round.
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for cap in (0.25, 1.0):
@@ -262,10 +270,11 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The 2 MiB model of question buckets_2 with the defaults, and with
-# `bucket_cap_mb=25` given explicitly (the default's own value): the number of all-reduce calls
-# and their sizes in each of the first four steps. What does the first step do, what caps the
-# first bucket of the later steps, and what would the same rules give for 10 layers of 4 MiB?
+# **Measure it.** The 2 MiB `nn.Sequential` of question buckets_2's cell with the defaults,
+# and with `bucket_cap_mb=25` given explicitly (the default's own value): the number of
+# all-reduce calls and their sizes in each of the first four steps. What does the first step
+# do, what caps the first bucket of the later steps, and what would the same rules give for
+# 10 layers of 4 MiB?
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 print(f"PyTorch {torch.__version__}; dist._DEFAULT_FIRST_BUCKET_BYTES = {dist._DEFAULT_FIRST_BUCKET_BYTES}")
@@ -279,12 +288,13 @@ for cap in (None, 25.0):
 #
 # Average a list of gradient tensors across ranks, **in place**, with one `dist.all_reduce`
 # per bucket, using the rule DDP uses for its buckets from the second step on when
-# `bucket_cap_mb` is given: the order and the closing size you measured in question buckets_2
-# (`grads` is in registration order, like `model.parameters()`; sizes in bytes are
-# `numel() * element_size()`, and 1 MiB = 1024 * 1024 bytes). For each bucket: pack its tensors
-# into one flat tensor (`torch.cat` of `t.flatten()`), `dist.all_reduce` it, turn the sum into
-# what DDP leaves in `.grad` (question ddp_1), and copy each slice back into its tensor
-# (`t.copy_(...)`, so the caller's tensors hold the result).
+# `bucket_cap_mb` is given: the order and the closing size you measured for the
+# `nn.Sequential` in question buckets_2's cell (`grads` is in registration order, like
+# `model.parameters()` of such a stack, whose forward runs its layers in that order; sizes in
+# bytes are `numel() * element_size()`, and 1 MiB = 1024 * 1024 bytes). For each bucket: pack
+# its tensors into one flat tensor (`torch.cat` of `t.flatten()`), `dist.all_reduce` it, turn
+# the sum into what DDP leaves in `.grad` (question ddp_1), and copy each slice back into its
+# tensor (`t.copy_(...)`, so the caller's tensors hold the result).
 #
 # All the tensors of one call have the same dtype. The grader checks the values against
 # `dist.all_reduce`, the number of calls and each call's size against DDP's own rule (its
@@ -324,7 +334,7 @@ def bucketed_allreduce(grads: list[torch.Tensor], bucket_cap_mb: float) -> None:
 # rule gives 2 calls of 200 elements, and every element should end up as what DDP's `.grad`
 # would hold.
 
-# %% nbgrader={"grade": false, "grade_id": "bucketed_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "bucketed_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 2 --timeout 20
 from course.checks.teaching import say_if_unimplemented
 
@@ -425,7 +435,7 @@ class OverlappingDDP:
 # Two steps of a small model on 2 ranks, against the average of the ranks' own gradients
 # computed with one plain all-reduce; it prints the largest difference (should be ~1e-8).
 
-# %% nbgrader={"grade": false, "grade_id": "overlap_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "overlap_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 2 --timeout 20
 import copy
 

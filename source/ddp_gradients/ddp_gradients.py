@@ -22,8 +22,8 @@
 #
 # In this notebook you will
 #
-# 1. answer four questions about DDP's gradients, each next to a cell that **measures** the
-#    answer on real gloo ranks (PyTorch's own DDP, on this machine's CPU);
+# 1. answer four questions about DDP's gradients, each next to a cell that **measures** what
+#    it is about on real gloo ranks (PyTorch's own DDP, on this machine's CPU);
 # 2. write a **comm hook**, the function DDP calls to reduce each bucket of gradients;
 # 3. write a **loss** that gives the true per-sample mean gradient when ranks hold batches of
 #    different sizes.
@@ -44,31 +44,31 @@ from course.checks import check_answer, check_reduce_hook, check_weighted_loss
 from course.ranks import run
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question ddp_1: what does `.grad` hold after a DDP backward?
+# ## Question ddp_1: summed losses on more ranks
 #
 # *Difficulty 2/3*
 #
-# Two ranks run this DDP training step (PyTorch 2.x, gloo backend):
+# A DDP run on 2 ranks takes, on each rank, the **summed** squared error over its local batch
+# of 16 samples (PyTorch 2.x, gloo backend, no comm hook):
 #
 # ```python
-# torch.manual_seed(0)
-# m = nn.Linear(2, 1, bias=False)
-# ddp = DDP(m)
-# ddp(torch.full((1, 2), float(rank + 1))).sum().backward()
+# loss = ((ddp(x_local) - y_local) ** 2).sum()
+# loss.backward()
 # ```
 #
-# Rank 0's local (unsynced) gradient would be `[1, 1]` and rank 1's would be `[2, 2]`. What
-# does `m.weight.grad` hold on both ranks after `backward()` returns?
+# It moves to 3 ranks, which hold 8, 8 and 16 of the same 32 samples in each step, with the
+# same model, weights and code. Compared with the 2-rank run, what does `.grad` hold after
+# `backward()`?
 #
-# * a) `[1.5, 1.5]` on both ranks, the averaged value.
-# * b) `[3.0, 3.0]` on both ranks, the summed value.
-# * c) `[1.0, 1.0]` on rank 0 and `[2.0, 2.0]` on rank 1, unsynced.
-# * d) `[1.5, 1.5]` on rank 0 only; rank 1 keeps `[2.0, 2.0]`.
+# * a) The same values: the same 32 samples sum to the same gradient.
+# * b) Two thirds of the values: the same total is divided among 3 ranks.
+# * c) 1.5 times the values: 3 ranks add their gradients in instead of 2.
+# * d) Half the values: the two 8-sample ranks' sums are half the old ones.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ddp_1 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_ddp_1 = "a"
+answer_ddp_1 = "b"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "ddp_1_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -78,35 +78,39 @@ check_answer(
     "answer_ddp_1",
     answer_ddp_1,
     choices="abcd",
-    key="a",
+    key="b",
     explanation="""
-    DDP registers a hook on every parameter's gradient. When a bucket of gradients is ready it
-    multiplies it by 1/world_size, all-reduces it with SUM, and writes the result into .grad
-    during backward, on every rank: the average of the local gradients, (1 + 2) / 2 = 1.5 in
-    each element here. The measurement on 4 ranks shows both numbers side by side: a plain
-    dist.all_reduce of the local gradients [1, 1] to [4, 4] gives [10, 10], DDP's .grad is
-    [2.5, 2.5] on every rank. b) [3, 3] is that plain SUM: DDP divides. c) and d) leave a
-    rank unsynced, but the all-reduce leaves the same value on every rank that takes part.
-    Averaging (not summing) keeps the gradient's scale independent of the number of ranks,
-    so a learning rate tuned on one process still fits. The scaling comes before the sum: on
-    3 ranks .grad equals all_reduce(g * (1/3)) in every element, and all_reduce(g) / 3
-    differs from it in the last bit in 12,080 of 20,000 (1/3 is not exact in float32).
+    DDP leaves in .grad the average of the ranks' local gradients: when a bucket of gradients
+    is ready it multiplies it by 1/world_size and all-reduces it with SUM, on every rank (the
+    measurement: local gradients [1, 1] to [4, 4] on 4 ranks, .grad [2.5, 2.5] on each). With
+    a summed loss a rank's local gradient is the sum of its own samples' gradients, so the
+    local gradients of all ranks add up to G, the summed gradient of all 32 samples, however
+    they are split. .grad is G / 2 on 2 ranks and G / 3 on 3 ranks: two thirds of the values,
+    on every rank. Measured: one step of a linear model on the same 32 samples, split 16 + 16
+    and 8 + 8 + 16, gives a .grad on 3 ranks that is 2/3 of .grad on 2 ranks in every element.
+    a) G itself is what does not change, but DDP divides it by the world size. c) would hold
+    if DDP summed the local gradients; it averages them. d) looks at the small ranks only:
+    their local sums are half the old ones, but the third rank's is not, and the three still
+    add up to G. The scaling comes before the sum: on 3 ranks .grad equals all_reduce(g * (1/3)) in
+    every element, and all_reduce(g) / 3 differs from it in the last bit in 12,080 of 20,000
+    (1/3 is not exact in float32).
     """,
     giveaways=(
-        r"\[1\.5, 1\.5\]",
-        r"the average of the local gradients",
-        r"\.grad\b[^.]{0,60}\baverag",
-        r"multiplies it by 1/world_?size",
-        r"\bDDP averages",
+        r"two thirds of the values",
+        r"divided among 3 ranks",
+        r"G / 3 on 3 ranks",
+        r"2/3 of \.grad on 2 ranks",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The step from the question, on 4 ranks (rank r's input is `r + 1`, so its
-# local gradient is `[r + 1, r + 1]`), with what a plain `dist.all_reduce(SUM)` of the local
-# gradients gives printed beside `.grad`. What law turns the local gradients into `.grad`, and
-# what does it give on the question's 2 ranks?
+# **Measure it.** One DDP step of `nn.Linear(2, 1, bias=False)` on 4 ranks, one sample each:
+# rank r's input is `r + 1`, so its local gradient (what it would hold alone) is
+# `[r + 1, r + 1]`. Each rank prints its local gradient and `m.weight.grad` after DDP's
+# backward. For other losses and splits, `course.experiments.ddp.uneven_step` (question ddp_3's
+# cell) runs one step of a linear model in which rank r holds `sizes[r]` samples of one data set,
+# with the loss reduced by `"mean"` or `"sum"`.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 4 --timeout 60
@@ -120,31 +124,30 @@ x = torch.full((1, 2), float(rank + 1))
 ddp(x).sum().backward()
 
 local = x.sum(dim=0)  # this rank's own gradient: d(w . x)/dw = x
-summed = local.clone()
-dist.all_reduce(summed, op=dist.ReduceOp.SUM)
 print(f"PyTorch {torch.__version__}, backend {dist.get_backend()}")
-print(f"local gradient {local.tolist()}   all_reduce(SUM) {summed.tolist()}   "
-      f"m.weight.grad {m.weight.grad.flatten().tolist()}")
+print(f"local gradient {local.tolist()}   m.weight.grad {m.weight.grad.flatten().tolist()}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question ddp_2: a comm hook that sums
+# ## Question ddp_2: a comm hook that sums, under Adam
 #
 # *Difficulty 3/3*
 #
-# A team moves from single-GPU training to 4-rank DDP. To keep the code "simple" they replace
-# DDP's comm hook with their own, which calls `dist.all_reduce(bucket.buffer(), op=SUM)` and
-# returns the result, so `.grad` holds what that SUM all-reduce leaves. Keeping the same
-# learning rate as the single-GPU run, what is the most likely immediate symptom?
+# A team moves a model from one process to 4-rank DDP, each rank taking the mean loss over its
+# quarter of the batch. To keep the code "simple" they replace DDP's comm hook with their own,
+# which calls `dist.all_reduce(bucket.buffer(), op=SUM)` and returns the result, so `.grad`
+# holds what that SUM all-reduce leaves. Their optimizer is `torch.optim.Adam` with its
+# defaults, at the learning rate tuned on one process. Compared with the same DDP run without
+# their hook, what happens to the training steps?
 #
-# * a) No change: a SUM all-reduce is what DDP's own reduction does anyway.
-# * b) Each step is 4x too small: every rank holds a quarter of the batch.
-# * c) Only rank 0 steps too far; the other replicas drift away from it.
-# * d) Every rank steps 4x too far, as if the learning rate were 4x larger.
+# * a) Every step goes 4x too far, as with 4 times the learning rate.
+# * b) Every step goes 2x too far: Adam's step grows as the gradient's root.
+# * c) Losses agree step for step: Adam divides the gradient's scale out.
+# * d) Only the first steps go 4x too far, until Adam's averages catch up.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ddp_2 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_ddp_2 = "d"
+answer_ddp_2 = "c"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "ddp_2_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -154,30 +157,41 @@ check_answer(
     "answer_ddp_2",
     answer_ddp_2,
     choices="abcd",
-    key="d",
+    key="c",
     explanation="""
-    SGD updates w -= lr * grad. With the SUM hook every .grad is world_size = 4 times the
-    average that DDP would have written (measured: 10 against 2.5), so each step moves the
-    weights 4 times further: the same as running with 4 * lr. Nothing in PyTorch rescales
-    the learning rate for you. In the measured run the same lr that converges with DDP's
-    default makes the SUM run blow up; the SUM run at lr / 4 follows the default run's curve
-    step for step, and DDP's default at 4 * lr follows the SUM run. a) DDP's own reduction
-    averages (question ddp_1), and a sum of 4 local means is 4 times a mean, not a mean. b)
-    Each rank's local mean already has the single-GPU gradient's scale; summing 4 of them
-    makes it larger, not a quarter. c) The all-reduce leaves the same sum on every rank, so
-    all replicas take the same too-large step and stay identical.
+    With the SUM hook every .grad is world_size = 4 times what DDP's default writes (measured:
+    [10, 10] against [2.5, 2.5] in the one-step run). Under SGD, w -= lr * grad, that is a
+    step 4 times too far, and at the same lr the run blows up (the cell's default output).
+    Adam's step is lr * m / (sqrt(v) + eps), with m a running mean of the gradient and v a
+    running mean of its square: 4 times every gradient makes m 4 times and v 16 times larger,
+    so sqrt(v) is 4 times larger too, and the ratio stays. Only the small eps beside sqrt(v)
+    keeps it from being exact. Measured on 4 ranks, 30 Adam steps at lr 0.2: the SUM hook's
+    losses equal the default's to 1e-5 relative at every step, and match neither the default
+    at 4 lr, at 2 lr nor at lr / 4. a) is SGD's symptom, whose step is proportional to the
+    gradient; Adam's is not. b) takes the root of the gradient itself; Adam divides the mean
+    gradient by the root of the mean square, and both grow 4 times. d) Adam's averages start
+    at zero and its bias correction divides that out, so already the first step is
+    lr * g / (|g| + eps), the same for g and 4 g: the losses agree from the first step on, and
+    not those of the default at 4 lr. Adam's invariance hides the bug here, but anything
+    that reads the gradient's size (clipping to a norm, a logged gradient norm, SGD after a
+    switch) sees it 4 times too large.
     """,
-    giveaways=(r"4 ?(x|times) (too|further|larger)", r"as if the learning rate were"),
+    giveaways=(
+        r"divides the gradient'?s scale out",
+        r"losses agree step for step",
+        r"the ratio stays",
+        r"SUM hook'?s\s+losses equal the default'?s",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** First one step on 4 ranks, rank r holding input `r + 1`, with DDP's default
 # and with the SUM hook below (`course.experiments.ddp.sum_hook`). Then a short training run
-# (linear regression, 64 samples split over 4 ranks, full-batch SGD, 30 steps, fixed seed): the
-# same model trained in one process on all 64 samples, DDP's default and the SUM hook, each at
-# the learning rate lr, at 4 lr and at lr / 4. Which curves coincide, and what does that say
-# about the SUM hook's step?
+# (linear regression, 64 samples split over 4 ranks, full-batch, 30 steps, fixed seed) with DDP's
+# default and with the SUM hook, both with the optimizer named in `optimizer` (`"sgd"` for
+# `torch.optim.SGD`, `"adam"` for `torch.optim.Adam`) at the learning rate `lr`; with SGD, the
+# same model trained in one process on all 64 samples too.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 def sum_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -193,29 +207,28 @@ sum_step = run(ddp.seed_step, 4, ddp.sum_hook)
 for d, s in zip(default_step, sum_step):
     print(f"rank {d['rank']}: local {d['local']}  default .grad {d['grad']}  SUM hook .grad {s['grad']}")
 
-lr = 0.2
-curves = {"one process, lr": ddp.train_single(lr)}
-for name, scale in (("lr", 1), ("4 lr", 4), ("lr / 4", 1 / 4)):
-    curves[f"DDP default, {name}"] = run(ddp.train, 4, lr * scale)[0]
-    curves[f"DDP + SUM hook, {name}"] = run(ddp.train, 4, lr * scale, ddp.sum_hook)[0]
+optimizer, lr = "sgd", 0.2
+curves = {"one process": ddp.train_single(lr)} if optimizer == "sgd" else {}
+curves["DDP default"] = run(ddp.train, 4, lr, optimizer=optimizer)[0]
+curves["DDP + SUM hook"] = run(ddp.train, 4, lr, ddp.sum_hook, optimizer=optimizer)[0]
 for name, losses in curves.items():
-    print(f"{name:24} loss at steps 0, 10, 20, 29: " + "  ".join(f"{losses[i]:.3g}" for i in (0, 10, 20, 29)))
-ddp.loss_figure(curves, title="SUM hook against DDP's default, 4 ranks, three learning rates")
+    print(f"{name:16} loss at steps 0, 10, 20, 29: " + "  ".join(f"{losses[i]:.3g}" for i in (0, 10, 20, 29)))
+ddp.loss_figure(curves, title=f"SUM hook against DDP's default, 4 ranks, {optimizer} at lr {lr}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question ddp_3: uneven local batches
+# ## Question ddp_3: uneven local batches, trained to the end
 #
 # *Difficulty 2/3*
 #
-# Rank 0 processes a local batch of 1 sample and rank 1 a local batch of 3 samples in the same
-# DDP step (an uneven split), each with the usual mean loss over its own samples. Compare
-# DDP's synced `.grad` with the gradient of the mean loss over all 4 samples pooled together.
-# Which is true?
+# A linear model `nn.Linear(3, 1, bias=False)` is fitted to a squared error with DDP on 2 ranks.
+# Rank 0 always holds the same 2 samples and rank 1 the same 6 (a fixed uneven split). Each
+# rank takes the usual mean loss over its own samples, and full-batch SGD runs for many steps
+# at a small learning rate. What do the weights approach?
 #
-# * a) They are equal: DDP weights each rank's gradient by its batch size.
-# * b) `.grad` is the sum of the two local means: twice the pooled mean.
-# * c) `.grad` is rank 1's local mean: the larger local batch wins.
-# * d) `.grad` weighs both local means equally: rank 1's samples count less.
+# * a) The least-squares fit of all 8 samples: the split only slows it.
+# * b) The fit of rank 1's 6 samples alone, the larger local batch.
+# * c) No single point: the two ranks' pulls keep them going back and forth.
+# * d) A fit that weighs each of rank 0's samples 3x one of rank 1's.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ddp_3 = ""  # your answer: one letter, "a" to "d"
@@ -232,22 +245,27 @@ check_answer(
     choices="abcd",
     key="d",
     explanation="""
-    The pooled mean over 1 + 3 = 4 samples gives every sample the weight 1/4, so rank 1's
-    three samples carry 3/4 of it. DDP averages the two local means with 1/2 each: rank 0's
-    single sample gets 1/2 and each of rank 1's samples gets 1/6. Rank 1's samples are
-    under-represented and rank 0's over-represented. The measurement, with 2 and 5 samples,
-    finds .grad exactly halfway between the two local means, and away from the pooled mean.
-    a) DDP never looks at batch sizes: it scales every rank's gradient by the same
-    1/world_size. b) It averages, it does not sum (question ddp_1). c) Both ranks' gradients
-    enter the all-reduce; the larger batch has no say. To get the pooled mean, weight each
-    rank's summed loss by world_size / (total number of samples), which needs an all-reduce
-    of the sample count: the second exercise below.
+    DDP's .grad is the plain average of the two ranks' local mean gradients, 1/2 each,
+    whatever their batch sizes (the one-step measurement: .grad halfway between the two local
+    means, away from the pooled mean). Written per sample, rank 0's 2 samples weigh 1/4 each
+    and rank 1's 6 samples 1/12 each: .grad is the gradient of a weighted squared error in
+    which each of rank 0's samples counts 3 times one of rank 1's. Full-batch SGD settles
+    where .grad is zero, at the minimum of that weighted loss. Measured: 400 steps at lr 0.1
+    end within 1e-4 of the weighted least-squares fit (weights 3 and 1) in every weight, and
+    more than 0.02 from the plain fit of all 8 samples. a) The split changes the loss being
+    minimized, not only the speed: at the plain fit the pooled mean's gradient is zero, but
+    DDP's .grad is not. b) Rank 0's local gradient enters the average with weight 1/2 like
+    rank 1's; the larger batch has no say. c) Both ranks apply the same averaged gradient,
+    the full-batch gradient of one fixed loss, so at a small learning rate the weights
+    converge; nothing alternates between the ranks' own fits. Weighting each rank's summed
+    loss by world_size / (total number of samples) moves the fixed point to the plain fit:
+    the second exercise below.
     """,
     giveaways=(
-        r"samples count less",
-        r"weighs? (the two|both) local means equally",
-        r"halfway between",
-        r"under-?(represented|weighted)",
+        r"counts 3 times one of rank 1'?s",
+        r"weighs each of rank 0'?s samples 3x",
+        r"weighted least-squares fit",
+        r"1/12 each",
     ),
 )
 ### END HIDDEN TESTS
@@ -256,35 +274,42 @@ check_answer(
 # **Measure it.** One DDP step of a 3-input linear model with an MSE loss, with 2 samples on
 # rank 0 and 5 on rank 1 (`course.experiments.ddp.uneven_step`). Beside DDP's `.grad`, what
 # one process computes on the same samples: each rank's local mean gradient, and the pooled
-# per-sample mean over all 7. Which combination of the local means is `.grad`?
+# per-sample mean over all 7. Then the question's training (`course.experiments.ddp.uneven_fit`):
+# 400 steps of full-batch SGD at lr 0.1 on a fixed split of 2 and 6 samples, the weights it ends
+# at and the last step's `.grad`. It returns the 8 samples too (`x`, `y`, rank r's rows from
+# `shards[r][0]` to `shards[r][1]`), for any fit you want to set beside it.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 uneven = run(ddp.uneven_step, 2, (2, 5))
-fmt = lambda v: "[" + ", ".join(f"{x:8.3f}" for x in v) + "]"  # noqa: E731
+fmt = lambda v: "[" + ", ".join(f"{x:8.4f}" for x in v) + "]"  # noqa: E731
 for r in uneven:
     print(f"rank {r['rank']} (local batch {r['local_batch_sizes'][r['rank']]}): DDP .grad {fmt(r['grad'])}")
 print(f"local mean, rank 0 (2 samples):  {fmt(uneven[0]['local_means'][0])}")
 print(f"local mean, rank 1 (5 samples):  {fmt(uneven[0]['local_means'][1])}")
 print(f"pooled mean over all 7 samples:  {fmt(uneven[0]['pooled_mean'])}")
 
+fit = run(ddp.uneven_fit, 2, (2, 6))
+print(f"\nsplit 2 + 6, after 400 steps: weights {fmt(fit[0]['weight'])}   last .grad {fmt(fit[0]['last_grad'])}")
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question ddp_4: whose weights?
+# ## Question ddp_4: a replica that starts apart
 #
 # *Difficulty 1/3*
 #
-# Three ranks each build `nn.Linear(2, 1)` with a **different** random seed, so their initial
-# weights differ, and then wrap it: `DDP(m)`. What do the three ranks' weights hold right
-# after `DDP(m)` returns, before any forward or backward?
+# Two ranks build `nn.Linear(2, 1)` from the same seed and wrap it: `DDP(m)`. Right after,
+# rank 1 alone adds 1.0 to every parameter (say it loaded an old checkpoint by mistake). Then
+# 10 steps of plain SGD follow (`torch.optim.SGD`, no momentum, no weight decay), each rank on
+# its own data. What holds for the two ranks' parameters over those steps?
 #
-# * a) Each rank keeps its own weights until the first optimizer step syncs them.
-# * b) Every rank holds the average of the 3 ranks' initial weights.
-# * c) Every rank holds rank 0's initial weights, which DDP sends out.
-# * d) Every rank holds rank 2's initial weights, the last to arrive.
+# * a) Rank 1's stay 1.0 above rank 0's, element for element, at every step.
+# * b) The next forward sends out rank 0's parameters again: the gap is gone.
+# * c) The averaged gradients pull rank 1 back a little closer at every step.
+# * d) The gap grows: rank 1's own gradients push it further from rank 0.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_4_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ddp_4 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_ddp_4 = "c"
+answer_ddp_4 = "a"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "ddp_4_check", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
@@ -294,27 +319,45 @@ check_answer(
     "answer_ddp_4",
     answer_ddp_4,
     choices="abcd",
-    key="c",
+    key="a",
     explanation="""
-    The DDP constructor broadcasts the module's parameters and buffers from rank 0 to every
-    other rank, so all replicas start identical. Averaged gradients only keep replicas in
-    step if they start in step. The measurement prints each of 4 ranks' weights before and
-    after the constructor: after it, all of them hold what rank 0 built. a) Waiting for the
-    first step would let the replicas start apart, and nothing after construction ever
-    copies weights again. b) Nothing is averaged: the other ranks' initial weights are simply
-    overwritten. d) The last rank is not special; rank 0 is the source of the broadcast.
+    DDP copies parameters across ranks once, in its constructor, which broadcasts rank 0's
+    parameters and buffers to every rank (the measurement: after DDP(m) all 4 ranks hold
+    what rank 0 built). After that it only averages gradients: every rank gets the same
+    .grad, and plain SGD subtracts lr * .grad, the same amount on both ranks, so whatever
+    difference the replicas have is kept as it is. Measured on 2 ranks: after each of the
+    10 steps, rank 1's parameters minus rank 0's are 1.0 in every element, to within 1e-6
+    (float rounding). b) Each forward broadcasts rank 0's buffers (such as BatchNorm's running
+    statistics, with broadcast_buffers=True), never its parameters; nn.Linear has no buffers.
+    c) The average is the same on both ranks and moves both by the same amount; nothing
+    pulls the replicas together. d) Rank 1's local gradient does differ, computed at its
+    own weights, but it only enters the all-reduce, and both ranks apply the same average.
+    This is why DDP makes the replicas start equal, and why loading a checkpoint on one rank
+    after DDP(m) is a silent bug.
     """,
-    giveaways=(r"broadcasts? (the module's )?(parameters|weights)", r"what rank 0 built", r"simply overwritten"),
+    giveaways=(
+        r"stay 1\.0 above rank 0",
+        r"difference the replicas have is kept",
+        r"copies parameters across ranks once",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** Four ranks, seeds 1000 to 1003 (`course.experiments.ddp.construction_step`): what
-# does each hold before and after `DDP(m)`, and what does that say for the question's three?
+# **Measure it.** Four ranks, seeds 1000 to 1003 (`course.experiments.ddp.construction_step`):
+# what each holds before and after `DDP(m)`. Then `course.experiments.ddp.offset_run` on 2
+# ranks: `DDP(m)` from one seed, then `offset` added to rank 1's parameters alone, then 10 SGD
+# steps, each rank on data of its own; rank 1 prints its parameters minus rank 0's after
+# construction and after each step.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for rank, r in enumerate(run(ddp.construction_step, 4)):
     print(f"rank {rank}: before DDP(m) {[round(v, 4) for v in r['before']]}   after {[round(v, 4) for v in r['after']]}")
+
+offset = 0.0
+gaps = run(ddp.offset_run, 2, offset)[1]["gaps"]
+for step, gap in enumerate(gaps):
+    print(f"{'after DDP(m)' if step == 0 else f'after step {step}':13} rank 1 - rank 0: {[round(v, 6) for v in gap]}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "hook_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 1: DDP's reduction, as a comm hook
@@ -358,7 +401,7 @@ def reduce_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
 # One step of question ddp_1's model on 2 ranks, rank r holding input `r + 2`: your hook's
 # `.grad` beside the `.grad` of the same step with DDP's default. They should be equal.
 
-# %% nbgrader={"grade": false, "grade_id": "hook_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "hook_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 2 --timeout 60
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -423,7 +466,7 @@ def weighted_loss(loss_per_sample: torch.Tensor) -> torch.Tensor:
 # Rank 0 with 1 sample, rank 1 with 3: `.grad` on both ranks should equal the pooled mean,
 # which the cell computes in one process on all 4 samples and prints below yours.
 
-# %% nbgrader={"grade": false, "grade_id": "weighted_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "weighted_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 2 --timeout 60
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -461,11 +504,12 @@ print(check_weighted_loss(weighted_loss, world_sizes=(3, 4)))
 # %% [markdown] nbgrader={"grade": false, "grade_id": "summary", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## What you measured
 #
-# * **`.grad` after backward**, on 4 ranks, beside a plain SUM all-reduce of the same local
-#   gradients.
-# * **A SUM comm hook** against DDP's default, one step and 30 steps of training at three
-#   learning rates: look at which curves coincide.
-# * **Uneven batches** of 2 and 5 samples: `.grad` beside the local means and the pooled mean.
-# * **Construction**: each rank's weights before and after `DDP(m)`.
+# * **`.grad` after backward**, on 4 ranks, beside each rank's local gradient.
+# * **A SUM comm hook** against DDP's default, one step and 30 steps of training, with the
+#   optimizer and learning rate set in the cell.
+# * **Uneven batches** of 2 and 5 samples: `.grad` beside the local means and the pooled mean;
+#   and a fixed split of 2 and 6 samples trained for 400 steps.
+# * **Construction**: each rank's weights before and after `DDP(m)`, and the gap between two
+#   ranks when one of them changes its parameters afterwards.
 # * **Your hook and your loss**, checked against DDP's own reduction and against a single
 #   process that sees every sample. The explanations of the questions come with your feedback.

@@ -82,33 +82,31 @@ pictures.fsdp_figure(units=3, world_size=4)
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 2. What a rank holds
 #
-# Between two steps a rank holds its shards: of the parameters, of their gradients and of the
-# optimizer's state. Inside a step it holds more: each unit's parameters while the unit
-# computes. The items below measure both on torch's own `fully_shard` (FSDP2), a model of 8
-# equal `nn.Linear` layers in fp32, each layer a unit of its own unless said otherwise. What
-# FSDP2 holds unsharded is summed before every operation a rank runs
-# (`course.experiments.fsdp.UnshardedPeak`).
+# The items below measure what a rank holds between steps and inside a step on torch's own
+# `fully_shard` (FSDP2), a model of 8 equal `nn.Linear` layers in fp32, each layer a unit of
+# its own unless said otherwise. What FSDP2 holds unsharded is summed before every operation
+# a rank runs (`course.experiments.fsdp.UnshardedPeak`).
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question fsdp_1: one weight on three ranks
+# ## Question fsdp_1: one weight on six ranks
 #
 # *Difficulty 1/3*
 #
-# torch's `fully_shard` shards an `nn.Linear` weight of shape (7, 5) over 3 ranks (FSDP2, as
-# `zero` used it). 7 rows do not split evenly over 3 ranks. What does each rank keep of the
-# weight, rank 0, 1 and 2 in turn?
+# torch's `fully_shard` shards an `nn.Linear` weight of shape (7, 5) over 6 ranks (FSDP2, as
+# `zero` used it). 7 rows do not split evenly over 6 ranks. How many of the 6 ranks keep not
+# a single row of the weight?
 #
-# * a) 12, 12 and 11 of its 35 elements, flattened and split evenly.
-# * b) 3, 3 and 1 rows, each shard's storage with room for 3 rows.
-# * c) 3, 2 and 2 rows, as even as whole rows allow, unpadded.
-# * d) All 7 rows each: a weight that does not split is replicated.
+# * a) 2: ranks 4 and 5 keep an empty shard of 0 rows.
+# * b) 0: every rank keeps at least one of the 7 rows.
+# * c) 6: each keeps 6 or 5 of its 35 elements, flattened.
+# * d) 1: rank 5 alone keeps a shard of 0 rows, padded.
 #
 # Set `answer_fsdp_1` to your letter and run the cell below it.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_fsdp_1 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_fsdp_1 = "b"
+answer_fsdp_1 = "a"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "fsdp_1_check", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
@@ -118,32 +116,32 @@ check_answer(
     "answer_fsdp_1",
     answer_fsdp_1,
     choices="abcd",
-    key="b",
+    key="a",
     explanation="""
-    The weight becomes a DTensor with placement Shard(0): it is cut along dim 0 into pieces of
-    ceil(7 / 3) = 3 rows, the last rank keeping what is left. Measured local shapes: (3, 5), (3, 5),
-    (1, 5), and each local tensor a view into 60 bytes of storage (3 rows of 5 float32), rank 2's
-    too: FSDP2 pads every shard to the same size so that its all-gather moves equal pieces, and
-    the gathered weight is 9 rows (180 bytes), of which the module uses 7. A (2, 3) weight on 3
-    ranks leaves rank 2 an empty shard of shape (0, 3). a) is FSDP1's flat parameter (and the
-    `fully_shard` you write here: one flat, padded shard per unit), not FSDP2's per-parameter
-    sharding. c) is numpy's array_split. d) fully_shard never replicates a weight for its size.
-    This is FSDP2's own layout, the same on GPUs with NCCL.
+    Measured local shapes on 6 ranks: (2, 5) on ranks 0 to 2, (1, 5) on rank 3, (0, 5) on ranks 4
+    and 5, each a view into 40 bytes of storage (2 rows of 5 float32), the empty ones too. The
+    weight becomes a DTensor with placement Shard(0): it is cut along dim 0 into pieces of
+    ceil(7 / 6) = 2 rows, rank after rank, until the rows run out; FSDP2 pads every shard to the
+    same size so that its all-gather moves equal pieces. b) is numpy's array_split (2, 1, 1,
+    1, 1, 1 rows). c) is FSDP1's flat parameter (and the `fully_shard` you write here: one
+    flat, padded shard per unit), not FSDP2's per-parameter sharding. d) has one rank empty,
+    but pieces of 2 rows hold the 7 rows in 4 ranks, which leaves two. This is FSDP2's own
+    layout, the same on GPUs with NCCL.
     """,
     giveaways=(
-        r"\(3, 5\), \(3, 5\),\s+\(1, 5\)",
-        r"ceil\(7 / 3\) = 3 rows",
-        r"60 bytes of storage",
+        r"\(0, 5\) on ranks 4\s+and 5",
+        r"rows run out",
+        r"40 bytes of storage",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, for a bias of 10 elements on 4 ranks: the placement, each rank's local shape,
+# **Measure it**, for a bias of 10 elements on 3 ranks: the placement, each rank's local shape,
 # and the bytes of the storage behind it.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-layout = run(fsdp.shard_layout, 4, (10,))
+layout = run(fsdp.shard_layout, 3, (10,))
 for rank, shard in enumerate(layout):
     print(rank, shard["placements"], shard["global"], "->", shard["local"], shard["storage"], "B")
 
@@ -152,14 +150,15 @@ for rank, shard in enumerate(layout):
 #
 # *Difficulty 1/3*
 #
-# A model of 8 equal fp32 layers trains with Adam on 4 ranks under torch's `fully_shard`. Between
-# two steps, what do a rank's parameters, gradients and Adam state come to, per parameter of the
-# model, with each layer a unit of its own, and with one unit wrapping the whole model?
+# A model of 8 equal fp32 layers trains with Adam on 64 ranks under torch's `fully_shard`.
+# Between two steps, what do a rank's parameters, gradients and Adam state come to, per
+# parameter of the model, with each layer a unit of its own, and with one unit wrapping the
+# whole model?
 #
-# * a) 4 bytes with a unit per layer; 16 with one unit, never sharded.
-# * b) 4 bytes with a unit per layer; 7 with one unit, gradients whole.
+# * a) 0.25 bytes with a unit per layer; 16 with one unit, never sharded.
+# * b) 0.25 bytes with a unit per layer; 4.2 with one unit, gradients whole.
 # * c) 16 bytes either way: sharding saves memory only inside the step.
-# * d) 4 bytes either way: units set only what is gathered at once.
+# * d) 0.25 bytes either way: units set only what is gathered at once.
 #
 # Set `answer_fsdp_2` to your letter and run the cell below it.
 
@@ -178,54 +177,55 @@ check_answer(
     choices="abcd",
     key="d",
     explanation="""
-    Measured on 4 ranks, both ways: 131072 bytes of parameters, 131072 of gradients and 262144 of
-    Adam's two moments on each rank, for a model of 524288 bytes (131072 parameters): exactly 1 +
-    1 + 2 = 4 bytes per parameter, a quarter of fp32 Adam's 16. Every parameter of a unit is
-    sharded, whatever the unit's size, and its gradient is reduce-scattered into a shard of the
-    same size; Adam then keeps its moments for the shards only. What the units change is the peak
+    Measured on 2 and 4 ranks, a unit per layer and one unit alike: 2 + 2 + 4 bytes per
+    parameter on 2 ranks, 1 + 1 + 2 on 4 (parameters, gradients, Adam's two moments), 16 / N of
+    fp32 Adam's 16 bytes: 16 / 64 = 0.25 on 64 ranks. Every parameter of a unit is sharded,
+    whatever the unit's size, and its gradient is reduce-scattered into a shard of the same
+    size; Adam then keeps its moments for the shards only. What the units change is the peak
     of gathered parameters during the step (question fsdp_3), not what stays between steps. a)
     mistakes one unit for no sharding, c) sharding for a saving inside the step only. b) keeps
-    the whole gradient of one unit, 1 + 4 + 2 = 7 bytes: the gradient does exist in full during
-    backward, but the unit's reduce-scatter leaves only the shard. The same holds on GPUs; there
-    the caching allocator may also keep freed blocks reserved.
+    the whole gradient of one unit, 4 + 12 / 64 = 4.19 bytes: the gradient does exist in full
+    during backward, but the unit's reduce-scatter leaves only the shard. The same holds on
+    GPUs; there the caching allocator may also keep freed blocks reserved.
     """,
     giveaways=(
-        r"1 \+\s+1 \+ 2 = 4 bytes",
-        r"both ways: 131072",
+        r"16 / 64 = 0\.25",
+        r"one unit alike",
         r"not what stays between steps",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on 2 ranks with a unit per layer: the bytes a rank holds after an Adam step, and
-# the model's full size.
+# **Measure it**, on 2 ranks with a unit per layer (`per_layer=False` makes one unit): the bytes
+# a rank holds after an Adam step, and the model's full size.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 held = fsdp.memory_on_ranks(2, per_layer=True)[0]
 print({k: held[k] for k in ("model", "params", "grads", "state")})
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question fsdp_3: one unit for the whole model
+# ## Question fsdp_3: what a unit's size decides
 #
 # *Difficulty 3/3*
 #
-# The same model, 8 layers of M/8 bytes each (M the fp32 model's bytes), on 4 ranks, now with
-# one unit wrapping all of it, `fully_shard(model, reshard_after_forward=True)`: set explicitly,
-# since torch's default keeps a root unit gathered from forward to backward. What is the peak
-# of unsharded parameter bytes a rank holds during a forward and backward, measured?
+# The same model, 8 equal fp32 layers, on 4 ranks, every `fully_shard` call with
+# `reshard_after_forward=True`. Instead of a unit per layer, each call now takes 4 consecutive
+# layers, `fully_shard(layers[0:4])` and `fully_shard(layers[4:8])`, then the root. Against a
+# unit per layer, what becomes of the peak of unsharded parameter bytes a rank holds in a
+# forward and backward, and of the bytes it sends in them?
 #
-# * a) M / 4: each rank gathers only the part it trains on.
-# * b) M: the whole model, gathered once and freed after.
-# * c) 2 M: the gathered model exists twice over for a while.
-# * d) 4 M: one whole model gathered from each of the 4 ranks.
+# * a) The bytes sent fall about 4 times, while the peak stays the same.
+# * b) The peak grows about 4 times, while the bytes sent stay the same.
+# * c) Both fall about 4 times: fewer, larger gathers cost less of each.
+# * d) Neither moves: grouping changes only how many collectives run.
 #
 # Set `answer_fsdp_3` to your letter and run the cell below it.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_fsdp_3 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_fsdp_3 = "c"
+answer_fsdp_3 = "b"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "fsdp_3_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -235,63 +235,65 @@ check_answer(
     "answer_fsdp_3",
     answer_fsdp_3,
     choices="abcd",
-    key="c",
+    key="b",
     explanation="""
-    Measured: 1048576 bytes at the peak for a model of 524288, twice the model. FSDP2 all-gathers a
-    unit into one flat buffer, then copies it out into a tensor of each parameter's own
-    (split_with_sizes_copy, in its all_gather_copy_out): for that copy-out both exist, and in
-    forward it keeps the flat buffer until the next unit's copy-out (to overlap them on a GPU).
-    With one unit per layer the same doubling costs 2 layers, 131072 bytes (1/4 of M). b) is the
-    textbook count of one gathered unit. a) is data parallelism's mistake: every rank runs the
-    whole model on its own batch and needs all its parameters. d) counts the gather's inputs, but
-    the buffer is one model's size. The same copy-out runs on GPUs with NCCL; the CUDA caching
-    allocator keeps freed blocks reserved on top of this.
+    Measured on 4 ranks: the peak of unsharded bytes went from 2 layers with a unit per layer to
+    8 with units of 4 layers, 4 times as much; the bytes sent from 3.05 to 3.01 model sizes; the
+    collectives from 16 all-gathers and 8 reduce-scatters to 4 all-gathers and 2. A unit is
+    gathered whole before it computes, so its size sets what a rank must hold at once (FSDP2
+    held two units' worth both ways: the unit that computes and the buffer it was gathered
+    into). Every parameter is still gathered twice and reduce-scattered once per step, whatever
+    the grouping, so the bytes stay. What larger units buy is fewer, larger collectives: fewer
+    fixed costs per call, and on GPUs more compute to hide each gather behind. a) and c) take
+    the number of calls for the bytes. d) the calls do fall 4 times, but the gathered unit
+    grows with them. On GPUs with NCCL the bytes are likewise the same for any grouping.
     """,
     giveaways=(
-        r"1048576",
-        r"split_with_sizes_copy",
-        r"twice the model",
+        r"2 layers with a unit per layer to\s+8",
+        r"to 4 all-gathers and 2",
+        r"peak grows about 4 times",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, with a unit per layer instead, on 2 ranks: the peak of unsharded parameter bytes,
-# sampled before every op of a forward and backward (`fsdp.UnshardedPeak`), in layers.
+# **Measure it**, on 4 ranks with a unit per layer (`layers_per_unit=1`): the peak of unsharded
+# parameter bytes, sampled before every op of a forward and backward (`fsdp.UnshardedPeak`), in
+# layers; the bytes rank 0 sent in them, in model sizes; and the collectives FSDP2 called.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-held = fsdp.memory_on_ranks(2, per_layer=True)[0]
+held = fsdp.unit_size_on_ranks(4, layers_per_unit=1)[0]
 print(f"peak unsharded: {held['peak unsharded'] / held['layer']:.2f} layers of 8")
+print(f"sent: {held['sent']:.3f} model sizes", held["calls"])
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_3_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## 3. Gathering twice
+# ## 3. Resharding after forward
 #
-# Freeing a unit after its forward means gathering it again for its backward: per unit and
-# step two all-gathers and one reduce-scatter. `fully_shard(..., reshard_after_forward=False)`
-# keeps each unit gathered from its forward to its backward instead. The bytes here are read
+# `fully_shard(..., reshard_after_forward=...)` says whether a unit's gathered parameters are
+# freed right after the unit's forward (`True`) or not (`False`). The bytes here are read
 # from the kernel's TCP counters of each rank's sockets (`course.ring.wire.WireMeter`), so they
 # count what gloo really sends.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question fsdp_4: keeping the gathered layers
+# ## Question fsdp_4: what resharding costs on the wire
 #
 # *Difficulty 2/3*
 #
-# `fully_shard(layer, reshard_after_forward=False)` keeps each layer gathered from its forward
-# to its backward, so backward gathers nothing. On 4 gloo ranks, how many model sizes (fp32
-# bytes) does a rank send in one forward and backward, each of 4 layers a unit, then?
+# On 64 ranks, each layer of a model a unit of its own: how many model sizes (fp32 bytes) more
+# does a rank send in one forward and backward with `reshard_after_forward=True` than with
+# `reshard_after_forward=False`?
 #
-# * a) 2.25 sizes: per layer a gather, and a reduce-scatter twice as big.
-# * b) 1.5 sizes: per layer a gather, and a reduce-scatter as big as it.
-# * c) 3 sizes: the flag saves memory; the gathers stay the same.
-# * d) 0.75 sizes: the gradients are reduced later, by the optimizer.
+# * a) About 1.97: both gathers of each layer are extra, 2 · 63/64.
+# * b) About 0.016: a rank fetches back only its own shard, 1/64.
+# * c) About 0.98: one more gather of each layer, 63/64 of its size.
+# * d) About 2.95: one more gather and one more reduce-scatter per layer.
 #
 # Set `answer_fsdp_4` to your letter and run the cell below it.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_4_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_fsdp_4 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_fsdp_4 = "a"
+answer_fsdp_4 = "c"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "fsdp_4_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -301,53 +303,54 @@ check_answer(
     "answer_fsdp_4",
     answer_fsdp_4,
     choices="abcd",
-    key="a",
+    key="c",
     explanation="""
-    Measured: 0.753 model sizes in forward and 1.507 in backward, 2.26 in all (3.01 with
-    resharding: 0.753 and 2.26). Each layer's gather sends (N-1)/N = 0.75 of it, and gloo's
-    reduce_scatter_tensor sends an all-reduce's bytes, 2(N-1)/N = 1.5 (question zero_1),
-    so without the backward gather a step is 0.75 + 1.5 per layer. With NCCL, whose
-    reduce-scatter is a ring half of 0.75, the same flag turns 3(N-1)/N = 2.25 into 2(N-1)/N = 1.5:
-    b) is that answer, not gloo's. c) forgets that backward then has nothing to gather. d) FSDP
-    reduce-scatters each unit's gradient in backward (4 reduce_scatter_tensor calls measured), not
-    in the optimizer. The price is memory: every layer stays gathered until its backward.
+    Measured: resharding added 0.50 model sizes per step on 2 ranks and 0.75 on 4, with 8
+    all-gathers for 4 layers instead of 4, and the same 4 reduce-scatters. The only difference
+    is the backward's gather of each layer, and in an all-gather each rank sends (N-1)/N of the
+    gathered tensor: every other rank needs its shard. On 64 ranks that is 63/64 = 0.98 model
+    sizes per step. a) counts the forward's gather too, which runs either way. b) is 1/N, which
+    matches 2 ranks but not 4. d) adds a reduce-scatter, but the flag changes none: each layer's
+    gradient is reduce-scattered once either way. In return the flag keeps every layer
+    gathered until its backward (question fsdp_5). NCCL's all-gather sends the same (N-1)/N.
     """,
     giveaways=(
-        r"0\.75 \+ 1\.5",
-        r"2\.26 in all",
-        r"1\.507 in backward",
+        r"added 0\.50 model sizes",
+        r"63/64 = 0\.98",
+        r"only difference\s+is the backward's gather",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, with resharding after forward left on (the default): the bytes a rank sent in
-# forward and in backward, in model sizes, and the collectives FSDP2 called, on 4 ranks.
+# **Measure it**, on 2 ranks with resharding after forward: the bytes a rank sent in forward and
+# in backward, in model sizes, and the collectives FSDP2 called.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-sent = fsdp.traffic_on_ranks(4, reshard_after_forward=True)
+sent = fsdp.traffic_on_ranks(2, reshard_after_forward=True)
 print(f"forward {sent['forward']:.3f}, backward {sent['backward']:.3f} model sizes", sent["calls"])
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_5_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question fsdp_5: what stays gathered
+# ## Question fsdp_5: what resharding saves in memory
 #
 # *Difficulty 2/3*
 #
-# The model of 8 equal layers, a unit per layer, 4 ranks, with `reshard_after_forward=False` on
-# every layer. What is the peak of unsharded parameter bytes a rank holds during a forward and
-# backward, in layers, measured?
+# The model of 8 equal fp32 layers, a unit per layer, trains with Adam on 64 ranks, with
+# `reshard_after_forward=False` on every layer. The peak of unsharded parameter bytes a rank
+# holds during a forward and backward is how many times what it holds between steps (its
+# shards of the parameters, of their gradients and of Adam's state)?
 #
-# * a) 1 layer: each layer is still freed as soon as it has run.
-# * b) 2 layers: the one running and the one being gathered next.
-# * c) 8 layers: all of them, gathered one by one and kept to the end.
-# * d) 9 layers: all of them, and a gather buffer of one more on top.
+# * a) About 64 times: the gathered model against the rank's parameter shard.
+# * b) At least 16 times: the whole model against 16/64 bytes per parameter.
+# * c) About 4 times: the layer that runs and the next, against its shards.
+# * d) About once: a layer left gathered is counted among the rank's shards.
 #
 # Set `answer_fsdp_5` to your letter and run the cell below it.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_5_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_fsdp_5 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_fsdp_5 = "d"
+answer_fsdp_5 = "b"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "fsdp_5_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -357,32 +360,38 @@ check_answer(
     "answer_fsdp_5",
     answer_fsdp_5,
     choices="abcd",
-    key="d",
+    key="b",
     explanation="""
-    Measured: 589824 bytes, 9 layers of 65536. Without resharding every layer's gathered parameters
-    stay from its forward to its backward, so the forward ends with all 8 gathered, and FSDP2
-    holds a flat all-gather buffer besides: the one it copies a layer's parameters out of, kept in
-    forward until the next layer's copy-out (question fsdp_3). With resharding the peak
-    is 2 layers. c) is the textbook count, which leaves out FSDP2's buffer; a) and b) describe
-    resharding after forward. reshard_after_forward=False is ZeRO-2's memory for parameters (a
-    full replica) with ZeRO-3's sharded gradients and state: fewer gathers for more memory.
-    The same holds on GPUs.
+    Measured without resharding: a peak of 9 layers of 8 on 4 ranks (589824 bytes, against
+    524288 held between steps: 1.125 times), and of 5 layers of 4 on 2 ranks (327680 against
+    524288: 0.625 times); with resharding 2 layers. Without resharding every layer's gathered
+    parameters stay from its forward to its backward, so the forward ends with all of them
+    gathered, and a gathered layer is the whole layer on every rank, whatever the number of
+    ranks: the peak is at least M, the fp32 model's bytes (FSDP2 holds the buffer of one more
+    layer on top). What a rank holds between steps is 16 / N bytes per parameter (question
+    fsdp_2), M / 16 on 64 ranks: the peak is at least 16 times that. That is the trade: one
+    all-gather per layer fewer (question fsdp_4) for a full replica of the parameters in the
+    step, while gradients and Adam state stay sharded. a) leaves out the
+    gradient and Adam shards, 12 of the 16 bytes. c) is the peak with resharding, M / 4. d)
+    takes the kept layers for shards. The same holds on GPUs.
     """,
     giveaways=(
-        r"589824",
-        r"9 layers of 65536",
-        r"forward ends with all 8",
+        r"9 layers of 8",
+        r"0\.625 times",
+        r"forward ends with all of\s+them",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_5_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on a model of 4 layers instead of 8 (2 ranks): the peak of unsharded parameter
-# bytes without resharding after forward, in layers.
+# **Measure it**, on a model of 4 layers (2 ranks), with resharding after forward: the peak of
+# unsharded parameter bytes, in layers and in bytes, and the bytes a rank holds between steps
+# (`reshard_after_forward` is the cell's to change).
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-held = fsdp.memory_on_ranks(2, reshard_after_forward=False, depth=4)[0]
+held = fsdp.memory_on_ranks(2, reshard_after_forward=True, depth=4)[0]
 print(f"peak unsharded: {held['peak unsharded'] / held['layer']:.2f} layers of 4")
+print({k: held[k] for k in ("peak unsharded", "params", "grads", "state")})
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_1_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 1: `fully_shard`
@@ -433,7 +442,9 @@ print(f"peak unsharded: {held['peak unsharded'] / held['layer']:.2f} layers of 4
 # unchanged, the tied one trained as one; the collectives (3 points): per unit and step, two
 # all-gathers of the shard and one reduce-scatter of the padded unit, nothing else, read from
 # a record of the run; the memory (2 points): on a larger model, at most the root and two
-# blocks gathered at any moment; and mixed precision (exercise 2).
+# blocks gathered at any moment (a reference you keep to the original parameters, in a
+# closure, a list or a dict, keeps them allocated, and they count as gathered: keep only
+# where each view goes); and mixed precision (exercise 2).
 
 # %% nbgrader={"grade": false, "grade_id": "fully_shard", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def fully_shard(module, *, param_dtype=None, reduce_dtype=None):
@@ -508,7 +519,7 @@ def fully_shard(module, *, param_dtype=None, reduce_dtype=None):
 # step's loss, and the shapes of the gradients the shards got: with a right `fully_shard`,
 # only flat shards of ceil(P / 2) elements (and the frozen table, with no gradient).
 
-# %% nbgrader={"grade": false, "grade_id": "try_fully_shard", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_fully_shard", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 2 --timeout 60
 import warnings
 
@@ -538,6 +549,7 @@ print(f"loss {loss.item():.4f}, gradients:", [tuple(p.grad.shape) for p in model
 # %% nbgrader={"grade": false, "grade_id": "visible_fsdp", "locked": true, "schema_version": 3, "solution": false, "task": false}
 print(check_fully_shard(fully_shard, world_sizes=(2,), repeats=1))
 print(check_fsdp_traffic(fully_shard, world_sizes=(2,)))
+print(check_fsdp_memory(fully_shard))
 
 # %% nbgrader={"grade": true, "grade_id": "fully_shard_matches", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
 # Trains like one process on the mean gradient: SGD and Adam, 5 steps, 2 to 4 ranks, twice.
@@ -554,10 +566,9 @@ print(check_fsdp_traffic(fully_shard))
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "fully_shard_memory", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# At most the root and two blocks gathered at once, on a larger model.
-### BEGIN HIDDEN TESTS
+# At most the root and two blocks gathered at once, on a larger model (measured from
+# outside the ranks when graded).
 print(check_fsdp_memory(fully_shard))
-### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "watch_yours_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ### Your step, animated
@@ -580,25 +591,27 @@ animate_fully_shard(fully_shard, world_size=3)
 # (`course.experiments.fsdp_timeline`).
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_6_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question fsdp_6: prefetching the next layer
+# ## Question fsdp_6: what a prefetch costs
 #
 # *Difficulty 2/3*
 #
-# `layer.set_modules_to_forward_prefetch([next_layer])` on each of 6 layers makes torch's
-# `fully_shard` issue the next layer's all-gather before a layer's forward computes. On 2 gloo
-# ranks, what is then the peak of unsharded parameter bytes during the forward, in layers?
+# `layer.set_modules_to_forward_prefetch(later_layers)` makes torch's `fully_shard` issue the
+# all-gathers of the layers named before the layer's forward computes. A model of 6 layers,
+# each a unit, on 2 gloo ranks: each layer now names the **two** layers after it. Against no
+# prefetch, how many more layers' worth of unsharded parameter bytes does a rank hold at the
+# peak of the forward?
 #
-# * a) 1 layer: the prefetched gather takes the place of the usual one.
-# * b) 3 layers: one more than the 2 it holds in a forward without it.
-# * c) 6 layers: a prefetch gathers every layer still to come at once.
-# * d) 2 layers, as without it: the next gather reuses a freed buffer.
+# * a) 0: a prefetched gather only starts earlier, into a freed buffer.
+# * b) 1: a rank gathers only one layer ahead, whatever the list says.
+# * c) 4: the first layer's list starts the gather of every later layer.
+# * d) 2: each layer gathered ahead is held whole until it has computed.
 #
 # Set `answer_fsdp_6` to your letter and run the cell below it.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_6_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_fsdp_6 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_fsdp_6 = "b"
+answer_fsdp_6 = "d"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "fsdp_6_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -608,36 +621,36 @@ check_answer(
     "answer_fsdp_6",
     answer_fsdp_6,
     choices="abcd",
-    key="b",
+    key="d",
     explanation="""
-    Measured on CPU ranks (gloo): 3 layers in forward with the prefetch, 2 without (the gathered
-    layer and its flat buffer, kept until the next layer's copy-out), and 2 in backward either
-    way; on GPUs the peak was not measured here. The order of calls shows why: with the
-    prefetch a rank issues layer 1's gather before layer 0 computes, so while layer 0 runs,
-    layer 0's parameters, its buffer and layer 1's gather buffer are all alive. d) FSDP2 allocates each gather's output afresh. c) one prefetch target is one layer.
-    What the prefetch buys is overlap, and on gloo that is little: over runs on 2 ranks of a
-    loaded 2-core machine, the matmuls took 2 to 30 ms of a recorded forward of 70 to 200 ms (the
-    rest FSDP2's and gloo's), the prefetch moved about 2 ms of them into the gathers' windows,
-    the time waited for gathers did not fall steadily (3 to 17 ms with it, 5 to 9 without), and
-    a step took 0.5 to 1.5 times as long as without it. On GPUs even the default forward
-    overlaps the next gather (the CPU issues it while the GPU still computes, on NCCL's own
-    stream); the explicit prefetch issues it earlier from the CPU, per torch's docstring.
+    Measured on CPU ranks (gloo): a forward peak of 2 layers without a prefetch, 3 with the next
+    layer named, 4 with the next two, and 2 in backward each time; with two named, rank 0 issued
+    the gathers of units 0, 2 and 4 before unit 0 computed. A prefetched gather's output exists
+    from its issue until its layer has computed and is freed: naming k layers ahead keeps k
+    more gathered layers alive at once. That is what a prefetch costs, memory; what it buys is
+    overlap of the gather with the current layer's compute, which needs hardware to spare for
+    the gather (on GPUs NCCL's own stream; gloo's threads share the CPU with the matmuls). a)
+    FSDP2 allocates each gather's output afresh. b) the rank issued both gathers. c) each list
+    names two layers, and only those are gathered ahead. On GPUs the peak was not measured
+    here, and even the default forward overlaps the next gather there (the CPU issues it while
+    the GPU still computes); the explicit prefetch issues it earlier, per torch's docstring.
     """,
     giveaways=(
-        r"3 layers in forward",
-        r"its buffer and layer 1's gather buffer",
-        r"issues layer 1's gather before",
+        r"4 with the next two",
+        r"k\s+more gathered layers",
+        r"3 with the next\s+layer named",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_6_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, without the prefetch: the order in which rank 0 issued all-gathers and ran each
-# unit's matmuls in forward (units named by their index in the `nn.Sequential`), and the peak
-# of unsharded bytes in each pass, in layers.
+# **Measure it**, without the prefetch (`forward_prefetch=0`; a number k makes each layer name
+# the k layers after it): the order in which rank 0 issued all-gathers and ran each unit's
+# matmuls in forward (units named by their index in the `nn.Sequential`), and the peak of
+# unsharded bytes in each pass, in layers.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-timeline = fsdp_timeline.prefetch_on_ranks(2, forward_prefetch=False)[0]
+timeline = fsdp_timeline.prefetch_on_ranks(2, forward_prefetch=0)[0]
 events = timeline["events"]
 backward_start = min(start for what, _, start, _ in events if what == "pre_backward")
 print(fsdp_timeline.gather_order(events, backward_start))
@@ -650,7 +663,7 @@ print({phase: peak / timeline["layer"] for phase, peak in timeline["peak"].items
 #
 # Backward runs the layers last to first, and with resharding after forward each layer must be
 # gathered again. With no `set_modules_to_backward_prefetch` call at all, when does a rank issue
-# the all-gather of the layer that comes next in backward, measured on 2 gloo ranks?
+# the all-gather of the layer that comes next in backward, on 2 gloo ranks?
 #
 # * a) Before the current layer's backward: one layer ahead of need.
 # * b) After the current layer's backward: only once it is needed.
@@ -719,36 +732,35 @@ pictures.fsdp_widget(units=4, world_size=4)
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_5_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 5. Mixed precision
 #
-# On GPUs, bf16 matmuls run several times faster than fp32 ones, and a unit gathered in bf16
-# takes half the bytes; the updates still need fp32, or small steps are lost to rounding. So FSDP keeps
-# **fp32 master shards**, casts each to `param_dtype` for the gather and the compute, and
-# casts the gradient to `reduce_dtype` for the reduce-scatter. In torch:
+# On GPUs, bf16 matmuls run several times faster than fp32 ones; the updates still need fp32,
+# or small steps are lost to rounding. torch's `fully_shard` takes a policy for it:
 # `fully_shard(layer, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-# reduce_dtype=torch.float32))`. The ZeRO paper counts a mixed-precision model with Adam at
-# 2 + 2 + 12 bytes per parameter replicated: a bf16 parameter, a bf16 gradient, and an fp32
-# master copy with Adam's two fp32 moments.
+# reduce_dtype=torch.float32))`, where `param_dtype` is the dtype the forward and backward
+# compute with and `reduce_dtype` the dtype of the gradients' reduce-scatter. The ZeRO paper
+# counts a mixed-precision model with Adam at 2 + 2 + 12 bytes per parameter replicated: a
+# bf16 parameter, a bf16 gradient, and an fp32 master copy with Adam's two fp32 moments.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_8_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question fsdp_8: bytes of mixed precision
+# ## Question fsdp_8: what mixed precision changes in memory
 #
 # *Difficulty 2/3*
 #
-# ZeRO's paper counts 2 + 2 + 12 = 16 bytes per parameter for mixed-precision Adam (fp16
-# parameters and gradients, fp32 master copy and moments). Under torch's `fully_shard` with
-# `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` on 4 ranks,
-# how many bytes per model parameter does a rank hold between steps?
+# Against plain fp32 `fully_shard` on the same 4 ranks, what does
+# `MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)` change in a
+# rank's memory: in what it holds between steps (parameters, gradients, Adam state), and in
+# the peak of unsharded parameter bytes during a step?
 #
-# * a) 6 bytes: 16 / 4, plus the whole model in bf16, gathered and kept.
-# * b) 4.5 bytes: 16 / 4, plus a bf16 copy of its shard for the gathers.
-# * c) 4 bytes: an fp32 shard, its fp32 gradient, Adam's 2 fp32 moments.
-# * d) 3.5 bytes: as in fp32 training, but with the gradient shard in bf16.
+# * a) The peak halves, while what it holds between steps is the same fp32.
+# * b) Both halve: every tensor of the step is kept in bf16 instead of fp32.
+# * c) Between steps it holds more: a bf16 copy of each shard for the gathers.
+# * d) The gradient shards halve: they come out of backward in bf16 and stay.
 #
 # Set `answer_fsdp_8` to your letter and run the cell below it.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_8_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_fsdp_8 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_fsdp_8 = "c"
+answer_fsdp_8 = "a"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "fsdp_8_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -758,31 +770,33 @@ check_answer(
     "answer_fsdp_8",
     answer_fsdp_8,
     choices="abcd",
-    key="c",
+    key="a",
     explanation="""
-    Measured: 1 + 1 + 2 bytes per parameter (parameters, gradients, Adam state), all float32 local
-    shards, the same as without the policy. FSDP2 casts the fp32 shard to bf16 as it gathers,
-    computes in bf16, casts the bf16 gradient to fp32 for the reduce-scatter, and keeps nothing in
-    bf16 between steps. The bf16 copies are transient: the unsharded parameters, whose peak fell
-    from 2 to 1 byte per parameter with the policy (2 of 4 layers gathered, 2 bytes instead of 4).
-    ZeRO-3's 16 / N also gives 4, but made of a 2-byte parameter, a 2-byte gradient and 12 of
-    fp32 state; here the gradient is fp32 and no 16-bit parameter persists. d) would need
-    reduce_dtype=bf16. The same holds on GPUs.
+    Measured on 4 ranks: 1 + 1 + 2 bytes per model parameter between steps (parameters,
+    gradients, Adam state), all float32 local shards, with the policy and without; and a peak
+    of unsharded parameters of 1 byte per model parameter with the policy against 2 without.
+    FSDP2 keeps the fp32 shard as the master, casts it to bf16 as it gathers (so the gathered
+    unit takes half the bytes), computes in bf16, casts the bf16 gradient to fp32 for the
+    reduce-scatter, and keeps nothing in bf16 between steps. b) the master shards and Adam's
+    moments must stay fp32, or small updates are lost to rounding. c) the bf16 copy is made for
+    each gather and freed with it. d) the gradient does come out of backward in bf16, but it is
+    cast to fp32 before the reduce-scatter, and its shard is fp32. The same holds on GPUs.
     """,
     giveaways=(
-        r"1 \+ 1 \+ 2 bytes",
+        r"1 byte per model parameter with the policy",
         r"keeps nothing in\s+bf16",
-        r"from 2 to 1 byte",
+        r"the same fp32",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_8_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on 2 ranks: the bytes per model parameter a rank holds after an Adam step under
-# the policy, their dtypes, and the peak of unsharded bytes during the next step.
+# **Measure it**, on 2 ranks without the policy (`param_dtype=None`; `"bf16"` sets the policy
+# above): the bytes per model parameter a rank holds after an Adam step, their dtypes, and the
+# peak of unsharded bytes per model parameter during the next step.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_8_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-held = fsdp_precision.held_on_ranks(2, param_dtype="bf16")[0]
+held = fsdp_precision.held_on_ranks(2, param_dtype=None)[0]
 print({k: held[k] for k in ("params", "grads", "state", "peak unsharded")}, "bytes per parameter")
 print("dtypes held:", held["dtypes"])
 
@@ -791,21 +805,23 @@ print("dtypes held:", held["dtypes"])
 #
 # *Difficulty 3/3*
 #
-# With `param_dtype=torch.bfloat16` each rank's gradients come out of backward in bf16. On 4 gloo
-# ranks, how far is the averaged gradient `fully_shard` leaves in the shards from the fp64 mean
-# of those same bf16 gradients (relative L2 error), reduced in bf16, and in fp32?
+# With `param_dtype=torch.bfloat16` each rank's gradients come out of backward in bf16, and
+# `reduce_dtype` sets the dtype of their reduce-scatter. Against the fp64 mean of the ranks'
+# very same bf16 gradients, the averaged gradient `fully_shard` leaves in the shards is off
+# (relative L2 error) by about 2e-3 reduced in bf16 on 2 gloo ranks, about 3e-3 on 4, and by
+# less than 1e-9 reduced in fp32. What causes the error of the bf16 reduction?
 #
-# * a) bf16: about 3e-3; fp32: about 1e-9 or less, nearly exact.
-# * b) About 3e-3 either way: the bf16 inputs had already lost it.
-# * c) About 1e-7 either way: a sum of 4 rounds off too little.
-# * d) About 3e-5 in bf16 (its 16 bits); 1e-9 or less in fp32.
+# * a) The bf16 gradients lost their low bits before the reduction began.
+# * b) Dividing each sum by the number of ranks rounds in bf16.
+# * c) Small sums fall below bf16's range and are flushed to 0.
+# * d) Every sum the reduction forms is rounded to 8 significant bits.
 #
 # Set `answer_fsdp_9` to your letter and run the cell below it.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_9_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_fsdp_9 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_fsdp_9 = "a"
+answer_fsdp_9 = "d"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "fsdp_9_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -815,32 +831,37 @@ check_answer(
     "answer_fsdp_9",
     answer_fsdp_9,
     choices="abcd",
-    key="a",
+    key="d",
     explanation="""
-    Measured: 2.6e-3 reducing in bf16 on 4 ranks (1.8e-3 on 2), and 1.6e-10 to 2.2e-10 in fp32.
-    bf16 keeps 8 significant bits (a relative rounding step of 2^-8, 3.9e-3), and every partial
-    sum of the reduction is rounded to it, more of them with more ranks. bf16 values are exact in
-    fp32, and a sum of 4 of them rounds at 2^-24 if at all; the division by 4 is exact. b) is the
-    usual worry, but the reference here is the mean of the same bf16 gradients: what the
-    reduction adds is the question. c) confuses bf16 with fp32's precision, d) bf16's 16 bits of
-    storage with its precision. This is why FSDP's mixed-precision recipes reduce in fp32. NCCL's
-    reductions also add partial sums in the tensor's dtype, so bf16 rounds there too.
+    Measured: 1.8e-3 reduced in bf16 on 2 ranks, 2.6e-3 on 4, and below 1e-9 in fp32 from the
+    same bf16 gradients. bf16 keeps 8 significant bits (a relative rounding step of 2^-8,
+    3.9e-3), and a bf16 reduction rounds each sum it forms to them: on 2 ranks the one sum, on
+    more ranks every partial sum, so the error grows with the ranks. bf16 values are exact in
+    fp32, and a sum of a few of them rounds at 2^-24 if at all. a) is the usual worry, but the
+    reference is the mean of the same bf16 gradients, and reducing them in fp32 leaves less
+    than 1e-9: the inputs lost nothing the reference keeps. b) dividing by a power of 2 is
+    exact in bf16 (measured: no value changed). c) bf16 has fp32's range: the smallest non-zero
+    mean here was above 1e-10, far above bf16's 1.2e-38; the 127 elements that came out 0 on 4
+    ranks are gradients that cancel to within a rounding step. This is why FSDP's
+    mixed-precision recipes reduce in fp32. NCCL's reductions also add partial sums in the
+    tensor's dtype, so bf16 rounds there too.
     """,
     giveaways=(
-        r"2\.6e-3",
-        r"1\.6e-10",
-        r"partial\s+sum of the reduction is rounded",
+        r"2\.6e-3 on 4",
+        r"rounds each sum it forms",
+        r"cancel to within a rounding step",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_9_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on 2 ranks, reducing in bf16: the relative error of the averaged gradient against
-# the fp64 mean of the ranks' own bf16 gradients (each rank recomputes its gradient with a
-# plain bf16 copy of the model).
+# **Measure it**, on 2 ranks, reducing in bf16 and in fp32: the relative error of the averaged
+# gradient against the fp64 mean of the ranks' own bf16 gradients (each rank recomputes its
+# gradient with a plain bf16 copy of the model).
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_9_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-print(f"{fsdp_precision.reduce_on_ranks(2, reduce_dtype='bf16'):.2e}")
+for reduce_dtype in ("bf16", "fp32"):
+    print(reduce_dtype, f"{fsdp_precision.reduce_on_ranks(2, reduce_dtype=reduce_dtype):.2e}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_10_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fsdp_10: small gradients in 16 bits
@@ -853,7 +874,7 @@ print(f"{fsdp_precision.reduce_on_ranks(2, reduce_dtype='bf16'):.2e}")
 #
 # * a) More than in fp16: bf16 keeps 8 significant bits to fp16's 11.
 # * b) About as many as in fp16: both formats store 16 bits a number.
-# * c) None at all: bf16 reaches as far down as fp32, to about 1e-38.
+# * c) 0 of them: bf16 reaches as far down as fp32, to about 1e-38.
 # * d) All of them: bf16 flushes what is below 2^-8 of the loss to 0.
 #
 # Set `answer_fsdp_10` to your letter and run the cell below it.

@@ -76,21 +76,22 @@ print(f"rank {rank} of {world_size} holds {t.item()}")
 #
 # *Difficulty 1/3*
 #
-# In ring all-reduce with N ranks, how many communication steps (reduce-scatter plus
-# all-gather) does the algorithm run, whatever the size of the tensor? In one step every rank
-# sends one chunk (1/N of the tensor) to its neighbour and receives one.
+# A tensor of a few kilobytes (a layer's biases) is summed by ring all-reduce on 64 ranks.
+# Every message pays a fixed latency of 20 us before its first byte, and a few kilobytes
+# take far less than that to send, so the ring's time is its number of steps times 20 us.
+# About how long does the all-reduce take?
 #
-# * a) N steps: one per rank, each rank's own chunk going once round the ring.
-# * b) 2(N-1) steps: N-1 steps to sum the chunks, N-1 more to share the sums.
-# * c) log2(N) steps: the ranks that a partial sum covers double at every step.
-# * d) N-1 steps: each chunk visits the other N-1 ranks once, and then it is done.
+# * a) 0.24 ms: 12 steps, halving the data six times and then doubling it back.
+# * b) 40.3 ms: 2016 steps, one for each pair of ranks that must exchange.
+# * c) 1.26 ms: 63 steps, a chunk moving on until it has met every other rank.
+# * d) 2.52 ms: 126 steps, the chunks going round the ring twice, less a step.
 #
 # Set `answer_ring_1` to your letter and run the cell below it.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ring_1 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_ring_1 = "b"
+answer_ring_1 = "d"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "ring_1_check", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
@@ -100,21 +101,23 @@ check_answer(
     "answer_ring_1",
     answer_ring_1,
     choices="abcd",
-    key="b",
+    key="d",
     explanation="""
-    Ring all-reduce is two phases of N-1 point-to-point steps each. Reduce-scatter: at every
-    step each rank passes one partial chunk to its neighbour, which adds its own copy; after
-    N-1 steps each rank owns one fully reduced chunk. All-gather: N-1 more steps pass those
-    finished chunks round until every rank has all N. That is 2(N-1) steps, whatever the
-    tensor size: gloo's own all-reduce sent 2.0, 4.0, 6.0, 8.0, 10.0 and 14.0 chunks per
-    rank on 2, 3, 4, 5, 6 and 8 ranks, one chunk per step, 2(N-1) in all. d) N-1 steps is
-    only the reduce-scatter: after it each rank holds one finished chunk, not all N. a) N
-    steps would move each chunk once round the whole ring, one step more than summing it
-    needs and N-2 fewer than sharing the sums too. c) log2(N) steps belongs to tree and
-    recursive-doubling all-reduces, which send the whole tensor at every step instead of a
-    1/N chunk.
+    Ring all-reduce is two phases of N-1 steps each. Reduce-scatter: at every step each rank
+    passes one partial chunk to its neighbour, which adds its own copy; after N-1 steps each
+    rank owns one fully reduced chunk. All-gather: N-1 more steps pass those finished chunks
+    round until every rank has all N. On 64 ranks that is 2 x 63 = 126 steps, each paying the
+    20 us latency: 2.52 ms, whatever the tensor's size. The measurements fit 2(N-1) at every
+    world size: the animation runs 6 steps on 4 ranks, and gloo's all-reduce sent 1, 4/3,
+    3/2, 8/5, 5/3 and 7/4 of the tensor on 2, 3, 4, 5, 6 and 8 ranks, that is 2, 4, 6, 8, 10
+    and 14 chunks of 1/N, one chunk per step. c) 63 steps is the reduce-scatter alone: after
+    it each rank holds one finished chunk, not all N. b) One step per pair, N(N-1)/2, also
+    gives 6 on 4 ranks, but 28 on 8 where the wire shows 14 chunks: the ring never pairs
+    ranks up, every step moves a chunk from each rank to its neighbour at once. a) 2 log2 N
+    steps belongs to recursive halving and doubling (Rabenseifner's all-reduce), not to the
+    ring: it gives 4 steps on 4 ranks, where the animation counts 6.
     """,
-    giveaways=(r"2\s*\(\s*N\s*-\s*1\s*\)", r"\b2(\.0)?, 4(\.0)?, 6\b", r"N\s*-\s*1 more steps"),
+    giveaways=(r"2\.52 ms", r"\b126 steps", r"2\s*\(\s*N\s*-\s*1\s*\)", r"2 x 63"),
 )
 ### END HIDDEN TESTS
 
@@ -130,38 +133,36 @@ widgets.ring_widget(world_size=4, formulas=False)  # the closed forms are left o
 # **Measure it on real ranks.** gloo's own `dist.all_reduce` is a ring too (its ring runs the
 # other way round: each rank sends to rank - 1). The cell runs it for several world sizes on
 # a 1 MiB tensor and reads, from the kernel's own TCP counters, how many bytes each rank put
-# on the wire (`course.ring.wire.WireMeter`: nothing in gloo is wrapped). It prints them in
-# units of one chunk, 1/N of the tensor; gloo's headers add a few hundred bytes per message.
-# Since every step sends one chunk, what do the figures count, and which law fits them all?
+# on the wire (`course.ring.wire.WireMeter`: nothing in gloo is wrapped); gloo's headers add
+# a few hundred bytes per message.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.experiments.ring import allreduce_traffic
 
 numel = 2**18  # 1 MiB of float32 on every rank
-print(" N | one chunk | sent by each rank, in chunks")
+print(" N | KiB sent by each rank")
 for n in (2, 3, 4, 5, 6, 8):
-    chunk = numel * 4 / n
     sent = run(allreduce_traffic, n, numel)
-    print(f"{n:2} | {chunk / 1024:5.0f} KiB | " + "  ".join(f"{b / chunk:.2f}" for b in sent))
+    print(f"{n:2} | " + "  ".join(f"{b / 1024:.0f}" for b in sent))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question ring_2: how many bytes does each rank send?
+# ## Question ring_2: how long on the wire?
 #
 # *Difficulty 3/3*
 #
-# You run ring all-reduce to sum gradients across 8 ranks. Each rank's local gradient tensor
-# is 800 MB. Roughly how much data does **each** rank send over the network in total during the
-# ring all-reduce, ignoring protocol overhead?
+# 64 ranks sum a 1 GB gradient with one ring all-reduce. Every rank's network link carries
+# 10 GB/s each way, sending and receiving at once; ignore latency and the time to add. About
+# how long does the all-reduce take?
 #
-# * a) 800 MB: its tensor once, passed on to its one neighbour.
-# * b) 5600 MB: a full copy of its tensor to each of the 7 others.
-# * c) 1400 MB: 14 chunks of 100 MB, two passes round the ring.
-# * d) 700 MB: 7 chunks of 100 MB, a single pass round the ring.
+# * a) 197 ms: all that a rank sends crosses a single link, to one peer.
+# * b) 175 ms: a rank sends the same share of the tensor as on 8 ranks, too.
+# * c) 3.1 ms: what a rank sends is spread over links to its 63 peers.
+# * d) 98 ms: a rank sends each of the other 63 chunks once, no more.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ring_2 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_ring_2 = "c"
+answer_ring_2 = "a"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "ring_2_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -171,38 +172,39 @@ check_answer(
     "answer_ring_2",
     answer_ring_2,
     choices="abcd",
-    key="c",
+    key="a",
     explanation="""
-    Each rank sends one chunk of size S/N per step, for 2(N-1) steps: 2(N-1)/N times S in
-    all. With N = 8 that is 14/8 = 1.75 times the tensor, 1.75 x 800 MB = 1400 MB per rank
-    (the measuring cell: 14.0 MB of an 8 MB tensor, all of it to one neighbour, times 100).
-    d) 700 MB is half of it, the reduce-scatter alone: the all-gather sends as much again.
-    b) Sending a full copy to each of 7 peers would be 5600 MB, four times more, and a) 800
-    MB would need each rank's single message to carry every other rank's data too. The
-    ring's cost per rank barely grows with N: it tends to 2 S, which is why it is called
-    bandwidth-optimal.
+    Each rank sends one chunk of S/N per step, for 2(N-1) steps: 2(N-1)/N of the tensor in
+    all. The measurements fit it at every world size: 1, 4/3, 3/2, 8/5, 5/3 and 7/4 of a 1
+    MiB tensor on 2, 3, 4, 5, 6 and 8 ranks (1025 to 1796 KiB, with gloo's headers), tending
+    to twice the tensor. On 64 ranks that is 126/64 = 1.97 GB per rank, and all of it goes to
+    one neighbour (the cell on 5 ranks: every byte to rank - 1), so it crosses one link at 10
+    GB/s, while as much comes in from the other neighbour at the same time: 197 ms. b) 1.75
+    is the factor on 8 ranks; it still grows with N, towards 2. c) Nothing is spread over
+    other links: a ring rank talks to one neighbour only, and that link sets the time. d)
+    Just under 1 GB, (N-1)/N of the tensor, is the reduce-scatter alone: the all-gather
+    sends as much again. The ring's bandwidth time barely grows with N, which is why it is
+    called bandwidth-optimal; its latency term, 2(N-1) steps, does grow.
     """,
-    giveaways=(r"1,?400\s*MB", r"1\.75", r"\b14 (chunks|messages|sends)", r"2\s*\(\s*N\s*-\s*1\s*\)\s*/\s*N"),
+    giveaways=(r"197 ms", r"1\.97 GB", r"2\s*\(\s*N\s*-\s*1\s*\)\s*/\s*N", r"126\s*/\s*64"),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** 800 MB on each of 8 ranks would not fit this machine, so the cell below
-# scales the tensor down 100 times, to 8 MB of float32 per rank, runs gloo's own all-reduce on
-# 8 real ranks, and reads from the kernel's TCP counters what each rank sent, and to whom.
-# Scale it back up to the question's tensor. (Once your ring works, put
-# `ring_allreduce(tensor)` in place of `dist.all_reduce(tensor)`: it should send the same.)
+# **Measure it.** gloo's own all-reduce on 5 real ranks, each with 4 MB of float32: the bytes
+# each rank sent to each of its peers, read from the kernel's TCP counters. (Once your ring
+# works, put `ring_allreduce(tensor)` in place of `dist.all_reduce(tensor)` and compare.)
 
 # %% nbgrader={"grade": false, "grade_id": "ring_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# %%ranks 8
+# %%ranks 5
 from course.ring.wire import WireMeter
 
-tensor = torch.ones(2_000_000)  # 8 MB of float32 on every rank: 800 MB scaled down 100 times
+tensor = torch.ones(1_000_000)  # 4 MB of float32 on every rank
 dist.all_reduce(tensor)  # once first: gloo sets itself up on the first call
 with WireMeter() as wire:
     dist.all_reduce(tensor)
-peers = ", ".join(f"{n / 1e6:.2f} MB to rank {p}" for p, n in wire.sent.items() if n > tensor.nbytes / 100)
-print(f"sent {wire.total_sent / 1e6:.2f} MB of an {tensor.numel() * 4 / 1e6:.0f} MB tensor: {peers}")
+peers = [p for p in range(world_size) if p != rank]
+print(", ".join(f"{wire.sent.get(p, 0) / 1e6:.2f} MB to rank {p}" for p in peers))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "cost_model", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Why the ring? The alpha-beta cost model
@@ -230,24 +232,25 @@ cost.cost_figure(world_size=8)
 # *Difficulty 2/3*
 #
 # At every ring step each rank sends to its right-hand neighbour and receives from its
-# left-hand one. Suppose every rank does it in the most obvious order, with blocking calls:
+# left-hand one, with blocking calls, and each rank chooses which of the two it calls first:
 #
 # ```python
-# dist.send(out, (rank + 1) % world_size)
+# dist.send(out, (rank + 1) % world_size)  # or the recv first, then the send
 # dist.recv(into, (rank - 1) % world_size)
 # ```
 #
-# On 3 gloo ranks, with a tensor of a **single element**, what happens?
+# On 8 gloo ranks, with a tensor of a single element, how many ranks **at the fewest** must
+# call `recv` first (the others calling `send` first) for the step to finish?
 #
-# * a) It runs: so small a message is buffered, so every `send` returns at once.
-# * b) Every rank blocks in `send`: each waits for a receive no peer has posted.
-# * c) gloo raises at once: a rank may not send to a peer that is itself sending.
-# * d) It runs on 3 ranks: an odd ring cannot pair up, and only 2 ranks would hang.
+# * a) None: so small a message is buffered, and every `send` returns at once.
+# * b) 4: every rank that sends first needs a neighbour that receives first.
+# * c) One: a single rank that receives first is enough for all to finish.
+# * d) All 8: then no rank's send has to wait for a receive to be posted.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ring_3 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_ring_3 = "b"
+answer_ring_3 = "c"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "ring_3_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -257,47 +260,62 @@ check_answer(
     "answer_ring_3",
     answer_ring_3,
     choices="abcd",
-    key="b",
+    key="c",
     explanation="""
     gloo's send is a rendezvous: it completes when the neighbour's matching receive has been
     posted and the data has moved, even for one element (many MPI libraries would buffer a
-    small message "eagerly": a) is true of them, not of gloo). If every rank sends first,
-    every rank waits for a receive that its neighbour will only post after its own send
-    completes: a cycle of waits, a deadlock, whatever the number of ranks (d: parity does not
-    break the cycle, since every rank sends first) and whatever the size. Nothing in gloo
-    looks for it (c): the send simply waits, until the process group's timeout (30 minutes
-    by default) ends it with an error; the measuring cell's 8-second deadline stops it
-    first. The cell shows every rank stuck in dist.send on 2 ranks with one element and on 4
-    ranks with a million, and two orders that work: even ranks send first while odd ranks
-    receive first, or post the send with dist.isend, receive, then wait for the send. Your
-    ring needs one of them at every step.
+    small message "eagerly": a) is true of them, not of gloo; the cell shows every rank stuck
+    in dist.send on 3 ranks with one element). If every rank sends first, each waits for its
+    right-hand neighbour, which waits for its own right-hand neighbour, all the way round: a
+    cycle of waits, a deadlock. d) If every rank receives first, the same cycle runs the
+    other way: each recv waits for a send that its neighbour only makes after its own recv.
+    One rank that receives first breaks the cycle: its left-hand neighbour's send completes,
+    that rank then receives, so the send of the rank before it completes, and so on round
+    the ring, one rank after the other. It finishes on 3, 5 and 8 ranks with rank 0 alone
+    receiving first, and on any N, but its sends complete one after another (N waits in a
+    row), which is why a real ring alternates (half the ranks receiving first, what b)
+    mistakes for a minimum) or posts the send with dist.isend. Nothing in gloo breaks a
+    cycle for you: a blocked send waits until the process group's timeout (30 minutes by
+    default).
     """,
     giveaways=(
-        r"(blocks|waits|stuck) in (dist\.)?send",
-        r"(every|each) rank (calls a blocking )?send(s)? first",
-        r"send is a rendezvous",
-        r"\beager",
-        r"completes (only )?(once|when) the (peer|neighbour)'s matching receive",
+        r"\bone rank that receives first\b",
+        r"breaks the cycle",
+        r"rank 0 alone",
+        r"\bsingle rank that receives first",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.ring.p2p` holds three orders for one ring step as small functions
-# (read them with `course.ring.p2p.send_first??`). The cell runs each on 2 ranks with a
-# one-element tensor and on 4 ranks with a million elements, under an 8-second deadline, and
-# prints how each rank ended (a run that hangs takes its whole deadline). What do the
-# results say about 3 ranks and one element?
+# **Measure it.** `course.ring.p2p` holds orders for one ring step as small functions:
+# `blocking_step(numel, receivers)` has the ranks in `receivers` call `recv` first and every
+# other rank `send` first (`send_first` and `parity_ordered` are two choices of it), and
+# `isend_then_recv` posts its send without waiting; read them with
+# `course.ring.p2p.blocking_step??`. The cell runs a few of them with one element and with a
+# million, under an 8-second deadline, and prints how each rank ended (a run that hangs
+# takes its whole deadline).
 
 # %% nbgrader={"grade": false, "grade_id": "ring_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.ring import p2p
 from course.ranks import launch
+from course.ring import p2p
 
-for order in (p2p.send_first, p2p.parity_ordered, p2p.isend_then_recv):
-    for n, numel in ((2, 1), (4, 1_000_000)):
-        result = launch(order, n, numel, timeout=8)
-        ends = [str(result.failures[r]) if r in result.failures else f"rank {r} {result.results[r]}" for r in range(n)]
-        print(f"{order.__name__}, {n} ranks, {numel} element(s), {result.elapsed:.1f} s:\n  " + "\n  ".join(ends))
+for order, n, numel in (
+    (p2p.send_first, 3, 1),
+    (p2p.send_first, 4, 1_000_000),
+    (p2p.parity_ordered, 4, 1),
+    (p2p.isend_then_recv, 3, 1),
+    (p2p.isend_then_recv, 4, 1_000_000),
+):
+    result = launch(order, n, numel, timeout=8)
+    ends = [
+        str(result.failures[r]) if r in result.failures else f"rank {r} {result.results[r]}"
+        for r in range(n)
+    ]
+    print(
+        f"{order.__name__}, {n} ranks, {numel} element(s), {result.elapsed:.1f} s:\n  "
+        + "\n  ".join(ends)
+    )
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise: your own ring all-reduce
@@ -331,6 +349,7 @@ for order in (p2p.send_first, p2p.parity_ordered, p2p.isend_then_recv):
 # 5. Every rank both sends and receives at each step, so the order of the two calls matters:
 #    use one of the orders that finished in question ring_3's measurement.
 
+
 # %% nbgrader={"grade": false, "grade_id": "ring_allreduce", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def ring_allreduce(tensor: torch.Tensor) -> None:
     """Sum ``tensor`` in place across all ranks, with point-to-point calls only."""
@@ -362,7 +381,7 @@ def ring_allreduce(tensor: torch.Tensor) -> None:
 # First by hand, on 3 ranks: every rank starts with `rank + 1` in each of 7 elements, so every
 # element should end up as 1 + 2 + 3 = 6 on every rank.
 
-# %% nbgrader={"grade": false, "grade_id": "try_it", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_it", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 3 --timeout 20
 from course.checks.teaching import say_if_unimplemented
 
@@ -405,10 +424,10 @@ print(check_ring_pattern(ring_allreduce))
 # ### How fast is yours?
 #
 # Bus bandwidth, as nccl-tests reports it: the bytes each rank's link carries in one
-# all-reduce (the ring's factor from question ring_2 times the size) over the time it took. Yours against gloo's own `dist.all_reduce` on the same ranks. On one
-# machine gloo's ranks still talk over TCP, through the loopback interface, and the CPU cores
-# do the copying and the adding, so expect roughly 0.25 to 1.5 GB/s, not a datacenter's
-# tens of GB/s.
+# all-reduce over the time it took. Yours against gloo's own `dist.all_reduce` on the same
+# ranks. On one machine gloo's ranks still talk over TCP, through the loopback interface, and
+# the CPU cores do the copying and the adding, so expect roughly 0.25 to 1.5 GB/s, not a
+# datacenter's tens of GB/s.
 
 # %% nbgrader={"grade": false, "grade_id": "benchmark", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.ring.bandwidth import compare_busbw
@@ -419,8 +438,8 @@ rows = compare_busbw(ring_allreduce, world_size=2, megabytes=(1, 16))
 # ## What you measured
 #
 # * **Steps and bytes**: gloo's own all-reduce on 2 to 8 ranks, read from the kernel's TCP
-#   counters; look at how the chunks each rank sends grow with N, and at who receives them.
-# * **Blocking order**: three ways to do one ring step, on 2 and 4 ranks; look at which ones
+#   counters; look at how the bytes each rank sends grow with N, and at who receives them.
+# * **Blocking order**: ways to do one ring step, on 3 and 4 ranks; look at which ones
 #   finished and where the others were stuck.
 # * **Your ring**: its sums, its pattern (neighbours, steps, bytes), your run animated, and its
 #   bus bandwidth against gloo's all-reduce. The explanations of the questions come with your

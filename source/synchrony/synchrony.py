@@ -73,19 +73,20 @@ pictures.alpha_beta_figure(times, alpha, beta)
 # *Difficulty 2/3*
 #
 # A message of n bytes moves at n / t(n) = n / (alpha + n beta), which climbs towards the peak
-# 1/beta as n grows. At what size does a message reach **half** of that peak?
+# 1/beta as n grows. On an InfiniBand network with alpha = 2 us and 1/beta = 25 GB/s, at what
+# size does the model say a message reaches **half** of that peak?
 #
-# * a) At n = alpha / beta: there the fixed cost and the bytes take equal time.
-# * b) At n = 2 alpha / beta: there the bytes take twice the fixed cost's time.
-# * c) At about 1 KB: below that size every message costs alpha, whatever it holds.
-# * d) At half the largest size measured, where the fitted line turns flat.
+# * a) About 1 KB: below it a message costs alpha, whatever it holds.
+# * b) About 100 KB: there its bytes take twice as long as its fixed cost.
+# * c) About 25 KB: there its bytes take half as long as its fixed cost.
+# * d) About 50 KB: there its bytes take just as long as its fixed cost.
 #
 # Set `answer_synchrony_1` to your letter and run the cell below it.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_synchrony_1 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_synchrony_1 = "a"
+answer_synchrony_1 = "d"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "synchrony_1_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -95,61 +96,58 @@ check_answer(
     "answer_synchrony_1",
     answer_synchrony_1,
     choices="abcd",
-    key="a",
+    key="d",
     explanation="""
     Half the peak means n / (alpha + n beta) = 1 / (2 beta), that is alpha + n beta = 2 n beta, so
     n = alpha / beta: the size whose bytes take as long as the fixed cost (n one-half, in the
-    parallel-computing literature). b) n = 2 alpha / beta is where the bytes take 2/3 of the
-    time: two thirds of the peak. c) a message's share of the peak is n / (n + alpha / beta),
-    a half at 1 KB only if alpha / beta were 1 KB, and over loopback TCP it is far larger (the
-    cell prints it). d) half of the largest size, far above alpha / beta, comes close to the
-    whole peak in the model, not to half of it. What the cell prints are measurements against
-    a fit, and both move with the machine and its load: the share at alpha / beta can land away
-    from 0.5, and a size can even print above 1, for 1/beta is the fitted line's slope, not a
-    ceiling. Below alpha / beta a message is latency-bound, above it bandwidth-bound: gradients
-    of megabytes are the second kind, a 256 B control message the first. Real networks have a
-    much smaller alpha (a few us on InfiniBand) and a larger 1/beta (tens of GB/s), which puts
-    their half-bandwidth size at tens of KB or more.
+    parallel-computing literature). Here alpha / beta = 2 us x 25 GB/s = 50 KB. b) at 2 alpha /
+    beta = 100 KB the bytes take 2/3 of the time: two thirds of the peak. c) at 25 KB a third.
+    a) a message's share of the peak is n / (n + alpha / beta), 2% at 1 KB on this network:
+    1 KB is deep in the latency-bound range, not its edge. The cell shows the same law on
+    loopback TCP: the sizes whose bandwidth is near half of 1/beta sit near alpha / beta of
+    this machine's fit (the times move with the machine's load, and a size can even land above
+    1/beta, which is the fitted line's slope, not a ceiling). Below alpha / beta a message is
+    latency-bound, above it bandwidth-bound: a gradient bucket of megabytes is the second kind
+    on both, a 256 B control message the first.
     """,
     giveaways=(
         r"n\s*1/2",
         r"n one-half",
-        r"alpha \+ n beta = 2 n beta",
+        r"2 us x 25 GB/s = 50 KB",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The bandwidth each message size reached in the cell above, as a share of the
-# fitted peak 1/beta. Where does it cross one half, and how does that size compare with
-# alpha / beta?
+# **Measure it.** The one-way time and the bandwidth (size over time) of each message size in
+# the cell above, beside the fitted alpha and 1/beta.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-print(f"alpha / beta = {alpha / beta / 1024:.0f} KB")
+print(f"alpha = {alpha * 1e6:.0f} us, 1/beta = {1 / beta / 1e9:.2f} GB/s")
 for size, seconds in times.items():
-    print(f"{size / 1024:8.0f} KB  {seconds * 1e6:8.1f} us  {size / seconds * beta:5.2f} of 1/beta")
+    print(f"{size / 1024:8.0f} KB  {seconds * 1e6:9.1f} us  {size / seconds / 1e9:6.3f} GB/s")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question synchrony_2: a tiny all-reduce
+# ## Question synchrony_2: from 8 ranks to 64
 #
 # *Difficulty 3/3*
 #
-# A ring all-reduce on N ranks is 2(N-1) steps one after another, so the alpha-beta model puts
-# a tiny one (256 bytes: the bytes cost nothing) at about 2(N-1) alpha, with alpha the fixed
-# cost of one message you fitted above. On 4 gloo ranks on this machine, measured, a 256 B
-# `dist.all_reduce` takes:
+# A job all-reduces its gradients with a ring, on a cluster whose links keep their alpha and
+# beta however many ranks it uses (every rank has its own link and its own cores). It grows
+# from 8 ranks to 64. By how much does the time of one all-reduce grow, for a tensor of
+# 256 bytes and for one of 1 GB?
 #
-# * a) About 1 alpha: the tensor is so small that one message carries it all.
-# * b) About 2 alpha: a tiny all-reduce is done in log2 N exchanges, not a ring.
-# * c) About 6 alpha: one message time for each of the 2(N-1) steps of the ring.
-# * d) More than 15 alpha: each call costs far more than its messages' alpha.
+# * a) Both about 9 times: each rank makes 9 times as many sends.
+# * b) 256 B about 1.1 times, 1 GB about 9 times: the bytes rule both.
+# * c) 256 B about 9 times, 1 GB about 1.1 times: alpha, then the bytes.
+# * d) Both about 1.1 times: each rank's bytes, 2(N-1)/N S, barely grow.
 #
 # Set `answer_synchrony_2` to your letter and run the cell below it.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_synchrony_2 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_synchrony_2 = "d"
+answer_synchrony_2 = "c"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "synchrony_2_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -159,38 +157,42 @@ check_answer(
     "answer_synchrony_2",
     answer_synchrony_2,
     choices="abcd",
-    key="d",
+    key="c",
     explanation="""
-    Measured, a 256 B call takes more than 15 alpha on 4 ranks, and more than the model's 2 on 2
-    ranks (how many more varies with the machine and its load): the model of messages leaves
-    out what a call costs on its own. Every collective call on gloo queues work for gloo's
-    threads, sets up its algorithm and its buffers, and where ranks outnumber cores (4 ranks on
-    2 cores, say) its steps also wait for each other's turn on the CPU: each call pays a fixed
-    cost of many alphas before any byte matters. So c) is the model's answer, and the
-    measurement is several times over it; a) and b) are below even the model: one message
-    cannot carry a sum over 4 ranks, and the log2 N = 2 exchanges of a tree would be 2 alpha.
-    This per-call cost is what DDP's buckets amortize (the buckets assignment), and what makes
-    small all-reduces latency-bound even where the network is fast. On GPUs with NCCL the fixed
-    cost of a call is a few microseconds to tens of them, and NCCL picks a tree or a
-    low-latency protocol for small messages; the lesson carries: measure the cost of a call,
-    not of a message.
+    A ring all-reduce on N ranks is 2(N-1) sends one after another, each of S/N bytes, so
+    t = 2(N-1) alpha + 2(N-1)/N S beta. Recorded on real ranks (a ring of point-to-point calls):
+    2, 6 and 14 sends per rank on 2, 4 and 8 ranks, and 1, 1.5 and 1.75 S sent per rank. From 8
+    ranks to 64 the steps go from 14 to 126, 9 times as many, and the bytes per rank from 1.75 S
+    to 1.97 S, 1.125 times as many. A 256 B tensor is all alpha (on a cluster's link its bytes
+    take nanoseconds, alpha microseconds), so its all-reduce grows 9-fold; a 1 GB one is all
+    bytes (126 alpha stays far below the time its 1.97 GB take), so it grows 1.125-fold. a)
+    counts the steps for both: right for the small tensor only. b) swaps the two regimes. d)
+    counts the bytes for both: right for the large tensor only. This is why large jobs pack
+    small gradients into buckets and switch to trees for small messages: the latency term of a
+    ring grows with N, its bandwidth term does not. (On this machine the ranks also share its
+    cores, so the measured times grow faster still; the model is the cluster's.)
     """,
     giveaways=(
-        r"more than the model's 2",
-        r"fixed\s+cost of many alphas",
-        r"per-call cost",
+        r"14 to 126",
+        r"grows 9-fold",
+        r"256 B about 9 times",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on 2 ranks, where a ring all-reduce is 2(N-1) = 2 steps: gloo's all-reduce of
-# 64 float32 (256 bytes), the fastest of 21 calls, in units of the alpha fitted above. Try
-# `world_size=3` and 4 too.
+# **Measure it**, on 2, 3 and 4 ranks: how long gloo's all-reduce of 64 float32 (256 B)
+# takes, in units of the alpha fitted above (the fastest of 21 calls), and how many bytes
+# each rank puts on the wire for one of 4 MB, in units of the tensor. Here the ranks share
+# this machine's cores as well as its loopback "links".
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-tiny = latency.allreduce_times([64], repeats=21, world_size=2)[64]
-print(f"256 B all-reduce on 2 ranks: {tiny * 1e6:.0f} us = {tiny / alpha:.1f} alpha")
+from course.experiments.ring import collective_traffic
+
+for n in (2, 3, 4):
+    tiny = latency.allreduce_times([64], repeats=21, world_size=n)[64]
+    sent = max(r["sent"] for r in run(collective_traffic, n, "all_reduce", 2**20))
+    print(f"N = {n}: 256 B in {tiny / alpha:5.1f} alpha; 4 MB: {sent / 2**22:.3f} x 4 MB sent")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 2. Fewer, bigger steps: recursive doubling
@@ -219,14 +221,14 @@ print(f"256 B all-reduce on 2 ranks: {tiny * 1e6:.0f} us = {tiny / alpha:.1f} al
 #
 # *Difficulty 3/3*
 #
-# On N = 4 ranks recursive doubling takes log2 4 = 2 steps, each sending the whole tensor of S
-# bytes; the ring takes 2(N-1) = 6 steps of S/4. With t = alpha + n beta per message, up to what
-# size S does the alpha-beta model say recursive doubling is the faster of the two?
+# On N ranks recursive doubling takes log2 N steps, each sending the whole tensor of S bytes;
+# the ring takes 2(N-1) steps of S/N. With t = alpha + n beta per message, up to what size S
+# does the alpha-beta model say recursive doubling is the faster of the two on **64** ranks?
 #
-# * a) Up to S = alpha / beta, where one message turns bandwidth-bound.
-# * b) Up to S = 8 alpha / beta; above it the ring's fewer bytes win.
-# * c) Up to S = 2 alpha / beta; the 4 fewer steps save 4 alpha at most.
-# * d) At every S: with 2 steps against 6 it is faster whatever S is.
+# * a) About 8 alpha / beta, as on 4 ranks: both costs grow alike with N.
+# * b) About 30 alpha / beta: 120 fewer alphas against about 4 S beta more.
+# * c) About 20 alpha / beta: 120 fewer alphas against the tree's 6 S beta.
+# * d) At every size: 6 steps against 126 win, whatever the bytes are.
 #
 # Set `answer_synchrony_3` to your letter and run the cell below it.
 
@@ -245,25 +247,21 @@ check_answer(
     choices="abcd",
     key="b",
     explanation="""
-    The tree costs 2 (alpha + S beta) = 2 alpha + 2 S beta; the ring 6 (alpha + S beta / 4) = 6 alpha
-    + 1.5 S beta. They are equal where 4 alpha = 0.5 S beta, at S = 8 alpha / beta: 1 to 3 MB with
-    the alpha and beta fitted here (the crossover figure after exercise 1 marks it). In general
-    S* = alpha (2(N-1) - log2 N) / (beta (log2 N - 2(N-1)/N)), 8.8 alpha / beta on 8 ranks.
-    Measured with the model tree and ring (both Python point-to-point code) on 4 ranks, the tree
-    was 1.9 to 6 times faster over 1 to 64 KB (the median; one small size alone varies, a
-    call's fixed cost dominating there) and the ring 1.1 to 2.6 times faster at 16 and 32 MB;
-    the crossover fell between 1 and 32 MB, most often at 4 MB, at or above the model's,
-    because each of the ring's 6 dependent steps costs more than alpha here (question
-    synchrony_2). a) alpha /
-    beta is where one message reaches half its bandwidth, not where the two algorithms tie. c)
-    saving 4 alpha is right, but the tree also sends 0.5 S more per rank, and the two balance at
-    8 alpha / beta, not 2. d) the tree sends 2 S per rank against the ring's 1.5 S, so large
-    tensors favour the ring. This is why MPI and NCCL switch algorithms by message size.
+    Recorded on real ranks, recursive doubling made 1, 2 and 3 sends of the whole tensor per rank
+    on 2, 4 and 8 ranks (log2 N), the ring 2, 6 and 14 sends of S/N, 2(N-1)/N S in all. On 64
+    ranks the tree costs 6 alpha + 6 S beta and the ring 126 alpha + 1.97 S beta. They are equal
+    where 120 alpha = 4.03 S beta, at S = 29.8 alpha / beta: below it the 120 alphas the tree
+    saves outweigh the 4 S it sends on top. a) 8 alpha / beta is the tie on 4 ranks (8.8 on 8);
+    it does not stay put, because the ring's steps grow with N while the tree's bytes grow only
+    with log2 N. c) sets the saving against all of the tree's 6 S and forgets that the ring
+    sends its 1.97 S too. d) leaves out the bytes: at 1 GB the tree's 6 S take about 3 times the
+    ring's 1.97 S. The crossover figure after exercise 1 draws the model at 4 ranks; MPI and
+    NCCL switch algorithms by message size and by the number of ranks for this reason.
     """,
     giveaways=(
-        r"8 alpha / beta",
-        r"4 alpha = 0\.5 S beta",
-        r"S\s*=\s*8\s*alpha",
+        r"29\.8 alpha",
+        r"120 alpha = 4\.03 S beta",
+        r"About 30 alpha",
     ),
 )
 ### END HIDDEN TESTS
@@ -321,7 +319,7 @@ def tree_allreduce(tensor: torch.Tensor) -> None:
 # On 3 ranks (not a power of two: rank 2 folds into rank 0), every rank starts with
 # `rank + 1` in each of 5 elements: every element should end as 1 + 2 + 3 = 6 on every rank.
 
-# %% nbgrader={"grade": false, "grade_id": "try_tree", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_tree", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 3 --timeout 20
 from course.checks.teaching import say_if_unimplemented
 
@@ -416,15 +414,16 @@ else:
 #
 # *Difficulty 2/3*
 #
-# Eight ranks on two nodes: ranks 0 to 3 on one, 4 to 7 on the other. Each rank all-reduces S
-# bytes. How many bytes does the **busiest link between the two nodes** carry, in one direction,
-# with gloo's flat ring over all 8 ranks, and with the two-level all-reduce (reduce-scatter in
-# the node, all-reduce of the shard across, all-gather in the node)?
+# 64 ranks on 8 nodes of 8 (ranks 0 to 7 on the first, 8 to 15 on the next, ...) all-reduce S
+# bytes each. gloo's flat ring over all 64 sends 2(N-1)/N S = 1.97 S over its busiest link
+# between two nodes. With the two-level all-reduce instead (reduce-scatter in the node,
+# all-reduce of the shard across, all-gather in the node), how many bytes does the busiest
+# link between two nodes carry, one way?
 #
-# * a) Flat 1.75 S, on one link; two-level 0.25 S, on each of four links.
-# * b) Flat 0.25 S, on each of four links; two-level 1.75 S, on one link.
-# * c) 1.75 S either way: the full sum must cross between the nodes once.
-# * d) Flat 7 S: each of 4 ranks sends its 1.75 S across; two-level 1 S.
+# * a) About 0.22 S: an all-reduce of S/8 among the 8 nodes.
+# * b) About 1.75 S: an all-reduce of all S among the 8 nodes.
+# * c) About 0.125 S: each rank's shard of S/8 crosses once.
+# * d) About 0.03 S: a shard of S/64 crosses, one per rank.
 #
 # Set `answer_synchrony_4` to your letter and run the cell below it.
 
@@ -443,38 +442,32 @@ check_answer(
     choices="abcd",
     key="a",
     explanation="""
-    The flat ring is one cycle through all 8 ranks, and only two of its links cross between the
-    nodes, one each way (gloo's ring sends its data to rank - 1: rank 4 to rank 3 and rank 0 to
-    rank 7); each carries what any ring link carries, 2(N-1)/N S = 1.75 S. Measured with S = 1
-    MiB: 1.7526 S on each of those two links (gloo's own bookkeeping adds 0.3%); besides, every
-    rank sends 1344 bytes to rank + 1, which crosses only from rank 3 to 4 and from 7 to 0, and
-    ranks 1, 2, 5 and 6 send nothing to the other node. The two-level scheme sends between
-    nodes only the all-reduce of each shard of S/4, among 2 ranks (one per node): 2(2-1)/2 x
-    S/4 = 0.25 S from every rank, on four links at once (measured 0.2505 S). b) swaps the two.
-    c) the ring does not send the sum across once: its link between the nodes carries every
-    step's chunk, 14 of them. d) counts every rank's traffic as crossing, but 6 of the flat
-    ring's 8 links stay inside a node. With links between nodes 10 times slower than inside,
-    the busiest link decides: fed with the bytes measured, each phase run alone and the three
-    in turn, the flat ring takes 1.75 / (0.1 x 1.5 + 0.25 + 0.1 x 0.75) = 3.7 times as long as
-    the two-level scheme (gloo's reduce-scatter sends an all-reduce's 1.5 S, question zero_1,
-    its all-gather 0.75 S), and 1.75 / 0.4 = 4.4 times with a ring's reduce-scatter of 0.75 S,
-    as NCCL's (4.3 in course.ring.hierarchy's model, which adds 10 us to every step). A real
-    cluster's nodes have a network card per accelerator or two, so the four links exist; NCCL
-    builds its rings node by node for this reason.
+    After the reduce-scatter in the node every rank holds the node's sum of one shard, S/8 on
+    nodes of 8. Only the all-reduce of that shard crosses between nodes, among the 8 ranks with
+    the same local rank, one per node: a ring over M = 8 sends 2(M-1)/M of what it reduces, so
+    2 x 7/8 x S/8 = 0.22 S from every rank, each on its own link to the next node, all at once;
+    9 times less than the flat ring's 1.97 S. Measured on the kernel's TCP counters with the model two-level
+    all-reduce: 0.25 S from every rank on 2 nodes of 4 (2 x 1/2 x S/4), 0.75 S on 4 nodes of 2
+    (2 x 3/4 x S/2) and 0.5 S on 2 nodes of 2, where the flat ring sent 1.75 S, 1.75 S and 1.5 S
+    over each of its links between two nodes. b) all-reduces the whole tensor across the nodes, skipping the
+    reduce-scatter. c) a ring all-reduce sends its shard twice over, less a share: once in its
+    reduce-scatter, once in its all-gather. d) the nodes do not cut the shard further: the 8
+    ranks of a node split the tensor 8 ways, not 64. With links between nodes 10 times slower
+    than inside, the busiest link decides, which is why NCCL builds its rings node by node.
     """,
     giveaways=(
-        r"1\.7526",
-        r"0\.2505",
-        r"only two of its links cross",
+        r"2 x 7/8 x S/8",
+        r"9 times less",
+        r"0\.22 S: an all-reduce of S/8",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**, on 4 ranks seen as 2 nodes of 2 (ranks 0 and 1, ranks 2 and 3): the bytes each
-# rank's TCP sockets sent to the other node during gloo's flat all-reduce of 1 MiB
-# (`course.ring.wire.WireMeter`, as in the ring assignment), in units of the tensor's size.
-# How many links cross, and what does each carry?
+# rank's TCP sockets sent to the other node (`course.ring.wire.WireMeter`, as in the ring
+# assignment), in units of the tensor's size, for gloo's flat all-reduce of 1 MiB, and for an
+# all-reduce of the tensor's first half alone among ranks 0 and 2, and among 1 and 3.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.experiments import hierarchy
@@ -484,9 +477,19 @@ def flat(tensor):
     dist.all_reduce(tensor)
 
 
-sent = run(hierarchy.peer_traffic, 4, flat, 2**18)  # 2**18 float32 = 1 MiB on every rank
-across = hierarchy.crossing_bytes(sent, ranks_per_node=2)
-print("sent to the other node, per rank, in tensors:", [round(b / 2**20, 4) for b in across])
+def half_across(numel):
+    pairs = [dist.new_group([0, 2]), dist.new_group([1, 3])]  # every rank makes both groups
+    pair = pairs[dist.get_rank() % 2]
+    return hierarchy.peer_traffic(lambda t: dist.all_reduce(t[: numel // 2], group=pair), numel)
+
+
+measured = {
+    "flat ring": run(hierarchy.peer_traffic, 4, flat, 2**18),  # 2**18 float32 = 1 MiB
+    "half, across": run(half_across, 4, 2**18),
+}
+for name, sent in measured.items():
+    across = hierarchy.crossing_bytes(sent, ranks_per_node=2)
+    print(f"{name:13} sent to the other node, per rank:", [round(b / 2**20, 4) for b in across])
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 2: a two-level all-reduce on subgroups
@@ -555,7 +558,7 @@ def _node_groups(world_size, ranks_per_node):
 # Four ranks as two nodes of two; every rank holds `rank + 1` in each of 5 elements (5 is odd,
 # so the tensor needs padding): every element should end as 1 + 2 + 3 + 4 = 10.
 
-# %% nbgrader={"grade": false, "grade_id": "try_hierarchical", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_hierarchical", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 4 --timeout 20
 from course.checks.teaching import say_if_unimplemented
 
@@ -589,25 +592,26 @@ print(check_hierarchical_pattern(hierarchical_allreduce))
 # garbage-collection pause, a bad link, a longer sequence in its batch.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_5_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question synchrony_5: one slow rank
+# ## Question synchrony_5: rare pauses on many ranks
 #
 # *Difficulty 1/3*
 #
-# Four ranks train with DDP. Rank 3's forward and backward take twice as long as the other
-# ranks' (a slower chip, say); everything else is the same. What happens to each rank's time
-# per step?
+# 64 ranks train with DDP, each step taking the same compute on every rank, except that at
+# every step each rank, independently, has a 1-in-64 chance of a pause that makes its
+# forward and backward twice as long (a garbage collection, say). On average, how long does
+# a step take, against a step in which no rank pauses?
 #
-# * a) Only rank 3's step is slower: the others go on at their own pace.
-# * b) Every step takes the ranks' average time: DDP evens the work out.
-# * c) DDP drops rank 3's gradient when it is late and steps without it.
-# * d) Every rank's step takes as long as rank 3's: the rest wait for it.
+# * a) About 1.02 times: one rank in 64 pauses, and the others do not.
+# * b) About 1.6 times: most steps have some rank that pauses.
+# * c) About 2 times: with 64 ranks, every step has a pause.
+# * d) About 1.5 times: half the steps pause, half run clean.
 #
 # Set `answer_synchrony_5` to your letter and run the cell below it.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_5_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_synchrony_5 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_synchrony_5 = "d"
+answer_synchrony_5 = "b"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "synchrony_5_check", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
@@ -617,33 +621,31 @@ check_answer(
     "answer_synchrony_5",
     answer_synchrony_5,
     choices="abcd",
-    key="d",
+    key="b",
     explanation="""
-    A synchronous step cannot end before the all-reduce of every rank's gradients, so the fast
-    ranks finish their backward, enter the all-reduce and wait there for rank 3. Measured on 4
-    ranks with compute emulated by a sleep (so that the 2 shared cores do not blur it): 35 to 44
-    ms per step with equal ranks; with rank 3 at twice the compute, every rank's step took 64 to
-    70 ms, and the fast ranks spent 32 to 38 ms of it waiting in the all-reduce, rank 3 only 3
-    to 8 ms. a) would need the fast ranks to step without rank 3's gradient, which DDP never
-    does. b) DDP moves no work between ranks. c) DDP has no deadline of its own: it waits until
-    the process group's timeout fails the collective, 30 minutes by default on gloo
-    (torch.distributed.default_pg_timeout) and 10 on NCCL. The slowest rank sets the
-    pace: one straggler in a thousand ranks slows all thousand, which is what backup workers
-    (the next question) and elastic, asynchronous methods try to avoid.
+    A synchronous step ends for everyone when its slowest rank's gradient is in the all-reduce,
+    so a step is twice as long as soon as any one rank pauses. Measured on 4 ranks with rank 3
+    at twice the compute (emulated by a sleep): every rank's step took rank 3's time, within
+    15%, the fast ranks waiting in the all-reduce for the difference. No rank pauses in a step
+    with probability (63/64)^64 = 0.365, about 1/e, so the mean step is 0.365 x 1 + 0.635 x 2
+    = 1.635 times a clean one. a) is the mean over the ranks, which would hold if each rank went at
+    its own pace. c) a chance of 1 in 64 on each of 64 ranks leaves 36.5% of the steps without a
+    pause. d) guesses the share of paused steps instead of computing it. Rare slowdowns become
+    common ones at scale: the more ranks, the more steps wait for someone, which is what backup
+    workers (the next question) and asynchronous methods try to avoid.
     """,
     giveaways=(
-        r"64 to\s+70 ms",
-        r"wait there for rank 3",
-        r"slowest rank sets the\s+pace",
+        r"\(63/64\)\^64",
+        r"1\.635 times",
+        r"most steps have some rank",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_5_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, with rank 3 at 1.5 times the others' compute (the question asks about 2): six
-# DDP steps on 4 ranks, a small model whose forward sleeps for the compute, so that the 2 shared
-# cores do not blur the timing (`course.experiments.stragglers`). The figure is each rank's
-# timeline: compute, then waiting in the all-reduce.
+# **Measure it**, with rank 3 at 1.5 times the others' compute: six DDP steps on 4 ranks, a small
+# model whose forward sleeps for the compute, so that the shared cores do not blur the timing
+# (`course.experiments.stragglers`). The figure is each rank's timeline.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.experiments import stragglers
@@ -659,20 +661,21 @@ pictures.timeline_figure(spans)
 # *Difficulty 2/3*
 #
 # With **backup workers** (Chen et al., 2016) a step on N ranks uses the first N - b gradients to
-# arrive and drops the other b. Four ranks, b = 1, and rank 3 computes twice as long as the
-# others, as in the last question. What does a step then cost, and what does it average?
+# arrive and drops the other b. Four ranks, b = 1, and now **two** ranks, 2 and 3, compute
+# twice as long as ranks 0 and 1. Against the same job without backups, what does the one
+# backup worker do to the time of a step?
 #
-# * a) The time of the third gradient to arrive; the mean of those 3 gradients.
-# * b) Rank 3's time, as before; the mean of the 3 gradients that came first.
-# * c) The time of the third gradient to arrive; the mean of 4, rank 3 as zero.
-# * d) The time of the first gradient to arrive; the mean of those that are in.
+# * a) It halves it: the slowest gradient is dropped, whichever rank sent it.
+# * b) It cuts it to 3/4: the step waits for 3 of the 4 gradients, not 4.
+# * c) It cuts it to the fast ranks' time: both slow gradients are dropped.
+# * d) As long as before: the third gradient in is a slow one, and it waits.
 #
 # Set `answer_synchrony_6` to your letter and run the cell below it.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_6_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_synchrony_6 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_synchrony_6 = "a"
+answer_synchrony_6 = "d"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "synchrony_6_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -682,31 +685,30 @@ check_answer(
     "answer_synchrony_6",
     answer_synchrony_6,
     choices="abcd",
-    key="a",
+    key="d",
     explanation="""
-    The step waits for N - b = 3 arrivals, so it ends when the third one is in, and it averages
-    what it kept: the sum of 3 gradients over 3 (dividing by 4 would shrink the step by a
-    quarter, c). From the arrivals measured in the straggler cell (rank 3's gradient ready about
-    twice as late as the others'), one backup put the step at the third arrival, 32 to 33 ms
-    against the 64 to 70 ms of waiting for all four, and dropped rank 3 at every step; the model
-    backup step of exercise 3, run with a straggler half a second late, let every other rank
-    finish its step in under a quarter of a second, every rank with the mean of the three. b) is the cost without backups: the point of
-    dropping the last gradient is not to wait for it. d) waits for one gradient only, b = 3: the
-    batch shrinks to a quarter. The price of backups: each step's batch is (N - b)/N of the full
-    one, and the dropped rank's compute is wasted, so b is kept small (Chen et al. used about 5%
-    of the workers).
+    With b = 1 the step needs 3 gradients, and only 2 come early: the third to arrive is one of
+    the two slow ranks', so the step waits for it, as it waited for the slower of the two
+    without backups. A backup saves time only when the stragglers are at most b. Measured with
+    the model backup step of exercise 3, ranks 2 and 3 starting half a second late: with one
+    backup ranks 0 and 1 ended their steps about half a second in, as with none; with two
+    backups in under 0.25 s. a) the slowest is dropped, but the step still waits for the third
+    arrival, the other slow rank. b) the time of a step is not proportional to the gradients it waits
+    for: it is the arrival time of the last one kept. c) dropping both slow ranks needs b = 2,
+    and halves the batch. Chen et al. keep b at about 5% of the workers: enough for the few
+    stragglers of a step, a small share of each batch lost.
     """,
     giveaways=(
-        r"32 to\s+33 ms",
-        r"ends when the third one is in",
-        r"sum of 3 gradients over 3",
+        r"third to arrive is one of\s+the two slow",
+        r"at most b",
+        r"with one\s+backup ranks 0 and 1 ended",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_6_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** When each rank's gradient was ready, step by step, in the run above (ms from
-# the step's start). With one backup, which gradient would each step wait for, and with two?
+# the step's start).
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for step, ready in enumerate(stragglers.arrivals(spans)):
@@ -780,7 +782,7 @@ _SENDING = []  # every send's request, kept until the run ends
 # ranks 0 to 2 should finish long before rank 3 starts. The barrier at the end keeps every
 # rank alive until the straggler has its result (the checks do the same after each step).
 
-# %% nbgrader={"grade": false, "grade_id": "try_backups", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_backups", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 4 --timeout 20
 import time
 
@@ -805,22 +807,26 @@ print(check_step_with_backups(step_with_backups))
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_5_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 5. What N ranks do to the batch
 #
-# With a fixed batch of B samples per rank, N ranks average N B samples' gradients: the
-# global batch grows N-fold. One epoch is then N times fewer optimizer steps.
+# Under DDP each rank takes its own batch from its own shard of the data, and the ranks
+# average their gradients before every optimizer step: N ranks with B samples each take a
+# step on N B samples. A job that moves to more ranks chooses what to keep, the batch per
+# rank or the batch of the step, and with it the learning rate.
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_7_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question synchrony_7: more ranks, same learning rate
+# ## Question synchrony_7: the same global batch on more ranks
 #
 # *Difficulty 2/3*
 #
-# A job trains for 4 epochs on 1 rank with a batch of 16 and learning rate 0.2. It moves to 4
-# ranks, each still taking a batch of 16 (DDP averages their gradients), for the same 4 epochs
-# and the same learning rate. Compared with 1 rank, its loss after 4 epochs is:
+# A job trains for 4 epochs on 1 rank with a batch of 16 and learning rate 0.2 (the model,
+# data and seed of `course.experiments.batch_size`). It moves to 4 ranks and keeps the batch
+# of each step at 16: a batch of 4 on every rank, rank r taking samples r, r + 4, r + 8, ...
+# (DDP averages their gradients), the same 4 epochs, the same learning rate. Compared with 1
+# rank, its loss after 4 epochs is:
 #
-# * a) The same: each sample is seen as often as before; keep the rate.
-# * b) Lower: the 4 times larger batch is less noisy; keep the rate.
-# * c) Higher: 4 times fewer steps of the same size; scale the rate by 4.
-# * d) Diverged: the mean over 4 ranks makes steps 4 times longer; divide it.
+# * a) Higher: each step averages 4 small batches, a noisier gradient.
+# * b) Lower: the 4 ranks take 4 times as many steps in the 4 epochs.
+# * c) The same, to rounding: each step is 1 rank's step on 16 samples.
+# * d) Higher: DDP's mean over 4 ranks makes every step 4 times shorter.
 #
 # Set `answer_synchrony_7` to your letter and run the cell below it.
 
@@ -839,30 +845,33 @@ check_answer(
     choices="abcd",
     key="c",
     explanation="""
-    The global batch is 4 x 16 = 64, so an epoch is 4 times fewer optimizer steps, and each step,
-    an average, is no longer than one rank's: the same distance per step, a quarter of the steps.
-    Measured (a 2-layer MLP on fixed synthetic data, final loss after 4 epochs, same learning
-    rate): 0.027 on 1 rank, 0.046 on 2, 0.085 on 4, 0.142 on 8. The linear scaling rule (Goyal et
-    al., 2017: multiply the learning rate by N) took every N back to 1 rank's loss or below:
-    0.027, 0.025, 0.025, 0.016. a) seeing each sample as often is not the same as taking as many
-    steps. b) a less noisy gradient helps per step, but does not make up for 4 times fewer
-    steps here. d) averaging does not lengthen the step: DDP divides the sum by N. The rule has a
-    limit: at 8 ranks from a learning rate of 0.5 (4.0 after scaling) training diverged, and the
-    next question looks at warmup.
+    At step k rank r takes samples 16k + r, 16k + r + 4, 16k + r + 8 and 16k + r + 12, so the 4
+    ranks together take samples 16k to 16k + 15: the very batch 1 rank takes at step k. Each rank's loss is the
+    mean over its 4 samples and DDP averages the 4 ranks' gradients, so the step's gradient is
+    the mean over the 16 samples, the gradient 1 rank computes, and the step count is the same
+    (256 samples per rank in batches of 4: 64 steps, as 1024 in batches of 16). Measured: the
+    two loss curves agree to 5 decimals, 0.83371, 0.0985, 0.06031, 0.0376, 0.02663; only the
+    order of the additions differs. a) the average of 4 means of 4 is the mean of 16, no
+    noisier. b) each rank has a quarter of the data, so the steps per epoch stay 64. d) DDP
+    divides the sum of 4 gradients by 4: the mean, not a shorter step. What changes with N is
+    what one rank computes per step, not the training: data parallelism with the global batch
+    kept is the same SGD, done faster. Keeping the batch per rank instead grows the global
+    batch N-fold, with N times fewer steps per epoch, and that is where the learning rate
+    must change.
     """,
     giveaways=(
-        r"0\.085 on 4",
-        r"a quarter of the steps",
-        r"0\.027, 0\.025, 0\.025",
+        r"agree to 5 decimals",
+        r"0\.83371, 0\.0985",
+        r"the very batch 1 rank takes",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_7_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on 1 and 2 ranks (the question asks about 4): the same 2-layer MLP, data and
-# seed, a batch of 16 per rank, 4 epochs, with the learning rate kept, scaled by N, and scaled
-# after a warmup (`course.experiments.batch_size`); the loss over the whole data set before
-# training and after each epoch.
+# **Measure it**, on 1 and 2 ranks: the same 2-layer MLP, data and seed, a batch of 16 per
+# rank, 4 epochs, with the learning rate kept, scaled by N, and scaled after a warmup
+# (`course.experiments.batch_size`; `sweep` takes `batch_per_rank=` and `lr=` too); the loss
+# over the whole data set before training and after each epoch.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_7_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.experiments import batch_size
@@ -873,26 +882,28 @@ for (n, rule), losses in curves.items():
 pictures.loss_curves_figure(curves)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_8_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question synchrony_8: warmup
+# ## Question synchrony_8: why warmup works
 #
 # *Difficulty 3/3*
 #
-# From a learning rate of 0.5 on 1 rank, the linear rule gives 4 ranks a rate of 2.0. Goyal et
-# al. (2017) do not start at the scaled rate: they **warm up**, raising it linearly from the
-# unscaled rate over the first epochs. On the model and data of the last question (4 ranks,
-# 4 epochs, the same seed), what does a one-epoch warmup to 2.0 change?
+# From a learning rate of 0.5 on 1 rank with a batch of 16, the linear scaling rule (Goyal et
+# al., 2017) gives 4 ranks of 16 each a rate of 2.0, and at 2.0 from the first step the loss
+# climbs far above its start in the first epoch (the cell below). Goyal et al. **warm up**:
+# the rate rises linearly from 0.5 to 2.0 over the first epoch (16 steps) and stays there.
+# On this model and data that removes the climb, and the loss ends near 1 rank's. Which
+# explains why?
 #
-# * a) Nothing: the first epoch's spike comes back once the rate is 2.0.
-# * b) It makes it worse: its small early steps leave the spike for later.
-# * c) It does not help: the spike comes from the batch, not from the rate.
-# * d) It stops the first epoch's spike, and the loss ends near one rank's.
+# * a) The batch of 64 is noisy at first, and small steps average the noise out.
+# * b) DDP's first steps average the ranks' gradients badly; warmup waits it out.
+# * c) 2.0 overshoots from the random start; once the loss is down, it is safe.
+# * d) Warmup lowers the mean rate to about 1.8, and 1.8 from the start would do too.
 #
 # Set `answer_synchrony_8` to your letter and run the cell below it.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_8_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_synchrony_8 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_synchrony_8 = "d"
+answer_synchrony_8 = "c"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "synchrony_8_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -902,31 +913,33 @@ check_answer(
     "answer_synchrony_8",
     answer_synchrony_8,
     choices="abcd",
-    key="d",
+    key="c",
     explanation="""
     Measured, seed 0: at 2.0 from the first step the loss went from 0.834 to 14.5 in the first
-    epoch and ended at 0.804, 30 times 1 rank's 0.024; warmed up over the first epoch (16 steps)
-    it went 0.834, 0.163, ... and ended at 0.034. At the start the weights are far from any
-    minimum and the gradients are large: a step 4 times longer than the one that worked on 1 rank
-    overshoots, and from there training may not recover within the epochs it has. Once the loss
-    has come down, the scaled rate is safe: a) once the rate reached 2.0 the loss was 0.163 and
-    falling, and no spike came, then or later (b); warmup's early steps are as long as 1
-    rank's, which worked. c) the same batch of 64 at the warmed-up rate did not spike. Warmup is insurance: with data
-    seed 1 the scaled rate did not spike at all and warmup ended a little higher (0.048 against
-    0.018), and at 8 ranks (a rate of 4.0) both diverged: the linear rule stops working at some
-    batch size, which is why large-batch training adds tricks such as LARS.
+    epoch and ended at 0.804; warmed up, it was 0.163 after the first epoch and then fell at
+    2.0 for three epochs, to 0.034. The same rate that blew up from the random start was safe
+    once the weights were past it: far from any minimum the gradients are large and the
+    curvature unknown, and a step 4 times the one that worked on 1 rank overshoots. a) noise is
+    not it: with the whole data set as one batch (no noise at all) a step of 2.0 took the loss
+    from 0.834 to 7.42. b) DDP is not it: 1 rank with a batch of 64 at 2.0, no averaging at all,
+    rose as high, to 14.5 after the first epoch. d) a constant 1.82, the warmup's mean
+    rate over the 4 epochs, still climbed above the start (0.97 after the first epoch) and
+    ended at 0.048, above warmup's 0.034. Warmup is insurance, not a cure: at 8 ranks (a rate
+    of 4.0) the warmed-up run diverged too, which is why large-batch training adds tricks
+    such as LARS.
     """,
     giveaways=(
-        r"14\.5",
-        r"0\.834, 0\.163",
-        r"Warmup is insurance",
+        r"14\.5 in the first",
+        r"from 0\.834 to 7\.42",
+        r"safe\s+once the weights were past it",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_8_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**, without the warmup: 4 ranks at 4 x 0.5 = 2.0 from the first step, against 1
-# rank at 0.5. What would a warmup have to change in the first epoch?
+# rank at 0.5. `sweep` takes the rule `"lr x N, warmup"`, `batch_per_rank=`, `epochs=` and
+# `lr=`: each of the four explanations above can be put to a run of its own.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_8_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 cold = batch_size.sweep(world_sizes=(1, 4), rules=("lr x N",), lr=0.5)
@@ -945,14 +958,15 @@ for (n, rule), losses in cold.items():
 #
 # *Difficulty 1/3*
 #
-# Your ring all-reduce of an 800 MB gradient on 8 ranks takes 2.0 s. nccl-tests prints, for
-# it, an algorithm bandwidth algbw = 800 MB / 2.0 s = 0.4 GB/s and a **bus bandwidth** busbw.
-# What busbw does it print?
+# Your ring all-reduce of an 800 MB gradient on 8 ranks takes 2.0 s, and nccl-tests prints for
+# it an algorithm bandwidth algbw = 800 MB / 2.0 s = 0.4 GB/s and a bus bandwidth busbw of
+# 0.7 GB/s. The job moves to 64 ranks on links of the same kind, one per rank, and the bytes
+# still rule the time. What does nccl-tests print for the same 800 MB there?
 #
-# * a) 0.7 GB/s: what each rank's link carried, 1.75 x 800 MB, over 2 s.
-# * b) 0.4 GB/s: for an all-reduce bus and algorithm bandwidth are the same.
-# * c) 3.2 GB/s: the bytes all 8 ranks handed in, 8 x 800 MB, over 2 s.
-# * d) 0.8 GB/s: every byte is sent twice, once to sum it, once to share it.
+# * a) algbw 0.36 GB/s, busbw 0.7 GB/s: each link moves 1.97 S, at its rate.
+# * b) algbw 0.4 GB/s, busbw 0.79 GB/s: the ring takes 2.0 s on any N.
+# * c) algbw 0.05 GB/s, busbw 0.1 GB/s: 8 times the ranks, 8 times the time.
+# * d) algbw 0.4 GB/s, busbw 0.7 GB/s: the links fix both figures.
 #
 # Set `answer_synchrony_9` to your letter and run the cell below it.
 
@@ -971,27 +985,28 @@ check_answer(
     choices="abcd",
     key="a",
     explanation="""
-    busbw = algbw x 2(N-1)/N for an all-reduce: 0.4 x 14/8 = 0.7 GB/s, the bytes each rank's link
-    really carried (1400 MB, question ring_2) over the time. It is the figure to set against a
-    link's speed, because it does not fall with N as algbw does for a ring on the same links.
-    Measured on this machine for a 4 MB all-reduce, over several runs: algbw on 4 ranks was
-    0.26 to 0.56 of its value on 2, busbw 0.38 to 0.84 of it; busbw falls too here, because 4
-    ranks share 2 cores, but by less. d) 2 x is the limit of 2(N-1)/N for large N, 1.75 on 8 ranks.
-    c) multiplies by the ranks, as if one link carried everyone's data. b) holds on 2 ranks
-    only, where 2(N-1)/N = 1. nccl-tests' factor differs by collective: (N-1)/N for all-gather
-    and reduce-scatter, 1 for broadcast.
+    busbw = algbw x 2(N-1)/N is what each rank's link carried over the time: on 8 ranks 1.75 x
+    800 MB in 2.0 s, 0.7 GB/s (measured: gloo's all-reduce on 8 ranks put 1.75 times the tensor
+    on each rank's link, the kernel's TCP counters say). On 64 ranks each link carries
+    2 x 63/64 = 1.97 times 800 MB, 1575 MB; at the same 0.7 GB/s that takes 2.25 s, so algbw is
+    800 MB / 2.25 s = 0.36 GB/s and busbw again 0.7 GB/s. That is why benchmarks print busbw:
+    it stays with the links as N grows, where algbw falls towards half of it. b) a ring's time
+    does grow with N, a little: its bytes per rank go from 1.75 S to 1.97 S. c) the ranks share
+    the work, each on its own link: the bytes per link do not grow with N. d) busbw / algbw is
+    2(N-1)/N, 1.97 on 64 ranks, so the two cannot both stay. (The cell's busbw falls with N
+    because its ranks share this machine's cores; a cluster's ranks do not.)
     """,
     giveaways=(
-        r"0\.4 x 14/8",
-        r"busbw = algbw x 2\(N-1\)/N",
-        r"0\.7 GB/s, the bytes",
+        r"that takes 2\.25 s",
+        r"1575 MB",
+        r"busbw again 0\.7",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_9_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**, for gloo's all-reduce of 4 MB on 2, 3 and 4 ranks: the time, algbw = S / t and
-# busbw as nccl-tests computes it. What is busbw / algbw on each, and what would it be on 8?
+# busbw as nccl-tests computes it. The ranks here share this machine's cores.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_9_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 rows = latency.bandwidth_by_world_size(2**20, (2, 3, 4))  # 2**20 float32 = 4 MB
@@ -1003,17 +1018,16 @@ for n, row in rows.items():
 # ## What you measured
 #
 # * **One message**: its fixed cost alpha and its cost per byte beta, fitted from 1 KB to
-#   64 MB; and what a tiny all-reduce costs against the model's 2(N-1) alpha.
+#   64 MB; and what a tiny all-reduce costs on 2 to 4 ranks.
 # * **Your recursive doubling** against a ring, timed from 1 KB to 32 MB, under the model.
 # * **Bytes between nodes**: gloo's flat ring, and your two-level all-reduce on subgroups.
 # * **A straggler** under DDP, each rank's timeline, and your step that drops it.
 # * **The batch**: loss curves on 1 and more ranks with the learning rate kept, scaled, and
 #   warmed up; and bus bandwidth against algorithm bandwidth.
 #
-# How these carry to a real cluster. The bytes (questions synchrony_4 and 9, and the checks'
-# patterns) and the training curves (7 and 8) do not depend on the machine. The timings do:
-# here every rank is a process on one machine with 2 cores, every link is loopback TCP, and
-# ranks take turns on the CPU. On a real network alpha is smaller, the links run in parallel,
-# and no rank waits for a core, so the tree's crossover sits nearer the model's, busbw stays
-# flatter as N grows, and no rank waits for another's turn on a core. The explanations of
-# the questions come with your feedback.
+# How these carry to a real cluster. The bytes (the hierarchy's and the ring's, and the
+# checks' patterns) and the training curves do not depend on the machine. The timings do:
+# here every rank is a process on one machine whose cores the ranks share, every link is
+# loopback TCP, and ranks take turns on the CPU. On a real network alpha is smaller, the
+# links run in parallel, and no rank waits for a core. The explanations of the questions
+# come with your feedback.

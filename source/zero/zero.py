@@ -93,18 +93,19 @@ widgets.half_widget("reduce-scatter", world_size=4)
 widgets.half_widget("all-gather", world_size=4)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question zero_1: what does gloo's reduce-scatter send?
+# ## Question zero_1: what must a reduce-scatter send?
 #
 # *Difficulty 2/3*
 #
-# Eight gloo ranks (PyTorch 2.13, CPU) each hold an 800 MB gradient and call
-# `dist.reduce_scatter_tensor(shard, gradient)`, which leaves each rank with the sum of its own
-# 100 MB shard, and nothing else. How much does each rank send?
+# A reduce-scatter leaves each rank with the sum, over all ranks, of its own shard of a
+# tensor, and nothing else. On **64** ranks, each holding a 1 GB gradient (so shards of
+# 1/64), what is the least that each rank must send, whatever the algorithm (without
+# compression)?
 #
-# * a) 1/8 of the tensor: its own shard's worth, sent once to the shard's owner.
-# * b) 7/8 of the tensor: one pass round a ring, half of what an all-reduce sends.
-# * c) 7/4 of the tensor: as much as gloo's all-reduce of the same tensor sends.
-# * d) 7 times the tensor: all of it, once to each of the 7 other ranks.
+# * a) 15.6 MB: its own shard's worth, once, to the shard's owner.
+# * b) 1.97 GB: as much as an all-reduce, like gloo's own collective.
+# * c) 0.98 GB: its part of each of the 63 other ranks' shards.
+# * d) 63 GB: all of its gradient, once to each of the others.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_1 = ""  # your answer: one letter, "a" to "d"
@@ -121,20 +122,22 @@ check_answer(
     choices="abcd",
     key="c",
     explanation="""
-    A ring reduce-scatter, like the one you write below, is the ring's first N-1 steps: (N-1)/N
-    of the tensor, 7/8 on 8 ranks (b). But gloo has no reduce-scatter algorithm of its own in
-    PyTorch 2.13: its reduce_scatter_tensor sends exactly what its all-reduce sends, 2(N-1)/N
-    of the tensor, 7/4 here (1400 MB of the 800 MB). The measurement reads it from the kernel's TCP
-    counters: 1.00, 1.33 and 1.50 of the tensor on 2, 3 and 4 ranks, the all-reduce's own
-    figures, while gloo's all-gather sends (N-1)/N as a ring half should. a) A shard's worth
-    would need a rank to reduce its shard from nothing but its own data; d) the naive
-    exchange is not what gloo does either. So sharding built on gloo's own reduce-scatter pays
-    for a whole all-reduce where a ring half would do; NCCL's reduce-scatter is a ring half
-    (on GPUs; not measured here).
+    Rank j's gradient holds a part of every rank's shard, and no other rank has it: the sum
+    in shard c needs rank j's chunk c. So its 63 chunks for the others must leave rank j in
+    some form (added to other ranks' parts on the way, as the ring does, or straight to
+    their owners): at least 63/64 of the tensor, 0.98 GB. And a ring reduce-scatter, like
+    the one you write below, sends exactly that. Measured on 8 ranks: changing chunk c of
+    rank 0's tensor changes rank c's shard and no other, for each c, and a ring
+    reduce-scatter sends 7/8 of the tensor per rank. a) is one chunk's worth: at least 62
+    shards would miss rank j's part. b) is what gloo's reduce_scatter_tensor sends (1.75 of the tensor on 8 ranks,
+    measured above on 2 to 4: it sends an all-reduce's bytes), more than it must; NCCL's
+    reduce-scatter is a ring half (on GPUs; not measured here). d) sends every chunk to
+    every rank, as if each needed the whole tensor.
     """,
     giveaways=(
-        r"as much as (gloo's |its |a whole |an )?all-reduce",
-        r"no reduce-scatter algorithm",
+        r"its part of each of the 63",
+        r"must leave rank j",
+        r"at least 63/64",
     ),
 )
 ### END HIDDEN TESTS
@@ -142,8 +145,7 @@ check_answer(
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** gloo's own collectives on 2, 3 and 4 real ranks, on a 4 MiB tensor, each rank's
 # bytes read from the kernel's TCP counters (`course.experiments.ring.collective_traffic`:
-# nothing in gloo is wrapped), in units of the tensor's size. What law does the reduce-scatter
-# follow, and what does it give on 8 ranks?
+# nothing in gloo is wrapped), in units of the tensor's size.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.experiments.ring import collective_traffic
@@ -219,7 +221,7 @@ def all_gather(shard: torch.Tensor, out: torch.Tensor) -> None:
 # On 3 ranks, every rank holds `rank + 1` in each of 7 elements: each shard should hold
 # 1 + 2 + 3 = 6 (chunks of 3, 2 and 2 elements), and gathering the shards back gives seven 6s.
 
-# %% nbgrader={"grade": false, "grade_id": "try_halves", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_halves", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 3 --timeout 20
 from course.checks.teaching import say_if_unimplemented
 
@@ -272,25 +274,24 @@ print(check_halves_pattern(reduce_scatter, all_gather))
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question zero_2: what does sharding cost in traffic?
+# ## Question zero_2: what does sharding the parameters cost in traffic?
 #
 # *Difficulty 2/3*
 #
-# A model of size S (in bytes) trains on **8** ranks. Per step, DDP all-reduces the gradient.
-# ZeRO-1 and ZeRO-2 reduce-scatter the gradient, update each rank's shard, and all-gather the
-# updated parameters. ZeRO-3 (FSDP) keeps only a shard of the parameters too: it all-gathers
-# them before forward, again before backward, and reduce-scatters the gradient. Built from ring
-# halves like yours, how much does each rank send per step?
+# A model of 1 GB (fp32 parameters) trains on **64** ranks with ZeRO-3: besides its shards of
+# the gradient and of the optimizer state, each rank keeps only its shard of the parameters,
+# and frees a layer's gathered parameters as soon as the layer has used them. Built from
+# ring halves like yours, how many bytes does each rank send per training step?
 #
-# * a) DDP 1.75 S; ZeRO-1/2 0.875 S, only shards; ZeRO-3 0.875 S.
-# * b) DDP 1.75 S; ZeRO-1/2 3.5 S, two collectives; ZeRO-3 5.25 S.
-# * c) DDP 1.75 S; ZeRO-1/2 1.75 S, the same; ZeRO-3 2.625 S.
-# * d) DDP 3.5 S, to send and to receive; ZeRO-1/2 1.75 S; ZeRO-3 1.75 S.
+# * a) 0.98 GB: only the gathering of the parameters before each forward.
+# * b) 2.95 GB: parameters gathered twice, the gradient scattered once.
+# * c) 1.97 GB: as much as DDP, the same two halves in another order.
+# * d) 3.94 GB: a gather each way plus an all-reduce of the gradient.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_2 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_zero_2 = "c"
+answer_zero_2 = "b"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "zero_2_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -300,28 +301,26 @@ check_answer(
     "answer_zero_2",
     answer_zero_2,
     choices="abcd",
-    key="c",
+    key="b",
     explanation="""
-    A ring all-reduce is a reduce-scatter followed by an all-gather, each sending (N-1)/N of
-    the tensor: 2(N-1)/N = 1.75 S on 8 ranks. ZeRO-1/2 run the same two halves, with the
-    optimizer step in between (the all-gather carries updated parameters instead of summed
-    gradients): 1.75 S again, so the memory saving costs no extra traffic (a counts one half
-    only, b doubles it). ZeRO-3 gathers the parameters twice (forward, then backward, because
-    it frees them in between) plus one reduce-scatter: 3(N-1)/N = 2.625 S, 1.5 times DDP. The
-    measurement finds each of your halves at (N-1)/N, a ZeRO-1/2 step at DDP's 2(N-1)/N, and
-    torch's fully_shard calling two all-gathers and one reduce-scatter per layer, 0.75 S in
-    forward and 2.26 S in backward on 4 ranks: one gather pass each way, plus gloo's
-    reduce-scatter at an all-reduce's price (question zero_1). With ring halves ZeRO-3 is 2.25
-    S on 4 ranks; on gloo it is 3.0 S. d) counts a rank's receives as sends. torch's
-    ZeroRedundancyOptimizer is not ZeRO as published either: it keeps DDP's all-reduce and
-    then broadcasts each rank's updated parameters, 2.25 S per step on 4 ranks, measured on
-    the wire, against DDP's 1.5 S.
+    Each ring half sends (N-1)/N of the tensor per rank (0.875 of the model on 8 ranks,
+    measured), so 63/64 of 1 GB = 0.98 GB on 64. A ZeRO-3 rank frees each layer's
+    parameters after its forward, and backward needs them again (the gradient of a layer's
+    input is computed with its weights): it gathers them a second time, then
+    reduce-scatters the gradient. Three halves: 3 x 0.98 = 2.95 GB, 1.5 times DDP's 1.97 GB
+    (c, which is ZeRO-1/2's traffic: they keep the parameters whole, so they gather once,
+    after the update). a) forgets the backward gather and the gradient's reduce-scatter.
+    d) prices the reduce-scatter as an all-reduce: that is what torch's fully_shard pays on
+    gloo, whose reduce_scatter_tensor sends what its all_reduce sends (its whole step
+    measures 3.5 model sizes on 8 ranks: 0.875 + 0.875 + 1.75), not a ring half.
+    Re-gathering is the price of holding 1/N of the parameters between uses: the memory
+    saving costs half a DDP step of traffic more.
     """,
     giveaways=(
-        r"2\.625",
-        r"3 ?\(N ?- ?1\) ?/ ?N",
-        r"costs no extra traffic",
-        r"1\.5 times DDP",
+        r"2\.95 GB",
+        r"3 x 0\.98",
+        r"gathers? them a second time",
+        r"three (ring )?halves",
     ),
 )
 ### END HIDDEN TESTS
@@ -330,11 +329,11 @@ check_answer(
 # **Measure it**, with your own halves: one training step of a 4-layer model on 2, 3 and 4 real
 # ranks, in units of the model's size. DDP's step and torch's `fully_shard` step (ZeRO-3, each
 # layer a unit) are measured on the wire; your `reduce_scatter`, your `all_gather` and a
-# ZeRO-1/2 step built from them are recorded message by message. What would a ZeRO-3 step
-# built from your halves send, and how does each scheme grow with N?
+# ZeRO-1/2 step built from them are recorded message by message. `calls=True` also lists the
+# collectives `fully_shard` called.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_traffic(reduce_scatter, all_gather, world_sizes=(2, 3, 4))
+zero_report.report_traffic(reduce_scatter, all_gather, world_sizes=(2, 3, 4), calls=False)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 2: a ZeRO-2 optimizer
@@ -407,7 +406,7 @@ class ZeroOptimizer:
 # Two ranks train the course's toy model (12 square layers, 49,152 parameters) for 20 steps,
 # once with DDP + Adam and once with your optimizer, from the same weights on the same data.
 
-# %% nbgrader={"grade": false, "grade_id": "try_zero", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_zero", "locked": true, "schema_version": 3, "solution": false, "task": false}
 zero_report.report_matches(ZeroOptimizer, world_size=2)
 
 # %% nbgrader={"grade": true, "grade_id": "zero_optimizer_matches_ddp", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
@@ -424,18 +423,19 @@ print(check_zero_memory(ZeroOptimizer, world_size=4))
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question zero_3: memory per rank
+# ## Question zero_3: memory per rank, and when
 #
 # *Difficulty 2/3*
 #
-# A model of P parameters trains in fp32 with Adam (4 bytes per parameter, 4 per gradient, 8
-# for Adam's two moments) on **8** ranks. Counting only parameters, gradients and optimizer
-# state, how many bytes does each rank hold under ZeRO-2?
+# Your `ZeroOptimizer` trains a model of P parameters in fp32 with Adam (4 bytes per
+# parameter, 4 per gradient, 8 for Adam's two moments) on **8** ranks. Counting only
+# parameters, gradients and optimizer state, how many bytes does a rank hold in the second
+# training step, once its backward has run but before `step()`, and then after `step()`?
 #
-# * a) 5.5P: all the parameters, an eighth of the gradients and of Adam's state.
-# * b) 2P: everything is sharded, the 16P of DDP divided by the 8 ranks.
-# * c) 9P: all the parameters and gradients, an eighth of Adam's state.
-# * d) 16P, as DDP: sharding saves communication, never memory.
+# * a) 9P before `step()`, then 5.5P after it.
+# * b) 9P before `step()`, then 2P after it.
+# * c) 5.5P before `step()`, then 5.5P after it.
+# * d) 5.5P before `step()`, then 2P after it.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_3 = ""  # your answer: one letter, "a" to "d"
@@ -452,35 +452,37 @@ check_answer(
     choices="abcd",
     key="a",
     explanation="""
-    ZeRO-2 shards the optimizer state and the gradients but keeps a full replica of the
-    parameters, since forward and backward need them all: 4P + (4P + 8P)/8 = 5.5P per rank,
-    against DDP's 16P. The measurement counts the bytes of the tensors each rank really holds
-    after a step of the toy model on 4 ranks (P = 49,152): 4P of parameters, 1P of gradient
-    shard and 2P of Adam's moments (plus a 4-byte step counter), 7P = 4P + 12P/4; the figure
-    shows the same law on 2 and 3 ranks. c) 9P is ZeRO-1 (full gradients), b) 2P is ZeRO-3,
-    which shards the parameters too, and d) the measurement finds DDP at 16P and ZeRO-2 well
-    below.
+    Backward computes the gradient of every parameter on every rank, whole: autograd knows
+    nothing of shards. So before step() a rank holds all the parameters (4P), the whole
+    gradient (4P) and its eighth of Adam's state from the first step (8P/8 = 1P): 9P, what
+    ZeRO-1 holds. step() reduce-scatters the gradient and drops it but for the shard:
+    4P + (4P + 8P)/8 = 5.5P. The parameters stay whole, since the next forward needs them
+    all, so 2P (b, d), the 16P of DDP divided by 8, is ZeRO-3, and c) is what ZeRO-2 holds
+    only where the gradient is reduce-scattered bucket by bucket during backward (as
+    DeepSpeed does), so that the whole gradient never exists at once. Measured with the
+    model solution on 8 ranks: 9.00P after backward, 5.50P after step(); DDP holds 16P.
+    With the reduce-scatter after backward, as here, ZeRO-2's peak is ZeRO-1's.
     """,
     giveaways=(
-        r"5\.5 ?P",
-        r"4 ?P ?\+ ?\(?4 ?P ?\+ ?8 ?P\)? ?/ ?8",
-        r"4 ?P ?\+ ?12 ?P ?/ ?[N4]",
-        r"4 ?Psi ?\+ ?12 ?Psi",
+        r"9 ?P[^.]{0,40}5\.5 ?P",
+        r"autograd knows nothing of shards",
+        r"4 ?P \+ \(4 ?P \+ 8 ?P\) ?/ ?8",
+        r"peak is ZeRO-1's",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**, with your `ZeroOptimizer` against DDP + Adam: the bytes of every tensor of
-# parameters, gradients and optimizer state each rank holds after two steps, on 4 ranks, in
-# units of P.
+# parameters, gradients and optimizer state each rank holds in the second step, on 4 ranks, in
+# units of P. `when` is `"after step"` or `"after backward"` (before `step()`).
 
 # %% nbgrader={"grade": false, "grade_id": "zero_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_memory(ZeroOptimizer, world_size=4)
+zero_report.report_memory(ZeroOptimizer, world_size=4, when="after step")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_3_measure_figure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# The same measurement for world sizes 2 to 4, against DDP and torch's ZeRO-1
-# (`ZeroRedundancyOptimizer`), as points on the formulas' lines. What would 8 ranks give?
+# The same measurement after `step()`, for world sizes 2 to 4, against DDP and torch's ZeRO-1
+# (`ZeroRedundancyOptimizer`), as points on the formulas' lines.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_3_measure_figure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 zero_report.memory_figure(ZeroOptimizer, world_sizes=(2, 3, 4))
@@ -546,14 +548,15 @@ zero_report.report_equivalence(ZeroOptimizer, world_sizes=(2, 3, 4))
 #
 # *Difficulty 2/3*
 #
-# PyTorch ships ZeRO-1 as `torch.distributed.optim.ZeroRedundancyOptimizer`. You wrap one
-# `nn.Linear(1000, 10)` (a weight of 10,000 elements and a bias of 10) with Adam on 2 ranks.
-# How is Adam's state split between the ranks?
+# PyTorch ships ZeRO-1 as `torch.distributed.optim.ZeroRedundancyOptimizer`. A model's
+# parameters are one embedding matrix of 50M elements and 24 weight matrices of 1M each (74M
+# in all). It trains with fp32 Adam (8 bytes of state per parameter) wrapped in
+# `ZeroRedundancyOptimizer` on **8** ranks. How much Adam state does the busiest rank hold?
 #
-# * a) Unevenly: it gives out whole parameters, so one rank holds the weight's state.
-# * b) Evenly: 5,005 elements' worth on each rank, like your optimizer's flat shards.
-# * c) Evenly, tensor by tensor: each rank holds half of the weight's and the bias's.
-# * d) On rank 0 only: it updates everything there and broadcasts the result to rank 1.
+# * a) 400 MB: the embedding's state alone, on a rank of its own.
+# * b) 424 MB: the embedding and every eighth matrix, dealt out in order.
+# * c) 592 MB: all of it, rank 0 updating and broadcasting the rest.
+# * d) 74 MB: an eighth of the model's state, cut across the tensors.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_5_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_5 = ""  # your answer: one letter, "a" to "d"
@@ -570,51 +573,52 @@ check_answer(
     choices="abcd",
     key="a",
     explanation="""
-    ZeroRedundancyOptimizer partitions the parameter list, not the elements (not b or c): it
-    hands whole parameters to ranks, largest first, each to the rank with the least so far,
-    and every rank updates its own (not d). The measurement shows the rule on other models:
-    two layers of 10,000 + 10 and 10,000 + 1,000 elements on 2 ranks split 11,000 against
-    10,010, four layers of 100 x 100 on 3 ranks put two weights on one rank. For one
-    nn.Linear(1000, 10), rank 0 gets the weight and holds 80,004 bytes of Adam state (two
-    moments of 10,000 floats and a step counter), rank 1 gets the bias and holds 84. A model
-    of many similar layers evens out; one large embedding does not. Your ZeroOptimizer shards
-    the flattened parameters by element, so its shards differ by at most one element.
+    ZeroRedundancyOptimizer partitions the parameter list, not the elements (not d): it
+    hands out whole parameters, largest first, each to the rank with the fewest elements so
+    far, and every rank updates its own (not c). The embedding goes first, to one rank; the
+    24 matrices then go to the 7 others, which stay far below 50M, 3 or 4 each. The busiest
+    rank holds the embedding's two moments alone: 50M x 8 B = 400 MB (plus a 4-byte step
+    counter), 5.4 times the even 74 MB. b) deals the parameters out in order, round robin.
+    Measured at a thousandth of the size on 8 ranks: 400,004 bytes on one rank, 32,016 or
+    24,012 on each other. Your ZeroOptimizer shards the flattened parameters by element, so
+    its shards differ by at most one element: d) is what it holds. A model of many similar
+    layers evens out under whole-parameter partitioning; one large embedding does not.
     """,
     giveaways=(
         r"whole parameters",
         r"largest first",
-        r"80,?004 bytes",
+        r"400,?004 bytes",
+        r"embedding's state alone, on a rank of its own",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_5_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** Which parameters' Adam state each rank holds after one step, for two other
-# models: `Linear(1000, 10)` then `Linear(10, 1000)` on 2 ranks, and four `Linear(100, 100)` on 3.
-# What rule assigns them, and what does it do with the question's single layer?
+# **Measure it.** Which parameters' Adam state each rank holds after one step, for two models:
+# `Linear(1000, 10)` then `Linear(10, 1000)` on 2 ranks, and four `Linear(100, 100)` on 3.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 zero_report.report_torch_zero([(2, [(1000, 10), (10, 1000)]), (3, [(100, 100)] * 4)])
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_6_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question zero_6: fp16 compression
+# ## Question zero_6: fp16 compression on more ranks
 #
 # *Difficulty 2/3*
 #
-# Compression trades the bytes a ring sends for accuracy. DDP's `fp16_compress_hook` casts
-# every gradient bucket to float16 before the all-reduce (half the bytes) and back afterwards.
-# On 2 ranks, every rank's gradient holds the elements 70000, 1e-8, 1e-6 and 1.0. What does
-# `.grad` hold after backward with the hook?
+# Compression trades the bytes a ring sends for accuracy. DDP's `fp16_compress_hook` sends
+# every gradient bucket as float16 (half the bytes) and hands `.grad` back as float32. On
+# **8** ranks, every rank's gradient holds the same two elements, x = 2e4 and y = 2e-7, so
+# the exact average is 2e4 and 2e-7. What does `.grad` hold after backward with the hook?
 #
-# * a) 70000, 1e-8, 1e-6, 1.0: float16 only loses digits far after the point.
-# * b) 65504, 6e-8, 1e-6, 1.0: float16 clamps to its largest and smallest values.
-# * c) inf, 0, 9.5e-7, 1.0: 70000 overflows, 1e-8 underflows, 1e-6 loses bits.
-# * d) nan in every element: one element's overflow spoils the whole bucket.
+# * a) x comes back as inf; y comes back as 0.
+# * b) x comes back near 2e4; y comes back as 0.
+# * c) x comes back near 2e4; y comes back near 2e-7.
+# * d) x comes back as inf; y comes back near 2e-7.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_6_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_6 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_zero_6 = "c"
+answer_zero_6 = "b"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "zero_6_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -624,35 +628,36 @@ check_answer(
     "answer_zero_6",
     answer_zero_6,
     choices="abcd",
-    key="c",
+    key="b",
     explanation="""
-    float16's largest finite value is 65504, and a cast rounds to the nearest float16, it
-    does not clamp (not b): the measurement finds 65519 rounded to 65504, and 65520, 70000 or
-    100000 to inf. inf survives the division by world_size and the sum, so .grad holds inf and
-    the next optimizer step poisons the weights. Its smallest subnormal is about 6e-8: 1e-8
-    (like the measured 2e-8) rounds to 0, and 1e-6 is a subnormal with few bits left
-    (9.54e-7; the measured 2e-6 came back as 2.03e-6), so a) is wrong at both ends. The hook
-    does not touch other elements of the bucket: 1.0 comes back exact, not nan (d). This is
-    why mixed precision training scales the loss, and why the hook suits gradients of
-    moderate range.
+    The hook casts each rank's bucket to float16, divides it by the world size in float16,
+    and only then all-reduces the sum. Dividing first keeps the sum in range: 8 x 2e4 =
+    1.6e5 is past float16's largest finite value, 65504, and would be inf (d and a: a sum
+    taken before the division), while eight terms of 2e4 / 8 = 2500 add up to 2e4 again
+    (19984 measured: float16 rounds the partial sums). The price is at the small end: 2e-7
+    casts to 1.79e-7, three steps of float16's smallest subnormal (5.96e-8), and an eighth
+    of that is below half a step, so it rounds to 0 on every rank and the sum is 0 (not c).
+    On 2 ranks the same y survives, as 2.38e-7: what underflows depends on the world size,
+    not only on the value. The default measurement shows the range on 2 ranks: 1e5 and
+    65520 overflow in the cast itself, 2e-8 rounds to 0, while 65504 comes back whole,
+    because its half is summed. Mixed precision training scales the loss for this reason.
     """,
     giveaways=(
-        r"inf, 0",
-        r"9\.5\d*e-0?7",
-        r"65520[^.]{0,30}inf",
-        r"rounds? to (the )?nearest",
-        r"below float16's smallest subnormal",
+        r"x comes back near 2e4; y comes back as 0",
+        r"an eighth\s+of that is below",
+        r"divides it by the world size in float16",
+        r"depends on the world size",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_6_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**: the gradient of `w . x` is `x`, so feeding values as `x` on both ranks makes
-# them the gradient, without and with the hook. Other values than the question's: large ones
-# near float16's largest, and small ones. What would the question's four become?
+# **Measure it**: the gradient of `w . x` is `x`, so feeding values as `x` on every rank makes
+# them the gradient, without and with the hook. Change the values and `world_size` (up to 8)
+# to see what the hook does elsewhere.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_fp16([1e5, 2e-8, 2e-6, 3.0, 65504.0, 65519.0, 65520.0])
+zero_report.report_fp16([1e5, 65504.0, 65520.0, 3.0, 2e-6, 2e-8], world_size=2)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_3_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 3 (optional): error feedback
@@ -693,7 +698,7 @@ def ef_fp16_hook(state: dict, bucket: dist.GradBucket) -> torch.futures.Future[t
 # **Try it**: the first weights after 200 steps, without compression, with plain fp16 and with
 # your hook.
 
-# %% nbgrader={"grade": false, "grade_id": "try_ef", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_ef", "locked": true, "schema_version": 3, "solution": false, "task": false}
 zero_report.report_ef_training(ef_fp16_hook)
 
 # %% nbgrader={"grade": true, "grade_id": "ef_fp16_hook_trains", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -703,24 +708,25 @@ print(check_error_feedback_hook(ef_fp16_hook))
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_7_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question zero_7: PowerSGD's rank, and its first steps
+# ## Question zero_7: PowerSGD's rank
 #
 # *Difficulty 3/3*
 #
-# `powerSGD_hook` replaces each n x m gradient matrix by two thin factors, P (n x r) and
-# Q (m x r), where r is `matrix_approximation_rank`, and all-reduces those. You register it
-# with r = 4 and `start_powerSGD_iter=2` on a model with one 256 x 256 layer (a 256 KiB
-# gradient). How many bytes does each rank all-reduce in steps 1, 2 and 3?
+# `powerSGD_hook` replaces each gradient matrix by two thin float32 factors of rank r
+# (`matrix_approximation_rank`) and all-reduces those instead. Two ranks train one bias-free
+# `nn.Linear(128, 512)` (a 512 x 128 weight: 256 KiB of gradient) with DDP and the hook, r = 8,
+# `start_powerSGD_iter=2` and error feedback off, on batches of 4 samples per rank, any loss.
+# From step 3 on, how many bytes does each rank all-reduce per step, and what is `.grad`?
 #
-# * a) 8 KiB in every step, from the very first one on.
-# * b) 128 KiB in every step: PowerSGD sends half precision.
-# * c) 64 KiB in every step: rank 4 keeps a quarter of it.
-# * d) 256 KiB in steps 1 and 2, then 8 KiB from step 3.
+# * a) 20 KiB per step; the compressed gradient equals the exact average.
+# * b) 16 KiB per step; the compressed gradient equals the exact average.
+# * c) 20 KiB per step; the compressed gradient misses part of the average.
+# * d) 16 KiB per step; the compressed gradient misses part of the average.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_7_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_7 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_zero_7 = "d"
+answer_zero_7 = "a"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "zero_7_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -730,35 +736,38 @@ check_answer(
     "answer_zero_7",
     answer_zero_7,
     choices="abcd",
-    key="d",
+    key="a",
     explanation="""
-    For its first start_powerSGD_iter steps the hook runs a plain all-reduce of the whole
-    gradient (262,144 bytes here), so that training gets through its noisy start
-    uncompressed (not a). From then on it sends P and Q: (256 + 256) x 4 floats x 4 bytes =
-    8,192 bytes, 32 times less, in float32 (not b), and r is the rank of the factors, not a
-    fraction kept (not c). The measurement, with start_powerSGD_iter=3, shows three plain
-    steps, then 2,048, 4,096 and 32,768 bytes for r = 1, 2 and 16: linear in r. The error of
-    the compressed gradient falls with r: large at r = 1 and 2 for a gradient of rank 16
-    (batches of 8 on 2 ranks), none at r = 16. Error feedback, on by default, carries what
-    compression dropped into the next step.
+    An n x m gradient M is approximated by P Q^T with P of n x r and Q of m x r: the hook
+    all-reduces P, then Q, (n + m) x r floats, (512 + 128) x 8 x 4 bytes = 20,480 bytes,
+    20 KiB, where the measured 256 x 256 layer sends (256 + 256) x r x 4. The bytes follow
+    the matrix's sides, not its size: 16 KiB (b, d) is what a square layer of the same 256
+    KiB sends. The error follows the gradient's rank. A linear layer's weight gradient is a
+    sum of one outer product per sample (the output's gradient times the input), so a rank's
+    gradient on 4 samples has rank at most 4, and the average over 2 ranks at most 8 = r.
+    P spans the gradient's columns (P = M Q for a random Q), and P P^T M = M: the
+    compressed gradient is the exact average, to rounding (relative error below 1e-5),
+    not c. With r = 4, or with batches of 8, the same layer's error is about 0.6 (measured
+    0.66 and 0.60), as the default measurement's r = 1 and 2 are for its batches of 8 on 2
+    ranks, which r = 16 sends exactly. PowerSGD loses little where gradients are low-rank.
     """,
     giveaways=(
-        r"8,?192 bytes",
-        r"\b8 KiB",
-        r"\(256 ?\+ ?256\) ?x ?4",
-        r"steps of plain all-reduce",
+        r"\(512 \+ 128\) x 8 x 4",
+        r"20,?480 bytes",
+        r"at most 8 = r",
+        r"20 KiB per step; the compressed gradient equals",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_7_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**: bytes passed to `dist.all_reduce` per step, and the relative error of the
-# gradient against the exact average, for r = 1, 2 and 16 with `start_powerSGD_iter=3`
-# (batches of 8 on 2 ranks, so the averaged gradient has rank at most 16; error feedback off,
-# to see one step's error). What would r = 4 with `start_powerSGD_iter=2` send?
+# **Measure it**: bytes passed to `dist.all_reduce` per step, and the relative error of `.grad`
+# against the exact average, for r = 1, 2 and 16, with `start_powerSGD_iter=3`, error feedback
+# off (to see one step's error). Change `shape` (rows, columns), `batch` (samples per rank) or
+# `ranks` to measure other layers.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_7_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_powersgd(ranks=(1, 2, 16), start_iter=3)
+zero_report.report_powersgd(ranks=(1, 2, 16), start_iter=3, shape=(256, 256), batch=8)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "closing", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## What you measured

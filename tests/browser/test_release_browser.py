@@ -90,3 +90,42 @@ def test_the_finished_accumulation_notebook_runs_all_cells(lab, page, artifact, 
     page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()
     page.wait_for_timeout(1000)
     page.screenshot(path=artifact("accumulation-finished.png"), full_page=False)
+
+
+# The model ring with the all-gather's send index one off: on 3 ranks and 7 elements (chunks
+# of 3, 2 and 2) a rank sends 12 bytes into a receive of 8, and gloo aborts it.
+SEND_INDEX = "send_c, recv_c = (rank + 1 - t) % world_size, (rank - t) % world_size"
+
+
+def _off_by_one() -> str:
+    source = nbformat.read(REPO / "source" / RING / f"{RING}.ipynb", as_version=4)
+    model = next(c.source for c in source.cells if c.get("id") == "ring_allreduce")
+    assert SEND_INDEX in model
+    return model.replace(SEND_INDEX, SEND_INDEX.replace("rank + 1 - t", "rank - t", 1))
+
+
+def test_run_all_goes_on_past_a_failing_try_cell(lab, page, artifact, helpers):
+    """With a wrong ring, does Run All go on past the failing `%%ranks` try cell (tagged
+    raises-exception), so that the widget after it shows the student's run, and does the try
+    cell read as one line per rank with its hint, with no C++ words or the course's frames?"""
+    nb = nbformat.read(REPO / "release" / RING / f"{RING}.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if c.get("id") == "ring_allreduce")
+    cell.source = _off_by_one()
+    nbformat.write(nb, lab.root_dir / "wrong-ring.ipynb")
+    helpers.open_notebook(page, lab, "wrong-ring.ipynb")
+    helpers.run_all(page, timeout_s=240)
+    helpers.wait_for_idle(page, timeout_s=240)
+    page.locator(".jp-Notebook").first.click()
+    page.keyboard.press("Control+s")
+    page.wait_for_timeout(2000)
+    saved = {c.get("id"): c for c in nbformat.read(lab.root_dir / "wrong-ring.ipynb", 4).cells}
+    tried = saved["try_it"]
+    errors = [o for o in tried.outputs if o.output_type == "error"]
+    assert errors, tried.outputs
+    said = "\n".join(errors[0].traceback) + "".join(o.get("text", "") for o in tried.outputs)
+    assert "a message of 12 bytes arrived for a receive of 8 bytes" in said, said
+    for internal in ("terminate called", "Fatal Python error", "course/ranks"):
+        assert internal not in said, said
+    watched = saved["watch_yours"]
+    assert watched.execution_count is not None and watched.outputs, watched
+    page.screenshot(path=artifact("run-all-past-a-failing-try.png"), full_page=False)
