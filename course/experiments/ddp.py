@@ -255,6 +255,12 @@ def uneven_fit(
     }
 
 
+def _own_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eight random samples of two features and their random targets, drawn from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(8, 2, generator=g), torch.randn(8, 1, generator=g)
+
+
 def offset_run(
     offset: float = 0.0, offset_rank: int = 1, steps: int = 10, lr: float = 0.1
 ) -> dict[str, Any]:
@@ -272,8 +278,7 @@ def offset_run(
         with torch.no_grad():
             for p in m.parameters():
                 p.add_(offset)
-    g = torch.Generator().manual_seed(100 + rank)
-    x, y = torch.randn(8, 2, generator=g), torch.randn(8, 1, generator=g)
+    x, y = _own_batch(seed=100 + rank)
     opt = torch.optim.SGD(ddp.parameters(), lr=lr)
 
     def flat() -> torch.Tensor:
