@@ -144,22 +144,36 @@ def unused_runs() -> dict[str, list]:
     }
 
 
+def join_runs() -> dict[str, list[dict]]:
+    """On each rank, in one launch: rank 0 with 1 batch, rank 1 with 3, SGD lr 0.2 inside Join,
+    with Join's default division by the initial world size and without it."""
+    return {
+        "initial": accumulation.uneven_loop((1, 3), True, "return", 0.2),
+        "training": accumulation.uneven_loop((1, 3), True, "return", 0.2, False),
+    }
+
+
 def test_accumulation_6_weights_after_join(run_ranks) -> None:
-    """Rank 0 with 3 batches, rank 1 with 1, SGD lr 0.1 inside Join: does rank 1 end with rank
-    0's weights, which its lone steps moved by its local gradient over the initial world size?"""
-    r0, r1 = run_ranks(accumulation.uneven_loop, 2, (3, 1), True, "return", 0.1)
-    assert [s["grad"] for s in r0[:-1]] == [[6.0, 6.0], [1.0, 1.0], [1.5, 1.5]]
-    assert [round(s["weight"][0], 4) for s in r0[:-1]] == [-0.6, -0.7, -0.85]
-    assert len(r1) == 2 and r1[0]["weight"] == pytest.approx([-0.6, -0.6])
+    """Rank 0 with 1 batch, rank 1 with 3, SGD lr 0.2 inside Join: does rank 0 leave the block
+    with the last joiner's weights, whose lone steps divided by the initial world size?"""
+    r0, r1 = run_ranks(join_runs, 2)
+    assert [s["grad"] for s in r1["initial"][:-1]] == [[6.0, 6.0], [6.0, 6.0], [6.5, 6.5]]
+    assert [s["grad"] for s in r1["training"][:-1]] == [[6.0, 6.0], [12.0, 12.0], [13.0, 13.0]]
+    inside = r0["initial"][0]["weight"]  # rank 0's own step, inside the block
+    assert len(r0["initial"]) == 2 and inside == pytest.approx([-1.2, -1.2])
+    longest = r1["initial"][-2]["weight"]  # rank 1's weights after its last step
     three = run_ranks(accumulation.uneven_loop, 3, (3, 2, 1), True, "return", 0.1)  # the cell's
     assert three[0][2]["grad"] == pytest.approx([1.0, 1.0])
-    assert all(r[-1]["weight"] == three[0][-1]["weight"] for r in three)
-    final = r1[-1]["weight"]
+    assert all(r[-1]["weight"] == three[0][-1]["weight"] for r in three)  # rank 0 = last joiner
+    average = [(a + b) / 2 for a, b in zip(inside, longest, strict=True)]
+    by_training = r1["training"][-1]["weight"]  # divide_by_initial_world_size=False
+    assert average == pytest.approx([-2.45, -2.45]) and by_training == pytest.approx([-6.2, -6.2])
+    final = r0["initial"][-1]["weight"]
     options = {
-        "a": final == pytest.approx([-1.1, -1.1]),
-        "b": final == pytest.approx([-0.6, -0.6]),
-        "c": final == pytest.approx([-1.95, -1.95]),
-        "d": final == pytest.approx([-0.85, -0.85]) and final == r0[-1]["weight"],
+        "a": final == pytest.approx(average),
+        "b": final == pytest.approx(inside),
+        "c": final == pytest.approx(by_training),
+        "d": final == pytest.approx(longest) and final == pytest.approx([-3.7, -3.7]),
     }
     assert supported(options) == KEYS["accumulation_6"]
 
@@ -193,7 +207,7 @@ def test_accumulation_8_collectives_pair_by_order(run_ranks) -> None:
     """3 ranks, rank 2 reducing count before loss: do ranks 0 and 1 print 67 / 131 and rank 2
     131 / 67, with no error and no hang?"""
     means = run_ranks(accumulation.swapped_all_reduce, 3, 1.0, 64.0, (2,), False)
-    two = run_ranks(accumulation.swapped_all_reduce, 2, 5.0, 1000.0)  # the cell's run
+    two = run_ranks(accumulation.swapped_all_reduce, 2, 5.0, 1000.0)  # the cell's run, finished
     assert [(r["loss_sum"], r["count"]) for r in two] == [(2005.0, 1006.0), (1006.0, 2005.0)]
     assert [(r["loss_sum"], r["count"]) for r in means] == [(67.0, 131.0)] * 2 + [(131.0, 67.0)]
     mean, rank2 = (round(r["loss_sum"] / r["count"], 3) for r in (means[0], means[2]))
@@ -245,45 +259,71 @@ def test_accumulation_9_seed_per_rank_under_ddp(run_ranks) -> None:
     assert supported(options) == KEYS["accumulation_9"]
 
 
+def _clip_factor(r: dict, factor: float) -> bool:
+    """Whether the clip multiplied this run's .grad by ``factor``, element by element."""
+    before, after = torch.tensor(r["unclipped_grad"]), torch.tensor(r["grad"])
+    return torch.allclose(after, factor * before, rtol=1e-4, atol=1e-6)
+
+
 def test_accumulation_10_clip_after_accumulation(run_ranks) -> None:
-    """K = 4, undivided mean losses, max_norm twice the large-batch norm: does every rank step
-    with twice the large-batch gradient? (And, as the cell shows, does the clip after a plain
-    DDP backward see the large-batch norm on every rank, with no collective?)"""
-    r0, r1 = run_ranks(accumulation.accumulation_counts, 2, True, 4, 0, "mean", False, 2.0)
+    """K = 3 micro-batches of 4 samples, summed losses, max_norm 6 times the large-batch norm:
+    does the clip halve .grad on both ranks? (And, as the cell shows, does the clip after a
+    plain DDP backward see the large-batch norm on every rank, with no collective?)"""
+    r0, r1 = run_ranks(accumulation.accumulation_counts, 2, True, 3, 0, "sum", False, 6.0, 4)
     plain = run_ranks(accumulation.clipped_norms, 2)
     assert all(r["collectives"] == [] for r in plain)
     assert all(r["norm"] == pytest.approx(r["large_batch_norm"], rel=1e-5) for r in plain)
-    assert r0["norm"] == pytest.approx(4 * r0["large_batch_norm"], rel=1e-4)
-    same = r0["grad"] == r1["grad"]
+    assert r0["allreduces_per_backward"] == [0, 0, 1]
+    assert r0["norm"] == pytest.approx(12 * r0["large_batch_norm"], rel=1e-4)
+    unclipped = {**r0, "grad": r0["unclipped_grad"]}
+    assert _times(unclipped, 12.0) and _times(r0, 6.0)  # as the explanation says
+    same = r0["grad"] == r1["grad"] and r0["norm"] == r1["norm"]
     options = {
-        "a": same and _times(r0, 2.0),
-        "b": _times(r0, 4.0),
-        "c": _times(r0, 1.0),
+        "a": same and _clip_factor(r0, 0.5),
+        "b": same and _clip_factor(r0, 1.0),
+        "c": same and _clip_factor(r0, 0.25),
         "d": not same,
     }
     assert supported(options) == KEYS["accumulation_10"]
 
 
+def buffer_runs() -> dict[str, list[float]]:
+    """On each rank, in one launch: the running mean after every forward, with K = 2
+    micro-batches per step (three steps), with one forward per step (six steps), and without
+    broadcast_buffers."""
+    return {
+        "accumulated": accumulation.batchnorm_buffers(True, 3, 10.0, 2),
+        "every_forward": accumulation.batchnorm_buffers(True, 6, 10.0),
+        "own": accumulation.batchnorm_buffers(False, 3, 10.0, 2),
+    }
+
+
 def test_accumulation_11_batchnorm_buffers(run_ranks) -> None:
-    """4 ranks, batch means 10 r + 1.5, broadcast_buffers: after 3 steps, is rank 3's running
-    mean rank 0's after step 2, updated with its own batch?"""
-    r = run_ranks(accumulation.batchnorm_buffers, 4, True, 3, 10.0)
-    own = run_ranks(accumulation.batchnorm_buffers, 4, False, 3, 10.0)
+    """4 ranks, batch means 10 r + 1.5, broadcast_buffers, K = 2 micro-batches (the first under
+    no_sync): after 3 steps, has rank 3 started each step from rank 0's value and then updated
+    twice with its own batch, the second forward broadcasting nothing?"""
+    r = run_ranks(buffer_runs, 4)
     two = run_ranks(accumulation.batchnorm_buffers, 2, True, 2, 20.0)  # the cell's run
     assert two[1] == pytest.approx([2.15, 2.285])
     sync_bn = run_ranks(accumulation.sync_batchnorm_on_cpu, 2)[0]  # as the explanation says
     assert "expected input tensor to be on GPU or XPU or privateuseone" in sync_bn["forward"]
     assert "SyncBatchNorm layers only work with GPU modules" in sync_bn["DDP"]
-    assert r[0] == pytest.approx([0.15, 0.285, 0.4065])
-    assert own[3][2] == pytest.approx(8.5365, rel=1e-5)
-    assert sum(o[2] for o in own) / 4 == pytest.approx(4.4715, rel=1e-5)
-    rank3 = r[3][2]
+    zero, three = r[0]["accumulated"], r[3]["accumulated"]
+    assert zero == pytest.approx([0.15, 0.285, 0.4065, 0.51585, 0.614265, 0.702839], rel=1e-5)
+    assert three == pytest.approx([3.15, 5.985, 3.4065, 6.21585, 3.614265, 6.402839], rel=1e-5)
+    per_step = all(  # each step's first forward from rank 0's value, the second from its own
+        three[2 * s] == pytest.approx(0.9 * zero[2 * s - 1] + 3.15)
+        and three[2 * s + 1] == pytest.approx(0.9 * three[2 * s] + 3.15)
+        for s in (1, 2)
+    )
+    every_forward, own = r[3]["every_forward"][-1], r[3]["own"][-1]
+    assert every_forward == pytest.approx(3.7028, rel=1e-4)
+    assert own == pytest.approx(14.7596, rel=1e-4)
+    rank3 = three[-1]
     options = {
-        "a": rank3 == pytest.approx(r[0][2]),
-        "b": rank3 == pytest.approx(0.9 * r[0][1] + 0.1 * 31.5)
-        and rank3 == pytest.approx(3.4065, rel=1e-5),
-        "c": rank3 == pytest.approx(sum(o[2] for o in own) / 4)
-        and rank3 == pytest.approx(4.4715, rel=1e-5),
-        "d": rank3 == pytest.approx(own[3][2]),
+        "a": rank3 == pytest.approx(every_forward),
+        "b": per_step and rank3 == pytest.approx(6.4028, rel=1e-4),
+        "c": rank3 == pytest.approx(own),
+        "d": rank3 == pytest.approx(zero[-1]),
     }
     assert supported(options) == KEYS["accumulation_11"]

@@ -1,8 +1,8 @@
 """Do the measurements support each keyed answer of the buckets quiz, and no other?
 
-Keys are read from the source notebook's hidden checks. The one timing claim (a call costs
-something beyond its bytes) is decided by a ratio far from 1: the same bytes in 200 calls
-against one, on 2 ranks; the rest on call counts, sizes, addresses and event order.
+Keys are read from the source notebook's hidden checks and decided on real gloo ranks by
+bucket contents, sizes and the order of events (a bucket queued before or after the last
+gradient), never by a timing.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from quiz import keys, supported
 
+from course.checks.buckets import ddp_bucket_rule
 from course.experiments import buckets
 
 pytestmark = pytest.mark.ranks
@@ -18,24 +19,39 @@ KEYS = keys("buckets")
 MODEL_BYTES = [p.numel() * p.element_size() for p in buckets.many_params_model().parameters()]
 
 
-def test_buckets_1_one_bucket_for_the_whole_model(run_ranks) -> None:
-    """With a cap larger than the model, is there one bucket whose all-reduce starts only once
-    every gradient is ready, holding as many bytes as the small buckets together, while the
-    small buckets of a small cap start during backward?"""
-    one = run_ranks(buckets.overlap_timeline, 2, 1000.0, 4, 256, 64)[0]
-    small = run_ranks(buckets.overlap_timeline, 2, 0.25, 4, 256, 64)[0]
-    last_ready = max(t for _, t in one["grad_ready"])
-    start = min(b["start"] for b in one["buckets"])
+def _queued_after_backward(cap: float, run_ranks) -> tuple[list[dict], list[dict], int]:
+    """The timeline model's buckets at ``cap`` (second step), those of them whose all-reduce
+    was queued at or after the last gradient became ready (event order), and that gradient's
+    parameter."""
+    timeline = run_ranks(buckets.overlap_timeline, 2, cap, 8, 512, 64)[0]
+    last_param, last_ready = max(timeline["grad_ready"], key=lambda e: e[1])
+    late = [b for b in timeline["buckets"] if b["start"] >= last_ready]
+    return timeline["buckets"], late, last_param
+
+
+def test_buckets_1_what_is_queued_after_the_last_gradient(run_ranks) -> None:
+    """At bucket_cap_mb=2.5 on the timeline's model, are layers 1 and 0 (2.004 MiB), and
+    nothing else, in buckets queued only after the last gradient is ready?"""
+    layer = 512 * 512 * 4 + 512 * 4  # Linear(512, 512): weight and bias, float32
+    every, late, last_param = _queued_after_backward(2.5, run_ranks)
+    late_params = sorted(i for b in late for i in b["params"])
+    late_bytes = sum(b["nbytes"] for b in late)
     options = {
-        "a": sum(b["nbytes"] for b in one["buckets"]) < sum(b["nbytes"] for b in small["buckets"]),
-        "b": len(one["buckets"]) > 1 and start < last_ready,
-        "c": start < last_ready,
-        "d": len(one["buckets"]) == 1 and start >= last_ready,
+        "a": late == [],
+        "b": late_params == [0, 1] and late_bytes == layer,
+        "c": late_params == [0, 1, 2, 3] and late_bytes == 2 * layer,
+        "d": late_params == list(range(6)) and late_bytes == 3 * layer,
     }
     assert supported(options) == KEYS["buckets_1"]
-    # the contrast the explanation draws: with a small cap the first bucket starts early
-    assert len(small["buckets"]) > 1
-    assert small["buckets"][0]["start"] < max(t for _, t in small["grad_ready"])
+    # the explanation's buckets: layers 7 to 5, 4 to 2, then 1 and 0
+    assert [b["nbytes"] for b in every] == [3 * layer, 3 * layer, 2 * layer]
+    assert last_param == 0  # layer 0's weight is the last gradient of backward
+    # the timeline's own cap: one layer per bucket, layer 0's alone after the last gradient
+    _, late, _ = _queued_after_backward(1.0, run_ranks)
+    assert [sorted(b["params"]) for b in late] == [[0, 1]]
+    # the limit: one bucket for the whole model, all of it queued after the last gradient
+    every, late, _ = _queued_after_backward(1000.0, run_ranks)
+    assert len(every) == 1 and late == every and every[0]["nbytes"] == 8 * layer
 
 
 def test_buckets_2_ddp_buckets_follow_backward_not_registration(run_ranks) -> None:
@@ -58,17 +74,26 @@ def test_buckets_2_ddp_buckets_follow_backward_not_registration(run_ranks) -> No
     assert len(first) == 1
 
 
-def test_buckets_3_default_first_and_later_steps_of_a_40_mib_model(run_ranks) -> None:
-    """With the defaults, is step 1 of 10 layers of 4 MiB one bucket, and later steps one
-    layer, then seven, then two?"""
+def test_buckets_3_default_buckets_of_a_40_mib_model(run_ranks) -> None:
+    """With the defaults, are the later steps of 10 layers of 4 MiB one layer, then seven,
+    then two, while the 2 MiB model of the cell cannot tell that rule from a plain 1 MiB cap
+    or from a first bucket with nothing capped after it?"""
     steps = run_ranks(buckets.ddp_buckets, 2, None, 3, 10, 1024, False)[0]
-    counts = [len(s) for s in steps]
     layer = 1024 * 1024 * 4
     later = [b["nbytes"] for b in steps[1]]
     options = {
-        "a": counts == [1, 3, 3] and later == [layer, 7 * layer, 2 * layer],
-        "b": counts == [1, 2, 2],
-        "c": counts[0] == 10,
-        "d": counts == [2, 2, 2],
+        "a": later == [layer] * 10,
+        "b": later == [layer, 7 * layer, 2 * layer],
+        "c": later == [layer, 9 * layer],
+        "d": later == [7 * layer, 3 * layer],
     }
     assert supported(options) == KEYS["buckets_3"]
+    assert len(steps[0]) == 1 and [b["nbytes"] for b in steps[2]] == later
+    # d) is what an explicit bucket_cap_mb=25 gives: 28 MiB, then 12 MiB
+    explicit = run_ranks(buckets.ddp_buckets, 2, 25.0, 2, 10, 1024, False)[0][1]
+    assert [b["nbytes"] for b in explicit] == [7 * layer, 3 * layer]
+    # on the cell's 2 MiB model the default, a 1 MiB cap everywhere and an uncapped rest agree
+    small = [b["params"] for b in run_ranks(buckets.ddp_buckets, 2, None, 2)[0][1]]
+    assert small == ddp_bucket_rule(MODEL_BYTES, 1.0)
+    assert small == ddp_bucket_rule(MODEL_BYTES, 25.0, first_bucket_mb=1.0)
+    assert small == ddp_bucket_rule(MODEL_BYTES, 1000.0, first_bucket_mb=1.0)

@@ -38,11 +38,18 @@ def test_ddp_1_summed_loss_on_more_ranks(run_ranks) -> None:
         "d": ratio == pytest.approx([1 / 2] * 3, rel=1e-5),
     }
     assert supported(options) == KEYS["ddp_1"]
-    # the explanation's measurement: the seed step on 4 ranks (local gradients [1, 1] to
-    # [4, 4]) leaves [2.5, 2.5] on every rank
-    seed = run_ranks(ddp.seed_step, 4)
-    assert [r["local"] for r in seed] == [[k, k] for k in (1.0, 2.0, 3.0, 4.0)]
-    assert all(r["grad"] == [2.5, 2.5] for r in seed)
+
+
+def test_ddp_1_mean_loss_on_equal_batches(run_ranks) -> None:
+    """The measuring cell's law: with a mean loss on 4 equal local batches, does .grad equal
+    one process's mean gradient over all 16 samples, the average of the 4 local means and not
+    their sum?"""
+    ranks = run_ranks(ddp.uneven_step, 4, (4, 4, 4, 4))
+    for r in ranks:
+        assert r["grad"] == pytest.approx(r["pooled_mean"], rel=1e-5)
+        average = [sum(c) / 4 for c in zip(*r["local_means"], strict=True)]
+        assert r["pooled_mean"] == pytest.approx(average, rel=1e-5)
+        assert r["grad"] != pytest.approx([4 * g for g in average], rel=0.5)
 
 
 def test_ddp_1_scales_before_the_sum(run_ranks) -> None:
@@ -107,7 +114,9 @@ def _fit(x: torch.Tensor, y: torch.Tensor, weights: list[float]) -> torch.Tensor
 
 def test_ddp_3_uneven_split_trained_to_the_end(run_ranks) -> None:
     """On a fixed split of 2 and 6 samples, mean loss per rank, does DDP's SGD end at the fit
-    that weighs each of rank 0's samples 3 times one of rank 1's, and not at the plain fit?"""
+    that weighs each of rank 0's samples 3 times one of rank 1's, and not at the plain fit nor
+    the fit that weighs rank 1's 3 times, while on the cell's even split it ends at the plain
+    fit?"""
     ranks = run_ranks(ddp.uneven_fit, 2, (2, 6))
     r = ranks[0]
     assert ranks[1]["weight"] == r["weight"]
@@ -123,14 +132,19 @@ def test_ddp_3_uneven_split_trained_to_the_end(run_ranks) -> None:
 
     plain = _fit(x, y, [1.0] * 8)
     weighted = _fit(x, y, [3.0] * 2 + [1.0] * 6)
+    mirrored = _fit(x, y, [1.0] * 2 + [3.0] * 6)
     options = {
         "a": at(plain),
-        "b": at(_fit(x[lo1:hi1], y[lo1:hi1], [1.0] * 6)),
+        "b": at(mirrored),
         "c": not settled,
         "d": at(weighted),
     }
     assert supported(options) == KEYS["ddp_3"]
-    assert (w - plain).abs().max() > 0.02
+    assert (w - plain).abs().max() > 0.02 and (w - mirrored).abs().max() > 0.02
+    # the cell's even split: the same 8 samples, 4 + 4, end at the plain fit
+    even = run_ranks(ddp.uneven_fit, 2, (4, 4))[0]
+    assert torch.tensor(even["x"], dtype=torch.float64).equal(x)
+    assert (torch.tensor(even["weight"], dtype=torch.float64) - plain).abs().max() < 1e-4
 
 
 def test_ddp_4_offset_after_construction(run_ranks) -> None:

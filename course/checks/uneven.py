@@ -109,7 +109,7 @@ def check_train_uneven(
             raise AssertionError(problem)
     return (
         f"train_uneven finishes on {list(world_sizes)} ranks with uneven data, without Join, "
-        "with the weights Join gives."
+        "with the weights Join gives the rank with the most batches."
     )
 
 

@@ -64,13 +64,16 @@ def accumulation_counts(
     reduction: str = "mean",
     sync_first: bool = False,
     max_norm_ratio: float | None = None,
+    samples: int = 2,
 ) -> dict[str, Any]:
-    """K micro-batches of 2 samples per rank into one ``.grad``: all-reduces per backward.
+    """K micro-batches of ``samples`` samples per rank into one ``.grad``: all-reduces per
+    backward.
 
     Each micro-batch's ``mse_loss(..., reduction)`` is backpropagated as it is (``sync_first``:
     only the first backward outside ``no_sync``). Beside ``.grad``: the global batch's mean-loss
     gradient in one process, its norm, each micro-batch's local gradient (no DDP), and with
-    ``max_norm_ratio`` the norm one ``clip_grad_norm_`` saw at that times the large norm.
+    ``max_norm_ratio`` the norm one ``clip_grad_norm_`` saw at that times the large norm, and
+    ``.grad`` before that clip.
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model = _mlp(seed)
@@ -79,8 +82,8 @@ def accumulation_counts(
     calls: list[int] = []
     ddp.register_comm_hook(calls, counting_hook)
     gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(world_size, k, 2, 4, generator=gen)
-    y = torch.randn(world_size, k, 2, 1, generator=gen)
+    x = torch.randn(world_size, k, samples, 4, generator=gen)
+    y = torch.randn(world_size, k, samples, 1, generator=gen)
     synced = [i == 0 if sync_first else not use_no_sync or i == k - 1 for i in range(k)]
     per_backward, local_grads = [], []
     for i, sync in enumerate(synced):
@@ -93,13 +96,14 @@ def accumulation_counts(
         local_grads.append(_flat_grad(local))
     nn.functional.mse_loss(large(x.reshape(-1, 4)), y.reshape(-1, 1)).backward()
     large_norm = nn.utils.clip_grad_norm_(large.parameters(), float("inf")).item()
-    norm = None
+    norm, unclipped = None, _flat_grad(model)
     if max_norm_ratio is not None:
         norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm_ratio * large_norm).item()
     return {
         "rank": rank,
         "allreduces_per_backward": per_backward,
         "grad": _flat_grad(model),
+        "unclipped_grad": unclipped,
         "large_batch_grad": _flat_grad(large),
         "large_batch_norm": large_norm,
         "norm": norm,
@@ -112,6 +116,7 @@ def uneven_loop(
     join: bool = False,
     then: str = "return",
     lr: float = 0.0,
+    divide_by_initial_world_size: bool = True,
 ) -> list[dict]:
     """Train ``nn.Linear(2, 1)`` under DDP, rank r on ``batches_per_rank[r]`` batches.
 
@@ -121,7 +126,8 @@ def uneven_loop(
     calls ``dist.barrier()`` (``"barrier"``), ends its process (``"exit"``), or all-reduces a
     zero weight-shaped tensor once per batch it lacks against the longest rank (``"zeros"``).
     With ``lr``: weights from 0, an SGD step after each backward, weights recorded per step
-    and, in a last entry, after the loop.
+    and, in a last entry, after the loop (after the ``with`` block). With ``join``,
+    ``divide_by_initial_world_size`` is Join's option of that name for DDP.
     """
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -131,7 +137,11 @@ def uneven_loop(
     ddp = DDP(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=lr)  # lr 0: the weights stay
     steps = []
-    with Join([ddp]) if join else contextlib.nullcontext():
+    with (
+        Join([ddp], divide_by_initial_world_size=divide_by_initial_world_size)
+        if join  # built only when used: building Join already sets DDP's join config
+        else contextlib.nullcontext()
+    ):
         for i in range(batches_per_rank[rank]):
             model.zero_grad()
             x = torch.full((1, 2), float(10 * rank + i + 1))
@@ -253,18 +263,21 @@ def clipped_norms(max_norm: float = 0.1, seed: int = 0) -> dict[str, Any]:
 
 
 def batchnorm_buffers(
-    broadcast_buffers: bool = True, steps: int = 2, spacing: float = 10.0
+    broadcast_buffers: bool = True, steps: int = 2, spacing: float = 10.0, micro_batches: int = 1
 ) -> list[float]:
-    """A ``BatchNorm1d``'s running mean on this rank after each DDP step (batch mean
-    ``spacing * r + 1.5``)."""
+    """A ``BatchNorm1d``'s running mean on this rank after each DDP forward (batch mean
+    ``spacing * r + 1.5``): ``micro_batches`` forwards and backwards per step, all but the last
+    of a step under ``no_sync``, as in gradient accumulation."""
     rank = dist.get_rank()
     model = nn.BatchNorm1d(1)  # momentum 0.1: running = 0.9 running + 0.1 batch mean
     ddp = DDP(model, broadcast_buffers=broadcast_buffers)
     x = spacing * rank + torch.arange(4.0).view(4, 1)
     means = []
     for _ in range(steps):
-        ddp(x).sum().backward()
-        means.append(model.running_mean.item())
+        for i in range(micro_batches):
+            with ddp.no_sync() if i < micro_batches - 1 else contextlib.nullcontext():
+                ddp(x).sum().backward()
+            means.append(model.running_mean.item())
     return means
 
 

@@ -209,9 +209,9 @@ def uneven_step(
     Each rank's loss is the squared error over its own samples, reduced by ``reduction``
     (``"mean"`` or ``"sum"``, as in ``nn.functional.mse_loss``). Returns the synced ``.grad``
     beside what every rank computes in one process on the whole data: each rank's local mean
-    gradient, the pooled per-sample mean, and the local means' plain average.
+    gradient and the pooled per-sample mean.
     """
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     x, y, shards, model = _uneven_data(local_batch_sizes, seed)
     oracle = nn.Linear(3, 1, bias=False)
     oracle.load_state_dict(model.state_dict())
@@ -223,7 +223,6 @@ def uneven_step(
         "local_batch_sizes": list(local_batch_sizes),
         "grad": model.weight.grad.flatten().tolist(),
         "pooled_mean": _mean_grad(oracle, x, y),
-        "flat_average": [sum(c) / world_size for c in zip(*local_means, strict=True)],
         "local_means": local_means,
     }
 

@@ -2,6 +2,7 @@
 
     from course.experiments.stragglers import straggler_run, step_seconds, backup_step
     spans = straggler_run(world_size=4, slow_rank=3, slowdown=2.0)
+    straggler_run(4, slow_rank=[2, 3])   # several slow ranks, each at ``slowdown``
     step_seconds(spans)                  # per rank: the median step
     backup_step(arrivals(spans)[0], b=1) # a step with one backup worker, from the arrivals
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 import torch.distributed as dist
@@ -55,14 +56,19 @@ class Slowed(nn.Module):
 
 
 def straggler_rank(
-    slow_rank: int = 3, slowdown: float = 2.0, compute_s: float = 0.03, steps: int = 6
+    slow_rank: int | Collection[int] = 3,
+    slowdown: float = 2.0,
+    compute_s: float = 0.03,
+    steps: int = 6,
 ) -> list[dict[str, float]]:
     """On every rank: ``steps`` DDP steps, each ``{"start", "forward_end", "backward_end",
-    "end"}`` in seconds of the machine's monotonic clock (one clock for all ranks)."""
+    "end"}`` in seconds of the machine's monotonic clock (one clock for all ranks); the slow
+    rank, or each of the slow ranks, computes ``slowdown`` times as long."""
     rank = dist.get_rank()
+    slow = {slow_rank} if isinstance(slow_rank, int) else set(slow_rank)
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
-    delay = compute_s * (slowdown if rank == slow_rank else 1.0)
+    delay = compute_s * (slowdown if rank in slow else 1.0)
     ddp = DDP(Slowed(mlp, delay))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)
@@ -92,7 +98,7 @@ def straggler_rank(
 
 def straggler_run(
     world_size: int = 4,
-    slow_rank: int = 3,
+    slow_rank: int | Collection[int] = 3,
     slowdown: float = 2.0,
     compute_s: float = 0.03,
     steps: int = 6,

@@ -34,6 +34,7 @@ __all__ = [
     "make_batches",
     "memory_after_backward",
     "memory_breakdown",
+    "memory_during_backward",
     "memory_on_ranks",
     "single_process_params",
     "torch_zero_state_bytes",
@@ -153,18 +154,7 @@ def _train(
     model = toy_model(seed, width=batches[0][0].shape[1])
     if snapshots:
         relay.snapshot(0)
-    if kind == "DDP":
-        net = nn.parallel.DistributedDataParallel(model)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    elif kind == "torch ZeRO-1":
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        net = nn.parallel.DistributedDataParallel(model)
-        optimizer = ZeroRedundancyOptimizer(
-            model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-2
-        )
-    else:
-        net, optimizer = model, zero_class(model.parameters(), torch.optim.Adam, lr=1e-2)
+    net, optimizer = _wrapped(kind, zero_class, model)
     for i, (x, y) in enumerate(batches):
         if i:
             optimizer.zero_grad()
@@ -173,6 +163,23 @@ def _train(
         if snapshots:
             relay.snapshot(i + 1)
     return model, optimizer
+
+
+def _wrapped(kind: str, zero_class: Any, model: nn.Module) -> tuple[nn.Module, Any]:
+    """The module to call and the optimizer to step, for ``model`` trained the ``kind`` way:
+    DDP + Adam, DDP + torch's ZeroRedundancyOptimizer, or ``zero_class`` + Adam."""
+    if kind == "DDP":
+        net = nn.parallel.DistributedDataParallel(model)
+        return net, torch.optim.Adam(model.parameters(), lr=1e-2)
+    if kind == "torch ZeRO-1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        net = nn.parallel.DistributedDataParallel(model)
+        optimizer = ZeroRedundancyOptimizer(
+            model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-2
+        )
+        return net, optimizer
+    return model, zero_class(model.parameters(), torch.optim.Adam, lr=1e-2)
 
 
 def _warm_up() -> None:
@@ -258,10 +265,39 @@ def memory_after_backward(kind: str, zero_class: Any = None, steps: int = 2) -> 
     return memory_breakdown(model, optimizer)
 
 
+def memory_during_backward(kind: str, zero_class: Any = None, steps: int = 2) -> dict[str, int]:
+    """Rank side: the most this rank holds during the last of ``steps`` steps' backward.
+
+    Train ``steps - 1`` steps the ``kind`` way, then run the last forward and backward,
+    counting (:func:`memory_breakdown`) each time backward has accumulated a parameter's
+    gradient: a hook registered on every parameter before the optimizer is built, so it runs
+    before any hook the optimizer registers there. The largest count comes back."""
+    batches = _own_batches(steps, 0, dist.get_rank())
+    model = toy_model(0)
+    counts: list[dict[str, int]] = []
+    on: dict[str, Any] = {"counting": False}
+
+    def count(_: torch.Tensor) -> None:
+        if on["counting"]:
+            counts.append(memory_breakdown(model, on["optimizer"]))
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(count)
+    net, on["optimizer"] = _wrapped(kind, zero_class, model)
+    for i, (x, y) in enumerate(batches):
+        if i:
+            on["optimizer"].zero_grad()
+        on["counting"] = i == len(batches) - 1
+        nn.functional.mse_loss(net(x), y).backward()
+        if not on["counting"]:
+            on["optimizer"].step()
+    return max(counts, key=lambda held: sum(held.values()))
+
+
 def torch_zero_state_bytes(numels: list[int]) -> dict[str, Any]:
     """Rank side: bytes of Adam state this rank holds under torch's
     ``ZeroRedundancyOptimizer`` after one step, for flat parameters of ``numels`` elements,
-    and the sizes of the parameters it updates."""
+    the sizes of the parameters it updates, and their places in ``numels``."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     params = [nn.Parameter(torch.zeros(n)) for n in numels]
@@ -270,8 +306,10 @@ def torch_zero_state_bytes(numels: list[int]) -> dict[str, Any]:
         p.grad = torch.ones_like(p)
     optimizer.step()
     owned = [p for group in optimizer.optim.param_groups for p in group["params"]]
+    place = {id(p): i for i, p in enumerate(params)}
     state = optimizer.optim.state.values()
     return {
         "numels": sorted((p.numel() for p in owned), reverse=True),
+        "owned": sorted(place[id(p)] for p in owned),
         "nbytes": sum(v.nbytes for s in state for v in s.values() if torch.is_tensor(v)),
     }

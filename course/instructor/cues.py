@@ -51,7 +51,8 @@ __all__ = [
 ]
 
 HEDGE = re.compile(
-    r"\b(about|roughly|approximately|usually|typically|likely|may|might)\b", re.IGNORECASE
+    r"\b(about|roughly|approximately|usually|typically|likely|may|might|at (?:least|most))\b",
+    re.IGNORECASE,
 )
 DIGIT = re.compile(r"\d")
 _CODE = re.compile(r"`[^`]*`")

@@ -149,7 +149,9 @@ def _bytes(view: RingView) -> list[go.BaseTraceType]:
         xaxis="x3",
         yaxis="y3",
         mode="lines",
-        name=f"2(N-1)/N x size = {view.formula:,.0f} B",
+        # Before the questions (formulas off) the hidden line keeps no closed form in its name:
+        # a saved notebook's widget state holds every trace, shown or not.
+        name=f"2(N-1)/N x size = {view.formula:,.0f} B" if view.formulas else "",
         line={"color": FULL, "dash": "dash", "width": 2},
         hoverinfo="name",
         visible=view.formulas,
@@ -160,7 +162,10 @@ def _bytes(view: RingView) -> list[go.BaseTraceType]:
 def layout(view: RingView) -> go.Layout:
     """Three panels: the ring (left), the chunks (top right), the bytes (bottom right)."""
     n, tick = view.n, view.size.tick
-    top = max(view.formula if view.formulas else 0, *view.sent(view.last), 1) * 1.15
+    # Before the questions the bytes axis follows the bars step by step: a range fixed at the
+    # end's total would show, at step 0, how much a rank sends in the whole all-reduce.
+    top = max(view.formula, *view.sent(view.last), 1) * 1.15
+    scale = {"range": [0, top]} if view.formulas else {"autorange": True, "rangemode": "tozero"}
     axis = {"showgrid": False, "zeroline": False}
     hidden = {**axis, "visible": False, "range": [-1.25, 1.25]}
     right = {**axis, "domain": [0.46, 0.78], "dtick": tick}
@@ -194,7 +199,7 @@ def layout(view: RingView) -> go.Layout:
             "domain": [0, 0.24],
             "anchor": "x3",
             "title": {"text": "bytes sent so far"},
-            "range": [0, top],
+            **scale,
             "showgrid": True,
             "gridcolor": "#eeeeee",
         },

@@ -204,9 +204,11 @@ def fsdp_widget(
     prefetch: bool = False,
     trace: Iterable[object] | None = None,
     unit_numels: Sequence[int] | None = None,
+    prefetch_control: bool = True,
 ) -> FsdpWidget:
-    """The FSDP step with play/step controls (``course.pictures.fsdp_widget``); with a
-    ``trace`` (one rank's collectives) and its ``unit_numels``, the step of your own run."""
+    """The FSDP step with play/step controls (``course.pictures.fsdp_widget``; a prefetch
+    switch unless ``prefetch_control`` is off); with a ``trace`` (one rank's collectives) and
+    its ``unit_numels``, the step of your own run."""
     from course.pictures.fsdp_widget import FsdpWidget
 
     if trace is not None:
@@ -215,4 +217,4 @@ def fsdp_widget(
         schedule = schedule_from_trace(trace, unit_numels, world_size)
         return FsdpWidget(schedule, "your run")
     schedule = fsdp_schedule(units, world_size, reshard_after_forward, prefetch)
-    return FsdpWidget(schedule, "reference", simulate=True)
+    return FsdpWidget(schedule, "reference", simulate=True, prefetch_control=prefetch_control)

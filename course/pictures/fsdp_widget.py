@@ -28,19 +28,24 @@ class FsdpWidget(RingWidget):
     """Play/step/scrub controls, the current event and the memory held around one schedule."""
 
     def __init__(
-        self, schedule: Schedule, label: str = "reference", simulate: bool = False
+        self,
+        schedule: Schedule,
+        label: str = "reference",
+        simulate: bool = False,
+        prefetch_control: bool = True,
     ) -> None:
         self.label, self.formulas = label, True
         rows: list[widgets.Widget] = [self._controls("event")]
         if simulate:
-            rows.append(self._settings(schedule))
+            rows.append(self._settings(schedule, prefetch_control))
         self.figure = self._figure(schedule)  # type: ignore[arg-type]
         widgets.VBox.__init__(self, [*rows, self.status, self.figure, self.report])
         self.slider.observe(lambda change: self.show(change["new"]), "value")
         self.show(0)
 
-    def _settings(self, s: Schedule) -> widgets.HBox:
-        """World size, units, and the two FSDP settings: each change redraws from event 0."""
+    def _settings(self, s: Schedule, prefetch_control: bool = True) -> widgets.HBox:
+        """World size, units, and the FSDP settings (prefetch unless ``prefetch_control`` is
+        off, as where a quiz asks what a prefetch holds): each change redraws from event 0."""
         self.world_size = widgets.IntSlider(
             value=s.world_size, min=2, max=MAX_WORLD_SIZE, description="world_size"
         )
@@ -49,9 +54,11 @@ class FsdpWidget(RingWidget):
             value=s.reshard_after_forward, description="reshard_after_forward", indent=False
         )
         self.prefetch = widgets.Checkbox(value=s.prefetch, description="prefetch", indent=False)
-        for control in (self.world_size, self.units, self.reshard, self.prefetch):
+        controls = [self.world_size, self.units, self.reshard]
+        controls += [self.prefetch] if prefetch_control else []
+        for control in controls:
             control.observe(self._on_settings, "value")
-        return widgets.HBox([self.world_size, self.units, self.reshard, self.prefetch])
+        return widgets.HBox(controls)
 
     def _on_settings(self, _change: dict[str, Any]) -> None:
         self.load(

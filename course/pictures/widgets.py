@@ -185,17 +185,22 @@ def show_trace(trace: Trace, label: str = "your run") -> RingWidget:
 
 
 def ring_widget(
-    world_size: int = 4, numel: int | None = None, itemsize: int = 4, formulas: bool = True
+    world_size: int = 4,
+    numel: int | None = None,
+    itemsize: int = 4,
+    formulas: bool = True,
+    resizable: bool = True,
 ) -> RingWidget:
     """The reference ring from the simulator, with world_size and numel controls;
-    ``formulas=False`` leaves out the closed forms a question asks for."""
+    ``formulas=False`` leaves out the closed forms a question asks for, and
+    ``resizable=False`` the size controls, for a picture of one world size only."""
     if not 2 <= world_size <= MAX_WORLD_SIZE:
         raise ValueError(
             f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, got world_size={world_size}"
         )
     numel = default_numel(world_size) if numel is None else numel
     trace = ring_trace(world_size, numel, itemsize)
-    return RingWidget(trace, "reference ring", simulate=True, formulas=formulas)
+    return RingWidget(trace, "reference ring", simulate=resizable, formulas=formulas)
 
 
 def default_numel(world_size: int) -> int:

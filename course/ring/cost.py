@@ -182,26 +182,28 @@ def cost_figure(
     world_sizes: Sequence[int] | None = None,
     alpha: float = DEFAULT_ALPHA,
     beta: float = DEFAULT_BETA,
+    by_world_size: bool = True,
 ) -> go.Figure:
     """Predicted time of each algorithm against message size (at ``world_size``) and against
-    N (at ``size_bytes``), both log-log."""
+    N (at ``size_bytes``), both log-log; ``by_world_size=False`` draws the first panel only,
+    for a page whose questions ask how the cost grows with N."""
     from plotly.subplots import make_subplots
 
     sizes = list(sizes or [2.0**e for e in range(4, 33)])  # 16 B .. 4 GiB
     world_sizes = list(world_sizes or [2**e for e in range(1, 11)])  # 2 .. 1024
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        subplot_titles=(f"N = {world_size} ranks", f"tensor of {_human(size_bytes)}"),
-    )
+    titles = [f"N = {world_size} ranks", f"tensor of {_human(size_bytes)}"]
+    cols = 2 if by_world_size else 1
+    fig = make_subplots(rows=1, cols=cols, subplot_titles=titles[:cols])
     for i, (name, f) in enumerate(ALGORITHMS.items()):
-        by_size = [f(s, world_size, alpha, beta).seconds for s in sizes]
-        by_n = [f(size_bytes, n, alpha, beta).seconds for n in world_sizes]
         style = {"name": name, "legendgroup": name, "line": {"color": _COLOURS[i]}}
+        by_size = [f(s, world_size, alpha, beta).seconds for s in sizes]
         fig.add_scatter(x=sizes, y=by_size, row=1, col=1, **style)
-        fig.add_scatter(x=world_sizes, y=by_n, row=1, col=2, showlegend=False, **style)
+        if by_world_size:
+            by_n = [f(size_bytes, n, alpha, beta).seconds for n in world_sizes]
+            fig.add_scatter(x=world_sizes, y=by_n, row=1, col=2, showlegend=False, **style)
     fig.update_xaxes(type="log", title_text="tensor size", row=1, col=1)
-    fig.update_xaxes(type="log", title_text="world_size N", row=1, col=2)
+    if by_world_size:
+        fig.update_xaxes(type="log", title_text="world_size N", row=1, col=2)
     # Seconds with SI prefixes on the axis (100μs, 10ms), as the title writes alpha.
     fig.update_yaxes(type="log", title_text="predicted time", exponentformat="SI", ticksuffix="s")
     fig.update_xaxes(exponentformat="SI", ticksuffix="B", row=1, col=1)

@@ -406,15 +406,15 @@ print(RankError(result) if not result.ok else "")
 # *Difficulty 3/3*
 #
 # Two ranks train `nn.Linear(2, 1, bias=False)`, its weights starting at `[0, 0]`, in the plain
-# loop inside `with Join([ddp]):`, with an SGD step (lr 0.1) after each backward. Batch i of
-# rank r is one sample whose two inputs are both `10 r + i + 1`, and the loss is `sum(w . x)`,
-# so a rank's local gradient is its input. Rank 0 has 3 batches, rank 1 has 1. What weights
-# does rank 1 hold once both ranks have left the `with` block?
+# loop inside `with Join([ddp]):`, with an SGD step (lr **0.2**) after each backward. Batch i
+# of rank r is one sample whose two inputs are both `10 r + i + 1`, and the loss is
+# `sum(w . x)`, so a rank's local gradient is its input. Rank 0 has **1** batch, rank 1 has
+# **3**. What weights does rank 0 hold once both ranks have left the `with` block?
 #
-# * a) `[-1.10, -1.10]`
-# * b) `[-0.60, -0.60]`
-# * c) `[-1.95, -1.95]`
-# * d) `[-0.85, -0.85]`
+# * a) `[-2.45, -2.45]`
+# * b) `[-1.20, -1.20]`
+# * c) `[-6.20, -6.20]`
+# * d) `[-3.70, -3.70]`
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_6_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_6 = ""  # your answer: one letter, "a" to "d"
@@ -433,37 +433,40 @@ check_answer(
     explanation="""
     Two mechanisms of Join. A rank that has joined shadows each all-reduce of the others with
     zeros, and DDP still divides the sum by the world size it started with (Join's
-    divide_by_initial_world_size=True by default): the measurement on 3 ranks shows it, rank
-    0's .grad at step 3 being (3 + 0 + 0) / 3 = 1.0. Here step 1 is (1 + 11) / 2 = 6, then
-    rank 0 steps alone with (2 + 0) / 2 = 1 and (3 + 0) / 2 = 1.5: its weights go -0.6, -0.7,
-    -0.85. And when the last rank leaves the Join context, DDP broadcasts its final parameters
-    to the joined ranks, so rank 1 ends with rank 0's [-0.85, -0.85], although its own
-    optimizer stepped once (the measurement's rank 2 also ends with rank 0's weights).
-    b) -0.6 is where rank 1's own step left it: true inside the block, not after it. a) -1.1
-    would need rank 0's lone steps to use its whole local gradient (2, then 3), dividing by the
-    ranks still training: that is divide_by_initial_world_size=False. c) -1.95 would need the
-    joined rank to replay its last input 11 ((2 + 11) / 2, (3 + 11) / 2): it sends zeros.
+    divide_by_initial_world_size=True by default): the cell's 3 ranks show both, rank 0's
+    .grad at step 3 being (3 + 0 + 0) / 3 = 1.0. Here rank 1's steps are (1 + 11) / 2 = 6,
+    then (0 + 12) / 2 = 6 and (0 + 13) / 2 = 6.5 with rank 0 joined: at lr 0.2 its weights go
+    -1.2, -2.4, -3.7, while rank 0, done after one step, stays at -1.2 inside the block. When
+    the last rank leaves the Join context, DDP's join hook agrees on a last joiner (the highest
+    rank among those that joined last) and broadcasts that rank's parameters to every rank, so
+    rank 0 ends with rank 1's [-3.70, -3.70], measured. In the cell the last joiner is rank 0,
+    so there "from rank 0" and "from the last joiner" look alike; with rank 0 short of data
+    they part. b) -1.2 is rank 0's own step, kept: what no final sync, or a sync from rank 0
+    (as at DDP's construction), would leave. a) -2.45 averages the two replicas: the final sync
+    copies, it does not average. c) -6.2 divides each sum by the ranks still training,
+    Join's divide_by_initial_world_size=False (measured: rank 1's steps 6, 12 and 13).
     """,
     giveaways=(
-        r"\[?-0\.85, -0\.85\]?",
-        r"\(3 ?\+ ?0\) ?/ ?2",
-        r"broadcasts its final parameters",
-        r"shadows each all-reduce of the others",
+        r"\[-3\.70?, -3\.70?\]",
+        r"last joiner",
+        r"broadcasts that rank's parameters",
+        r"rank 0 ends with rank 1's",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_6_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** `course.experiments.accumulation.uneven_loop` with `Join` and the SGD step
-# (`lr`, weights from 0), on **3** ranks holding 3, 2 and 1 batches: each rank's input, `.grad`
-# and weights step by step, and its weights after the `with` block.
+# (`lr` 0.1, weights from 0), on **3** ranks holding 3, 2 and 1 batches: each rank's input,
+# `.grad` and weights step by step inside the `with` block. Its last entry holds the weights
+# after the block; it takes the batches per rank, the `lr` and Join's
+# `divide_by_initial_world_size`.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for rank, steps in enumerate(run(accumulation.uneven_loop, 3, (3, 2, 1), True, "return", 0.1)):
-    for i, s in enumerate(steps[:-1]):
+    for i, s in enumerate(steps[:-1]):  # the last entry, after the with block, is not printed
         print(f"rank {rank}, step {i + 1}: input {s['local']}  .grad {[round(g, 4) for g in s['grad']]}"
               f"  weights {[round(w, 4) for w in s['weight']]}")
-    print(f"rank {rank}, after the with block: weights {[round(w, 4) for w in steps[-1]['weight']]}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "more_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Unused parameters, mismatched collectives, random numbers, clipping and buffers
@@ -570,14 +573,16 @@ check_answer(
     rank 2 its count 64, so 67 lands in the loss sums of ranks 0 and 1 and in rank 2's count.
     The second brings 64 + 64 + 3 = 131, into the counts of ranks 0 and 1 and rank 2's loss
     sum. Rank 0 prints 67 / 131 = 0.511, as rank 1 does; d) 131 / 67 = 1.955 is what rank 2
-    prints. a) 6 / 192 = 0.031 would need the calls paired by tensor. b) 129 / 69 = 1.870
-    reads the 2-rank measurement as "a rank's loss meets the other ranks' counts": what pairs
-    is the k-th call of every rank, whichever rank made it. Same shapes, same dtypes, so gloo
-    has nothing to complain about and every call finds a partner: the 3-rank run finishes with
-    these values, silently wrong. Mismatches are only caught when something else differs: a
-    different number of elements crashed the process (SIGABRT inside gloo), and all_reduce
-    against broadcast hung until the timeout. Every rank must issue the same collectives in
-    the same order.
+    prints. a) 6 / 192 = 0.031 would need the calls paired by the tensor they carry: nothing
+    in an all_reduce call names it. b) 129 / 69 = 1.870 pairs each rank's loss with the other
+    ranks' counts, as if the swap crossed every pair of ranks: on 2 ranks that rule and the
+    order give the same values (measured: rank 0's loss sum 5 + 2000 in the cell's run), on 3
+    they part: what pairs is the k-th call of every rank, whichever rank made it. Same shapes,
+    same dtypes, so gloo has nothing to complain about and every call finds a partner: the
+    cell's run finishes without an error, and the 3-rank run with these values, silently
+    wrong. Mismatches are only caught when something else differs: a different number of
+    elements crashed the process (SIGABRT inside gloo), and all_reduce against broadcast hung
+    until the timeout. Every rank must issue the same collectives in the same order.
     """,
     giveaways=(
         r"\b67 ?/ ?131\b",
@@ -591,17 +596,16 @@ check_answer(
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_8_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** `course.experiments.accumulation.swapped_all_reduce` on 2 ranks: rank r's loss
 # sum is `5 + r` and its count `1000 (r + 1)`, and rank 1 reduces them in the opposite order to
-# rank 0; then two other mismatches for comparison: different sizes, and `all_reduce` against
-# `broadcast` (5 s timeout). `swapped_all_reduce` also takes which ranks swap and whether the
-# counts differ per rank.
+# rank 0. The cell prints whether every rank returned, and any error; then two other mismatches
+# for comparison: different sizes, and `all_reduce` against `broadcast` (5 s timeout).
+# `swapped_all_reduce` returns each rank's loss sum and count after the two calls, and takes
+# which ranks swap and whether the counts differ per rank.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_8_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 result = launch(accumulation.swapped_all_reduce, 2, 5.0, 1000.0, timeout=30, pg_timeout=5)
-print(f"swapped_all_reduce: after {result.elapsed:.1f} s")
-for rank in range(2):
-    r = result.results[rank]
-    print(f"  {result.failures[rank]}" if rank in result.failures else
-          f"  rank {rank}: loss sum {r['loss_sum']}  count {r['count']}")
+print(f"swapped_all_reduce: after {result.elapsed:.1f} s, every rank returned: {result.ok}")
+for rank, failure in sorted(result.failures.items()):
+    print(f"  {failure}"[:160])
 
 
 def sizes_differ():
@@ -683,17 +687,18 @@ print("seed = 0 on every rank: " + "\n                        ".join(
 #
 # *Difficulty 2/3*
 #
-# Two ranks accumulate K = 4 micro-batches with the loop of the first questions (`no_sync` on
-# the first 3, each micro-batch's mean loss backpropagated as it is) and call
-# `nn.utils.clip_grad_norm_(model.parameters(), max_norm)` once, after the last backward and
-# before `optimizer.step()`. `max_norm` is twice the norm of the large-batch gradient (the
-# mean-loss gradient over all the samples of both ranks, which one process would not clip).
-# What does the optimizer step with?
+# Two ranks accumulate K = 3 micro-batches of **4** samples each with the loop of the first
+# questions (`no_sync` on the first 2). Each micro-batch's loss is **summed** over its samples,
+# `mse_loss(ddp(x), y, reduction="sum")` (the model has one output), and backpropagated as it
+# is. Each rank then calls `nn.utils.clip_grad_norm_(model.parameters(), max_norm)` once,
+# after the last backward and before `optimizer.step()`, with `max_norm` 6 times the norm of
+# the large-batch gradient (the mean-loss gradient over all 24 samples of both ranks). By what
+# factor does the clip multiply `.grad`?
 #
-# * a) Twice the large-batch gradient, the same on both ranks.
-# * b) 4 times the large-batch gradient: the clip is not reached.
-# * c) The large-batch gradient: the clip is not reached.
-# * d) Each rank's own clipped gradient, which differ between ranks.
+# * a) By 1/2 on both ranks alike.
+# * b) By 1 on both ranks alike.
+# * c) By 1/4 on both ranks alike.
+# * d) By a factor that differs by rank.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_10_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_10 = ""  # your answer: one letter, "a" to "d"
@@ -710,23 +715,24 @@ check_answer(
     choices="abcd",
     key="a",
     explanation="""
-    Two effects combine. The accumulated .grad is K = 4 times the large-batch gradient (4
-    mean-loss gradients added up, the law of question accumulation_2's measurement), so its
-    norm is 4 times the large-batch norm, above max_norm: clip_grad_norm_ multiplies .grad by
-    max_norm / norm = 1/2, which leaves twice the large-batch gradient (measured: 2.0 for
-    every element). And after the synced backward every rank's .grad holds the same averaged
-    gradient, so clip_grad_norm_ computes the same norm on every rank without communicating
-    (the cell: no collective during the clip, the large-batch norm on every rank), and the
-    replicas stay in step: not d. b) forgets that the clip sees the accumulated scale. c) is
-    what dividing each micro-batch's loss by K gives: the norm is then the large-batch norm,
-    below max_norm. Clip after the last, synced backward: after a no_sync backward .grad is
-    still local. The norm does need an all-reduce when each rank holds only a shard of the
-    gradients (ZeRO, FSDP), not under DDP.
+    Two effects combine. .grad adds up the 3 backward passes, each summed loss carries the
+    gradients of its 4 samples, and DDP divides the sum over ranks by world_size only: .grad
+    is the sum of all 24 per-sample gradients over 2, that is 12 times the large-batch
+    gradient (measured: 12.0 for every element before the clip), and its norm 12 times the
+    large-batch norm, above max_norm. clip_grad_norm_ multiplies .grad by max_norm / norm =
+    6 / 12 = 1/2 (measured: 0.5 for every element, on both ranks). After the synced backward
+    every rank's .grad holds the same averaged gradient, so clip_grad_norm_ computes the same
+    norm on every rank without communicating (the cell: no collective during the clip, the
+    large-batch norm on every rank): not d. b) reads the mean-loss law of question
+    accumulation_2's cell (K times: 3, below max_norm) and forgets the 4 samples of each summed
+    loss. c) 1/4 would need DDP to sum over the ranks (24 times). Clip after the last, synced
+    backward: after a no_sync backward .grad is still local. The norm does need an all-reduce
+    when each rank holds only a shard of the gradients (ZeRO, FSDP), not under DDP.
     """,
     giveaways=(
-        r"twice the large-batch gradient",
-        r"max_norm / norm = 1/2",
-        r"measured: 2\.0 for every element",
+        r"max_norm / norm =",
+        r"\b12 times the large-batch",
+        r"sum of all 24 per-sample gradients",
     ),
 )
 ### END HIDDEN TESTS
@@ -735,8 +741,8 @@ check_answer(
 # **Measure it.** `course.experiments.accumulation.clipped_norms` on 3 ranks: the norm `clip_grad_norm_`
 # returns, the rank's local gradient norm, the large-batch norm from one process, and the
 # collectives recorded during the clip (`course.ring.recorder.Recorder`), after one plain DDP
-# backward. `accumulation_counts(..., max_norm_ratio=...)` clips after K accumulated
-# micro-batches instead.
+# backward. `accumulation_counts(..., max_norm_ratio=..., samples=...)` clips after K
+# accumulated micro-batches instead, and returns `.grad` before and after the clip.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_10_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for r in run(accumulation.clipped_norms, 3):
@@ -749,15 +755,17 @@ for r in run(accumulation.clipped_norms, 3):
 #
 # *Difficulty 3/3*
 #
-# A model with one `nn.BatchNorm1d(1)` (momentum 0.1, so after a batch
+# A model with one `nn.BatchNorm1d(1)` (momentum 0.1, so each training forward sets
 # `running_mean = 0.9 running_mean + 0.1 batch_mean`, starting at 0) is wrapped in `DDP(model)`
-# with the default `broadcast_buffers=True` and trained on **4** ranks; rank r's batch always
-# has mean `10 r + 1.5`. What is rank 3's `running_mean` after three training steps?
+# with the default `broadcast_buffers=True` and trained on **4** ranks with the accumulation
+# loop of the first questions, K = 2 micro-batches per step: the first forward and backward
+# under `ddp.no_sync()`, the second outside it. Every micro-batch of rank r has mean
+# `10 r + 1.5`. What is rank 3's `running_mean` after three steps (six forwards)?
 #
-# * a) 0.4065
-# * b) 3.4065
-# * c) 4.4715
-# * d) 8.5365
+# * a) 3.7028
+# * b) 6.4028
+# * c) 14.7596
+# * d) 0.7028
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_11_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_accumulation_11 = ""  # your answer: one letter, "a" to "d"
@@ -774,32 +782,39 @@ check_answer(
     choices="abcd",
     key="b",
     explanation="""
-    DDP averages gradients, not buffers. With broadcast_buffers=True it copies rank 0's buffers
-    to every rank at the start of each forward, and each rank's BatchNorm then updates its copy
-    with its own batch. So after step s a rank holds 0.9 x (rank 0's value after step s - 1) +
-    0.1 x its own mean. Rank 0 goes 0.15, 0.285, 0.4065; rank 3 (mean 31.5) ends at 0.9 x 0.285
-    + 3.15 = 3.4065, measured on 4 ranks. Its own history is thrown away at each forward, and a
-    checkpoint saved from rank 0 holds rank 0's statistics. a) 0.4065 is rank 0's value: the
-    buffers differ after every step. d) 8.5365 is broadcast_buffers=False, each rank on its own
-    batches: 31.5 x (1 - 0.9^3), measured. c) 4.4715 is the average of the ranks' own running
-    means, which is also what statistics over the global batch (mean 16.5) would give: nothing
-    averages buffers here. That needs nn.SyncBatchNorm, which runs only on accelerators: on a
-    CPU tensor its forward raises "SyncBatchNorm expected input tensor to be on GPU or XPU or
-    privateuseone", and DDP refuses to wrap it ("SyncBatchNorm layers only work with GPU
-    modules"), so this course cannot measure it.
+    DDP averages gradients, not buffers. With broadcast_buffers=True it broadcasts rank 0's
+    buffers at the start of a forward, but only of a forward that follows a synced one: a
+    forward under no_sync sets DDP's require_forward_param_sync to False, the next forward's
+    buffer broadcast checks it (will_sync_module_buffers), and a synced forward sets it back.
+    So the first forward of each step broadcasts (the step before ended with a synced forward)
+    and the second, after a no_sync forward, does not: each step, rank 3 (mean 31.5) starts
+    from rank 0's value and updates twice with its own batch. Rank 0 goes 0.15, 0.285 |
+    0.4065, 0.5159 | 0.6143, 0.7028 and rank 3 goes 3.15, 5.985 | 3.4065, 6.2158 | 3.6143,
+    6.4028, measured on 4 ranks: 0.9 x 0.5159 + 3.15 = 3.6143, then 0.9 x 3.6143 + 3.15.
+    a) 3.7028 = 0.9 x 0.6143 + 3.15 broadcasts before every forward: in the cell each step has
+    one forward, and there the two rules agree. d) 0.7028 is rank 0's value: the buffers
+    differ after every forward. c) 14.7596 = 31.5 x (1 - 0.9^6) is each rank on its own
+    batches, broadcast_buffers=False (measured). Nothing averages buffers here: that needs
+    nn.SyncBatchNorm, which runs only on accelerators: on a CPU tensor its forward raises
+    "SyncBatchNorm expected input tensor to be on GPU or XPU or privateuseone", and DDP refuses
+    to wrap it ("SyncBatchNorm layers only work with GPU modules"), so this course cannot
+    measure it.
     """,
     giveaways=(
-        r"\b3\.4065\b",
-        r"copies rank 0's buffers",
-        r"0\.9 x 0\.285 \+ 3\.15",
+        r"\b6\.4028\b",
+        r"require_forward_param_sync",
+        r"0\.9 x 3\.6143",
+        r"only of a forward that follows a synced one",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_11_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** `course.experiments.accumulation.batchnorm_buffers` on 2 ranks, with batch means
-# 1.5 and 21.5: each rank's running mean after each of two steps, with and without
-# `broadcast_buffers`; then `nn.SyncBatchNorm` on this CPU.
+# 1.5 and 21.5: each rank's running mean after each of two steps of one forward and backward,
+# with and without `broadcast_buffers`; then `nn.SyncBatchNorm` on this CPU.
+# `batchnorm_buffers` returns the running mean after every forward, and its `micro_batches`
+# runs that many forwards and backwards per step, all but the last under `no_sync`.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_11_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for broadcast in (True, False):
@@ -954,8 +969,10 @@ print(check_accumulation_syncs(accumulation_step, world_sizes=(3,), k=5))
 #    it runs its **last** batch with a loss that contributes nothing to the weights' update;
 # 3. `optimizer.step()`, on every rank, also on a rank that has run out.
 #
-# Every rank has at least one batch. The result must be the weights `Join` gives (what question
-# accumulation_6 measured), and the same weights on every rank.
+# Every rank has at least one batch. Every rank must end with the same weights: one SGD step
+# per step of the loop, each with the local gradients of the ranks that still have a batch,
+# summed and divided by the world size (the `.grad` that question accumulation_6's
+# measurement shows).
 #
 # It is graded on fresh ranks with 5 and 3 batches (7, 5 and 3 on 3 ranks) under a 6 s gloo
 # timeout: a loop that hangs fails after those 6 s, with what each rank was doing. `Join` is
@@ -1010,7 +1027,7 @@ else:
         print(RankError(result))
 
 # %% nbgrader={"grade": true, "grade_id": "train_uneven_finishes", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-# Finishes with uneven batches, without Join, with the weights that Join gives.
+# Finishes with uneven batches, without Join, with the weights of the steps described above.
 print(check_train_uneven(train_uneven, world_sizes=(2,)))
 ### BEGIN HIDDEN TESTS
 print(check_train_uneven(train_uneven, world_sizes=(3,)))

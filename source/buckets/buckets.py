@@ -42,24 +42,26 @@ from course.checks import check_answer, check_bucketed_allreduce, check_overlapp
 from course.ranks import run
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question buckets_1: one bucket for everything
+# ## Question buckets_1: what is left after backward
 #
 # *Difficulty 2/3*
 #
 # DDP packs gradients into buckets of about `bucket_cap_mb` MiB and runs one all-reduce per
-# bucket. Suppose you set `bucket_cap_mb` larger than the whole model, so that from the second
-# step on every gradient lands in a single bucket. What happens to that bucket's all-reduce
-# during a training step?
+# bucket. Take the model of the timeline below, 8 layers `Linear(512, 512)` in an
+# `nn.Sequential` (each layer 1 MiB of weight and 2 KiB of bias), trained on 2 ranks with
+# `DDP(model, bucket_cap_mb=2.5)`. From the second step on, how much gradient lies in buckets
+# whose all-reduce DDP queues only after the last gradient is ready, when backward has no work
+# left to hide it behind?
 #
-# * a) It needs less memory: one flat buffer holds fewer bytes than many small ones.
-# * b) gloo cuts the one large call into pieces, so it overlaps backward as before.
-# * c) It starts with the first gradient ready and takes in the rest as they come.
-# * d) It starts once the last gradient is ready, when backward's own work is done.
+# * a) 0 MiB: each bucket is queued while some of backward is still to run.
+# * b) 1 MiB: layer 0 alone, the one gradient that comes after all others.
+# * c) 2 MiB: layers 1 and 0, the rest once two buckets of three are full.
+# * d) 3 MiB: layers 0 to 2, one bucket filled up to the cap from layer 0.
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_buckets_1 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_buckets_1 = "d"
+answer_buckets_1 = "c"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "buckets_1_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -69,28 +71,30 @@ check_answer(
     "answer_buckets_1",
     answer_buckets_1,
     choices="abcd",
-    key="d",
+    key="c",
     explanation="""
-    A bucket's all-reduce is one collective call over one flat buffer: it can start only
-    when every gradient in the buffer is there, and an all-reduce cannot take in data after
-    it has started. The timeline at bucket_cap_mb=1 shows the other side: bucket 0, the last
-    layer's gradients, starts long before the last gradient is ready. With one bucket for
-    the whole model, the last gradient to arrive (the first layer's) completes it, so its
-    all-reduce starts once the last gradient is ready: nothing is left to overlap, and the
-    whole communication comes after backward's work (measured: one bucket, started after
-    every gradient was ready). That is the other side of the trade-off the calls measure: a
-    bucket per parameter pays the fixed cost of a call hundreds of times, a single bucket
-    overlaps nothing. c) is what a bucket cannot do: DDP copies gradients into the bucket as
-    they come, but reduces it in one call. b) The comm hook sees one bucket and one call;
-    however gloo moves its bytes, the call cannot start before the bucket is complete. a)
-    The buckets hold the same bytes whatever the cap (every gradient once), so one large
-    buffer saves nothing.
+    A bucket's all-reduce is one collective call over one flat buffer: DDP queues it when
+    the last gradient of that bucket is ready, and from the second step on it fills its
+    buckets in the order backward produces gradients, the last layer first. A bucket closes
+    at the first tensor that takes it to the cap or beyond; with layers of 1.002 MiB and a cap
+    of 2.5 MiB that makes layers 7 to 5 (3.006 MiB), layers 4 to 2 (3.006 MiB), and what is
+    left, layers 1 and 0 (2.004 MiB). The first two buckets are queued while layers 1 and 0
+    still run their backward; the last one holds the last gradient of backward (layer 0's
+    weight), so its 2.004 MiB are queued after it, with nothing of backward left to hide
+    them. b) carries the timeline's 1 MiB cap over: there a bucket holds one layer, and only
+    layer 0's 1.002 MiB came after the last gradient; a larger cap makes the last bucket
+    larger. d) fills buckets from layer 0, in registration order; DDP starts from the layer
+    whose gradients are ready first, so the remainder lands in the last bucket. a) The last
+    bucket cannot be queued before its own last gradient, and that is the last gradient of
+    backward. The same rule at its limit: a cap above the whole model (8.016 MiB) makes one
+    bucket, and all of it is queued after the last gradient; the calls cell measures the
+    other side of the trade-off, the cost of each call beyond its bytes.
     """,
     giveaways=(
-        r"starts once the last gradient is ready",
-        r"nothing is left to overlap",
-        r"a single bucket overlaps nothing",
-        r"cannot take in data after it has\s+started",
+        r"layers 7 to 5",
+        r"3\.006 MiB",
+        r"2\.004 MiB",
+        r"layers 1 and 0",
     ),
 )
 ### END HIDDEN TESTS
@@ -184,9 +188,10 @@ check_answer(
     last layers first), which is why a) looks right there; here layers 7 and 6 are what
     backward produces last. d) A bucket holds layers until the cap is reached, not one layer
     each: the cell has one layer per bucket at 0.25 MiB and four at 1 MiB; and forward's
-    order is not the order gradients come in: layer 7, run first, is ready last. c) DDP does not need forward to follow
-    registration: it builds one bucket only in the very first backward, before it knows the
-    order.
+    order is not the order gradients come in: layer 7, run first, is ready last. c) DDP does
+    not need forward to follow registration: it builds one bucket only in the very first
+    backward, before it knows the order. buckets.reversed_stack_buckets(0.5, 3) runs this
+    model with the cell's recording hook.
     """,
     giveaways=(
         r"holds layers 0 and 1",
@@ -201,8 +206,7 @@ check_answer(
 # **Measure it.** A plain `nn.Sequential` of 8 layers `Linear(256, 256)`, wrapped in DDP with
 # a recording comm hook, for three steps, with `bucket_cap_mb` of 0.25 and of 1. Parameters
 # are numbered in `model.parameters()` order: 0 is the first layer's weight, 15 the last
-# layer's bias. `buckets.reversed_stack_buckets(cap, steps)` runs the same experiment on the
-# question's model, whose forward runs its layers the other way round.
+# layer's bias.
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for cap in (0.25, 1.0):
@@ -213,25 +217,24 @@ for cap in (0.25, 1.0):
         print(f"  step {i + 1}: {len(step)} bucket(s)  {seen}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question buckets_3: the very first step, and the default cap
+# ## Question buckets_3: the default cap
 #
 # *Difficulty 3/3*
 #
-# A larger model: 10 layers `Linear(1024, 1024, bias=False)`, 4 MiB of gradient each, 40 MiB
-# in all, wrapped with the defaults: `DDP(model)` (no `bucket_cap_mb`, no
-# `find_unused_parameters`, no `static_graph`), on PyTorch 2.13. How many all-reduce calls
-# (buckets) does DDP make in the **first** backward, and in each backward **from the second
-# on**?
+# A larger model: 10 layers `Linear(1024, 1024, bias=False)` in an `nn.Sequential`, 4 MiB of
+# gradient each, 40 MiB in all, wrapped with the defaults: `DDP(model)` (no `bucket_cap_mb`,
+# no `find_unused_parameters`, no `static_graph`), on PyTorch 2.13. In each backward from the
+# second on, how many all-reduce calls (buckets) does DDP make, and what does each hold?
 #
-# * a) 1 in the first backward, then 3: one layer, the next 7, the last 2.
-# * b) 1 in the first backward, then 2: a first bucket of 1 MiB, then the rest.
-# * c) 10 in the first backward (one per layer, while DDP learns the order), then 2.
-# * d) 2 in every backward: a first bucket of 25 MiB, then the other 15 MiB.
+# * a) 10 calls: one layer per bucket, since each layer passes the cap.
+# * b) 3 calls: the last layer, the next seven, then the first two.
+# * c) 2 calls: the last layer, then the other nine in one bucket.
+# * d) 2 calls: the last seven layers, then the first three.
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_buckets_3 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_buckets_3 = "a"
+answer_buckets_3 = "b"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "buckets_3_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -241,46 +244,46 @@ check_answer(
     "answer_buckets_3",
     answer_buckets_3,
     choices="abcd",
-    key="a",
+    key="b",
     explanation="""
-    Before the first backward DDP cannot know the order in which gradients will be ready (the
-    forward may use layers in any order), so in PyTorch 2.13, unless find_unused_parameters
-    is set, it starts with every parameter in one bucket: one 40 MiB call in step 1 (c is
-    wrong: it learns the order from that one bucket). During that first backward it records
-    the order gradients arrive in, and before the second forward it rebuilds the buckets in
-    that order (with static_graph=True the rebuild waits one more step: steps 1 and 2 are one
-    bucket each). With the default cap (bucket_cap_mb not given) the first rebuilt bucket is
-    capped at dist._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB, so that the last layers' gradients
-    start travelling early, and the others at 25 MiB; a bucket closes at the first tensor
-    that takes it to its cap or beyond. Here the last layer alone (4 MiB) closes the first
-    bucket, 7 layers (28 MiB) the second, and the last 2 layers (8 MiB) make a third: 3
-    calls from step 2 on (b is the 2 MiB model's pattern, whose whole remainder fits under 25
-    MiB; d ignores both the first step and the small first bucket). Setting bucket_cap_mb
-    explicitly drops the small first bucket, and find_unused_parameters=True builds the
-    buckets by size from step 1 and never rebuilds them (both measured on the 2 MiB model).
+    Before the first backward DDP cannot know the order gradients will come in, so it starts
+    with every parameter in one bucket, and before the second forward it rebuilds its
+    buckets in the order that backward produced them. When bucket_cap_mb is not given, DDP's
+    constructor passes two limits: dist._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB, for the first
+    bucket, so that the last layers' gradients start travelling early, and the documented
+    default, 25 MiB for every other bucket; a bucket closes at the first tensor that takes
+    it to its cap or beyond. Here the last layer alone (4 MiB) closes the first bucket, the
+    next 7 layers (28 MiB) the second, and the first 2 layers (8 MiB) make a third: 3 calls
+    from step 2 on. The cell's 2 MiB model cannot tell this rule from a) or c): after a
+    first bucket of 1.004 MiB only 1.004 MiB is left, and each of the three makes it one
+    more bucket. a) reads the default as a 1 MiB cap on every bucket; then every 4 MiB layer
+    would be a bucket of its own. c) keeps the small first bucket but caps nothing after it.
+    d) is the 25 MiB cap without the small first bucket, which is what bucket_cap_mb=25
+    given explicitly does (28 MiB, then 12 MiB): an explicit cap holds from the first bucket
+    on, as the cell's 0.5 shows. With static_graph=True the rebuild waits one more step, and
+    find_unused_parameters=True builds the buckets by size from step 1 and never rebuilds
+    them (both measured by the course's tests on the 2 MiB model).
     """,
     giveaways=(
-        r"3 calls from step 2 on",
-        r"28 MiB",
-        r"7 layers",
-        r"every parameter in one bucket for the first backward",
-        r"caps the first bucket alone",
+        r"3 calls\s+from step 2 on",
+        r"\b28 MiB\)? the second",
+        r"7 layers \(28",
+        r"25 MiB for every other bucket",
+        r"first 2 layers \(8 MiB\)",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The 2 MiB `nn.Sequential` of question buckets_2's cell with the defaults,
-# and with `bucket_cap_mb=25` given explicitly (the default's own value): the number of
-# all-reduce calls and their sizes in each of the first four steps. What does the first step
-# do, what caps the first bucket of the later steps, and what would the same rules give for
-# 10 layers of 4 MiB?
+# **Measure it.** The 2 MiB `nn.Sequential` of question buckets_2's cell (8 layers
+# `Linear(256, 256)`) with the defaults, and with `bucket_cap_mb=0.5` given explicitly: the
+# number of all-reduce calls and their sizes in each of the first three steps.
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-print(f"PyTorch {torch.__version__}; dist._DEFAULT_FIRST_BUCKET_BYTES = {dist._DEFAULT_FIRST_BUCKET_BYTES}")
-for cap in (None, 25.0):
+print(f"PyTorch {torch.__version__}")
+for cap in (None, 0.5):
     print(f"\nbucket_cap_mb={'not given' if cap is None else cap}")
-    for i, step in enumerate(run(buckets.ddp_buckets, 2, cap, 4)[0]):
+    for i, step in enumerate(run(buckets.ddp_buckets, 2, cap, 3)[0]):
         print(f"  step {i + 1}: {len(step)} all-reduce call(s) of {[round(b['nbytes'] / buckets.MB, 3) for b in step]} MiB")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "bucketed_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}

@@ -81,19 +81,22 @@ check_answer(
     key="b",
     explanation="""
     DDP leaves in .grad the average of the ranks' local gradients: when a bucket of gradients
-    is ready it multiplies it by 1/world_size and all-reduces it with SUM, on every rank (the
-    measurement: local gradients [1, 1] to [4, 4] on 4 ranks, .grad [2.5, 2.5] on each). With
-    a summed loss a rank's local gradient is the sum of its own samples' gradients, so the
-    local gradients of all ranks add up to G, the summed gradient of all 32 samples, however
-    they are split. .grad is G / 2 on 2 ranks and G / 3 on 3 ranks: two thirds of the values,
-    on every rank. Measured: one step of a linear model on the same 32 samples, split 16 + 16
-    and 8 + 8 + 16, gives a .grad on 3 ranks that is 2/3 of .grad on 2 ranks in every element.
-    a) G itself is what does not change, but DDP divides it by the world size. c) would hold
-    if DDP summed the local gradients; it averages them. d) looks at the small ranks only:
-    their local sums are half the old ones, but the third rank's is not, and the three still
-    add up to G. The scaling comes before the sum: on 3 ranks .grad equals all_reduce(g * (1/3)) in
-    every element, and all_reduce(g) / 3 differs from it in the last bit in 12,080 of 20,000
-    (1/3 is not exact in float32).
+    is ready it multiplies it by 1/world_size and all-reduces it with SUM, on every rank. The
+    cell shows it through a mean loss: on 4 equal local batches of 4 samples, .grad equals
+    one process's gradient of the mean over all 16, and that is the average of the 4 local
+    means (a sum of them would be 4 times as large). With a summed loss a rank's local
+    gradient is the sum of its own samples' gradients, so the local gradients of all ranks
+    add up to G, the summed gradient of all 32 samples, however they are split. .grad is
+    G / 2 on 2 ranks and G / 3 on 3 ranks: two thirds of the values, on every rank. Measured:
+    one step of a linear model on the same 32 samples, split 16 + 16 and 8 + 8 + 16, gives a
+    .grad on 3 ranks that is 2/3 of .grad on 2 ranks in every element. a) is what a single
+    process does with a summed loss, and what "DDP matches one process" suggests when carried
+    over from the mean loss: G itself does not change, but DDP divides it by the world size.
+    c) would hold if DDP summed the local gradients; it averages them. d) looks at the small
+    ranks only: their local sums are half the old ones, but the third rank's is not, and the
+    three still add up to G. The scaling comes before the sum: on 3 ranks .grad equals
+    all_reduce(g * (1/3)) in every element, and all_reduce(g) / 3 differs from it in the last
+    bit in 12,080 of 20,000 (1/3 is not exact in float32).
     """,
     giveaways=(
         r"two thirds of the values",
@@ -105,27 +108,37 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** One DDP step of `nn.Linear(2, 1, bias=False)` on 4 ranks, one sample each:
-# rank r's input is `r + 1`, so its local gradient (what it would hold alone) is
-# `[r + 1, r + 1]`. Each rank prints its local gradient and `m.weight.grad` after DDP's
-# backward. For other losses and splits, `course.experiments.ddp.uneven_step` (question ddp_3's
-# cell) runs one step of a linear model in which rank r holds `sizes[r]` samples of one data set,
-# with the loss reduced by `"mean"` or `"sum"`.
+# **Measure it.** One DDP step of `nn.Linear(3, 1, bias=False)` on 4 ranks that share one data
+# set of 16 samples, rank r holding rows `4r` to `4r + 3` as its local batch and taking the
+# **mean** squared error over them. Each rank prints `m.weight.grad` after DDP's backward and,
+# beside it, the gradient one process computes with the same weights and the mean loss over all
+# 16 samples. For other losses and splits, `course.experiments.ddp.uneven_step(local_batch_sizes,
+# reduction=...)` runs one DDP step of a linear model in which rank r holds
+# `local_batch_sizes[r]` samples of one data set, with the loss reduced by `"mean"` or `"sum"`,
+# and returns `.grad` beside each rank's local mean gradient and the pooled mean.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 4 --timeout 60
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-torch.manual_seed(0)
-m = nn.Linear(2, 1, bias=False)
-ddp = DDP(m)
-x = torch.full((1, 2), float(rank + 1))
-ddp(x).sum().backward()
+from course.experiments.ddp import regression_data
 
-local = x.sum(dim=0)  # this rank's own gradient: d(w . x)/dw = x
+x, y = regression_data(samples=16, features=3, seed=0)  # the same 16 samples on every rank
+mine = slice(4 * rank, 4 * rank + 4)  # this rank's local batch
+torch.manual_seed(0)
+m = nn.Linear(3, 1, bias=False)
+ddp = DDP(m)
+nn.functional.mse_loss(ddp(x[mine]), y[mine]).backward()  # the mean over the local batch
+
+one = nn.Linear(3, 1, bias=False)  # one process: the same weights, the mean over all 16
+one.load_state_dict(m.state_dict())
+nn.functional.mse_loss(one(x), y).backward()
+
+fmt = lambda g: "[" + ", ".join(f"{v:8.4f}" for v in g.flatten().tolist()) + "]"  # noqa: E731
 print(f"PyTorch {torch.__version__}, backend {dist.get_backend()}")
-print(f"local gradient {local.tolist()}   m.weight.grad {m.weight.grad.flatten().tolist()}")
+print(f"DDP, m.weight.grad:          {fmt(m.weight.grad)}")
+print(f"one process, all 16 samples: {fmt(one.weight.grad)}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question ddp_2: a comm hook that sums, under Adam
@@ -160,8 +173,9 @@ check_answer(
     key="c",
     explanation="""
     With the SUM hook every .grad is world_size = 4 times what DDP's default writes (measured:
-    [10, 10] against [2.5, 2.5] in the one-step run). Under SGD, w -= lr * grad, that is a
-    step 4 times too far, and at the same lr the run blows up (the cell's default output).
+    one step on 4 ranks, rank r's input r + 1, [10, 10] against [2.5, 2.5]). Under SGD,
+    w -= lr * grad, that is a step 4 times too far, and at the same lr the run blows up (the
+    cell's default output).
     Adam's step is lr * m / (sqrt(v) + eps), with m a running mean of the gradient and v a
     running mean of its square: 4 times every gradient makes m 4 times and v 16 times larger,
     so sqrt(v) is 4 times larger too, and the ratio stays. Only the small eps beside sqrt(v)
@@ -186,26 +200,20 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** First one step on 4 ranks, rank r holding input `r + 1`, with DDP's default
-# and with the SUM hook below (`course.experiments.ddp.sum_hook`). Then a short training run
-# (linear regression, 64 samples split over 4 ranks, full-batch, 30 steps, fixed seed) with DDP's
-# default and with the SUM hook, both with the optimizer named in `optimizer` (`"sgd"` for
+# **Measure it.** A short training run (linear regression, 64 samples split over 4 ranks,
+# full-batch, 30 steps, fixed seed) with DDP's default and with the SUM hook below
+# (`course.experiments.ddp.sum_hook`), both with the optimizer named in `optimizer` (`"sgd"` for
 # `torch.optim.SGD`, `"adam"` for `torch.optim.Adam`) at the learning rate `lr`; with SGD, the
 # same model trained in one process on all 64 samples too.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 def sum_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The team's hook: all-reduce with SUM, no division (the same as course.experiments.ddp.sum_hook)."""
+    """The team's hook: a SUM all-reduce, returned as is (as course.experiments.ddp.sum_hook)."""
     dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.SUM)
     done = torch.futures.Future()
     done.set_result(bucket.buffer())
     return done
 
-
-default_step = run(ddp.seed_step, 4)
-sum_step = run(ddp.seed_step, 4, ddp.sum_hook)
-for d, s in zip(default_step, sum_step):
-    print(f"rank {d['rank']}: local {d['local']}  default .grad {d['grad']}  SUM hook .grad {s['grad']}")
 
 optimizer, lr = "sgd", 0.2
 curves = {"one process": ddp.train_single(lr)} if optimizer == "sgd" else {}
@@ -226,7 +234,7 @@ ddp.loss_figure(curves, title=f"SUM hook against DDP's default, 4 ranks, {optimi
 # at a small learning rate. What do the weights approach?
 #
 # * a) The least-squares fit of all 8 samples: the split only slows it.
-# * b) The fit of rank 1's 6 samples alone, the larger local batch.
+# * b) A fit that weighs each of rank 1's samples 3x one of rank 0's.
 # * c) No single point: the two ranks' pulls keep them going back and forth.
 # * d) A fit that weighs each of rank 0's samples 3x one of rank 1's.
 
@@ -246,20 +254,23 @@ check_answer(
     key="d",
     explanation="""
     DDP's .grad is the plain average of the two ranks' local mean gradients, 1/2 each,
-    whatever their batch sizes (the one-step measurement: .grad halfway between the two local
-    means, away from the pooled mean). Written per sample, rank 0's 2 samples weigh 1/4 each
-    and rank 1's 6 samples 1/12 each: .grad is the gradient of a weighted squared error in
-    which each of rank 0's samples counts 3 times one of rank 1's. Full-batch SGD settles
-    where .grad is zero, at the minimum of that weighted loss. Measured: 400 steps at lr 0.1
-    end within 1e-4 of the weighted least-squares fit (weights 3 and 1) in every weight, and
-    more than 0.02 from the plain fit of all 8 samples. a) The split changes the loss being
+    whatever their batch sizes: it divides by world_size and never sees a batch size. Written
+    per sample, rank 0's 2 samples weigh 1/4 each and rank 1's 6 samples 1/12 each: .grad is
+    the gradient of a weighted squared error in which each of rank 0's samples counts 3 times
+    one of rank 1's. Full-batch SGD settles where .grad is zero, at the minimum of that
+    weighted loss. Measured: 400 steps at lr 0.1 end within 1e-4 of the weighted
+    least-squares fit (weights 3 and 1) in every weight, and more than 0.02 from the plain fit
+    of all 8 samples. On the cell's even split, 4 + 4, the average of the two local means is
+    the pooled mean, and the same run ends at the plain fit (within 1e-4): what an even split
+    shows does not carry over to an uneven one. a) The split changes the loss being
     minimized, not only the speed: at the plain fit the pooled mean's gradient is zero, but
-    DDP's .grad is not. b) Rank 0's local gradient enters the average with weight 1/2 like
-    rank 1's; the larger batch has no say. c) Both ranks apply the same averaged gradient,
-    the full-batch gradient of one fixed loss, so at a small learning rate the weights
-    converge; nothing alternates between the ranks' own fits. Weighting each rank's summed
-    loss by world_size / (total number of samples) moves the fixed point to the plain fit:
-    the second exercise below.
+    DDP's .grad is not. b) turns the weights round: each rank's mean enters with 1/2, and
+    rank 1's half is shared by 6 samples, rank 0's by 2, so a larger batch gives each of its
+    samples less say, not more (the fit with rank 1's samples at 3x is more than 0.02 away).
+    c) Both ranks apply the same averaged gradient, the full-batch gradient of one fixed loss,
+    so at a small learning rate the weights converge; nothing alternates between the ranks'
+    own fits. Weighting each rank's summed loss by world_size / (total number of samples)
+    moves the fixed point to the plain fit: the second exercise below.
     """,
     giveaways=(
         r"counts 3 times one of rank 1'?s",
@@ -271,25 +282,22 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** One DDP step of a 3-input linear model with an MSE loss, with 2 samples on
-# rank 0 and 5 on rank 1 (`course.experiments.ddp.uneven_step`). Beside DDP's `.grad`, what
-# one process computes on the same samples: each rank's local mean gradient, and the pooled
-# per-sample mean over all 7. Then the question's training (`course.experiments.ddp.uneven_fit`):
-# 400 steps of full-batch SGD at lr 0.1 on a fixed split of 2 and 6 samples, the weights it ends
-# at and the last step's `.grad`. It returns the 8 samples too (`x`, `y`, rank r's rows from
-# `shards[r][0]` to `shards[r][1]`), for any fit you want to set beside it.
+# **Measure it.** `course.experiments.ddp.uneven_fit(local_batch_sizes)` trains the question's
+# model on 2 ranks: 8 fixed samples, rank r always holding the same `local_batch_sizes[r]` of
+# them and taking the mean loss over its own, 400 steps of full-batch SGD at lr 0.1. It returns
+# the weights it ends at, the last step's `.grad`, and the 8 samples (`x`, `y`, rank r's rows
+# from `shards[r][0]` to `shards[r][1]`) for any fit you want to set beside it. The cell runs an
+# even split, 4 + 4, and prints where DDP ends beside the least-squares fit of all 8 samples
+# (`torch.linalg.lstsq`); the split 2 + 6 takes the same call.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-uneven = run(ddp.uneven_step, 2, (2, 5))
-fmt = lambda v: "[" + ", ".join(f"{x:8.4f}" for x in v) + "]"  # noqa: E731
-for r in uneven:
-    print(f"rank {r['rank']} (local batch {r['local_batch_sizes'][r['rank']]}): DDP .grad {fmt(r['grad'])}")
-print(f"local mean, rank 0 (2 samples):  {fmt(uneven[0]['local_means'][0])}")
-print(f"local mean, rank 1 (5 samples):  {fmt(uneven[0]['local_means'][1])}")
-print(f"pooled mean over all 7 samples:  {fmt(uneven[0]['pooled_mean'])}")
-
-fit = run(ddp.uneven_fit, 2, (2, 6))
-print(f"\nsplit 2 + 6, after 400 steps: weights {fmt(fit[0]['weight'])}   last .grad {fmt(fit[0]['last_grad'])}")
+local_batch_sizes = (4, 4)
+fit = run(ddp.uneven_fit, 2, local_batch_sizes)[0]
+x, y = torch.tensor(fit["x"]), torch.tensor(fit["y"]).unsqueeze(1)
+plain = torch.linalg.lstsq(x, y).solution.flatten()  # minimizes the squared error of all 8
+fmt = lambda v: "[" + ", ".join(f"{w:8.4f}" for w in v) + "]"  # noqa: E731
+print(f"split {' + '.join(map(str, local_batch_sizes))}, DDP after 400 steps: {fmt(fit['weight'])}")
+print(f"least-squares fit of all 8 samples:   {fmt(plain.tolist())}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question ddp_4: a replica that starts apart
@@ -398,8 +406,9 @@ def reduce_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
 # %% [markdown] nbgrader={"grade": false, "grade_id": "hook_try_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ### Test as you go
 #
-# One step of question ddp_1's model on 2 ranks, rank r holding input `r + 2`: your hook's
-# `.grad` beside the `.grad` of the same step with DDP's default. They should be equal.
+# One DDP step of `nn.Linear(2, 1, bias=False)` on 2 ranks, each rank on a random input of its
+# own: your hook's `.grad` beside the `.grad` of the same step with DDP's default. They should
+# be equal.
 
 # %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "hook_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 2 --timeout 60
@@ -418,7 +427,7 @@ for name in ("yours", "DDP's default"):
     if name == "yours":
         say_if_unimplemented(reduce_hook)  # a note if the cell above is still the empty stub
         ddp.register_comm_hook(None, guard_hook(reduce_hook, problems))
-    ddp(torch.full((1, 2), float(rank + 2))).sum().backward()
+    ddp(torch.randn(1, 2, generator=torch.Generator().manual_seed(rank))).sum().backward()
     grads[name] = problems[0] if problems else m.weight.grad.tolist()
 print(grads)
 
@@ -432,8 +441,8 @@ print(check_reduce_hook(reduce_hook, world_sizes=(3, 4)))
 # %% [markdown] nbgrader={"grade": false, "grade_id": "weighted_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 2: the pooled mean under uneven batches
 #
-# Question ddp_3 measured what `.grad` holds when ranks hold batches of different sizes and each
-# takes the mean loss over its own samples. Write `weighted_loss(loss_per_sample)`: it gets this rank's
+# Question ddp_3 trained on ranks that hold batches of different sizes, each taking the mean loss
+# over its own samples. Write `weighted_loss(loss_per_sample)`: it gets this rank's
 # per-sample losses (a 1-d tensor, one entry per local sample; ranks may hold different
 # numbers of samples) and returns the scalar loss to call `backward()` on, such that after
 # DDP's backward **`.grad` equals the gradient of the mean loss over all samples of all ranks**
@@ -504,11 +513,12 @@ print(check_weighted_loss(weighted_loss, world_sizes=(3, 4)))
 # %% [markdown] nbgrader={"grade": false, "grade_id": "summary", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## What you measured
 #
-# * **`.grad` after backward**, on 4 ranks, beside each rank's local gradient.
-# * **A SUM comm hook** against DDP's default, one step and 30 steps of training, with the
-#   optimizer and learning rate set in the cell.
-# * **Uneven batches** of 2 and 5 samples: `.grad` beside the local means and the pooled mean;
-#   and a fixed split of 2 and 6 samples trained for 400 steps.
+# * **`.grad` after backward**, on 4 ranks with a mean loss each, beside one process's gradient
+#   on all their samples.
+# * **A SUM comm hook** against DDP's default, 30 steps of training, with the optimizer and
+#   learning rate set in the cell.
+# * **A fixed split** of 8 samples over 2 ranks trained for 400 steps, beside the least-squares
+#   fit of all 8.
 # * **Construction**: each rank's weights before and after `DDP(m)`, and the gap between two
 #   ranks when one of them changes its parameters afterwards.
 # * **Your hook and your loss**, checked against DDP's own reduction and against a single

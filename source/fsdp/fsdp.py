@@ -137,11 +137,11 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, for a bias of 10 elements on 3 ranks: the placement, each rank's local shape,
-# and the bytes of the storage behind it.
+# **Measure it**, for a weight of shape (5, 3) on 3 ranks: the placement, each rank's local
+# shape, and the bytes of the storage behind it.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-layout = run(fsdp.shard_layout, 3, (10,))
+layout = run(fsdp.shard_layout, 3, (5, 3))
 for rank, shard in enumerate(layout):
     print(rank, shard["placements"], shard["global"], "->", shard["local"], shard["storage"], "B")
 
@@ -283,10 +283,10 @@ print(f"sent: {held['sent']:.3f} model sizes", held["calls"])
 # does a rank send in one forward and backward with `reshard_after_forward=True` than with
 # `reshard_after_forward=False`?
 #
-# * a) About 1.97: both gathers of each layer are extra, 2 · 63/64.
-# * b) About 0.016: a rank fetches back only its own shard, 1/64.
-# * c) About 0.98: one more gather of each layer, 63/64 of its size.
-# * d) About 2.95: one more gather and one more reduce-scatter per layer.
+# * a) About 1.97: two more gathers of each layer, a rank sending 63/64 of it in each.
+# * b) About 0.016: one more gather of each layer, a rank sending 1/64 of it in each.
+# * c) About 0.984: one more gather of each layer, a rank sending 63/64 of it in each.
+# * d) About 0.031: two more gathers of each layer, a rank sending 1/64 of it in each.
 #
 # Set `answer_fsdp_4` to your letter and run the cell below it.
 
@@ -308,11 +308,13 @@ check_answer(
     Measured: resharding added 0.50 model sizes per step on 2 ranks and 0.75 on 4, with 8
     all-gathers for 4 layers instead of 4, and the same 4 reduce-scatters. The only difference
     is the backward's gather of each layer, and in an all-gather each rank sends (N-1)/N of the
-    gathered tensor: every other rank needs its shard. On 64 ranks that is 63/64 = 0.98 model
-    sizes per step. a) counts the forward's gather too, which runs either way. b) is 1/N, which
-    matches 2 ranks but not 4. d) adds a reduce-scatter, but the flag changes none: each layer's
-    gradient is reduce-scattered once either way. In return the flag keeps every layer
-    gathered until its backward (question fsdp_5). NCCL's all-gather sends the same (N-1)/N.
+    gathered tensor: every other rank needs its shard. On 64 ranks that is 63/64 = 0.984 model
+    sizes per step. a) and d) count the forward's gather too, but it runs either way: between
+    steps a rank holds only its shards, whatever the flag. b) and d) take a gather to cost a
+    rank 1/N of the layer, its shard sent once: 1/N and (N-1)/N agree on 2 ranks, not on 4
+    (0.25 against the 0.75 measured). The reduce-scatters do not change: each layer's gradient
+    is reduce-scattered once either way. In return the flag keeps every layer gathered until its
+    backward (question fsdp_5). NCCL's all-gather sends the same (N-1)/N.
     """,
     giveaways=(
         r"added 0\.50 model sizes",
@@ -340,10 +342,10 @@ print(f"forward {sent['forward']:.3f}, backward {sent['backward']:.3f} model siz
 # holds during a forward and backward is how many times what it holds between steps (its
 # shards of the parameters, of their gradients and of Adam's state)?
 #
-# * a) About 64 times: the gathered model against the rank's parameter shard.
-# * b) At least 16 times: the whole model against 16/64 bytes per parameter.
-# * c) About 4 times: the layer that runs and the next, against its shards.
-# * d) About once: a layer left gathered is counted among the rank's shards.
+# * a) About 32 times.
+# * b) About 18 times.
+# * c) About 4 times.
+# * d) About 1.1 times.
 #
 # Set `answer_fsdp_5` to your letter and run the cell below it.
 
@@ -367,13 +369,18 @@ check_answer(
     524288: 0.625 times); with resharding 2 layers. Without resharding every layer's gathered
     parameters stay from its forward to its backward, so the forward ends with all of them
     gathered, and a gathered layer is the whole layer on every rank, whatever the number of
-    ranks: the peak is at least M, the fp32 model's bytes (FSDP2 holds the buffer of one more
-    layer on top). What a rank holds between steps is 16 / N bytes per parameter (question
-    fsdp_2), M / 16 on 64 ranks: the peak is at least 16 times that. That is the trade: one
-    all-gather per layer fewer (question fsdp_4) for a full replica of the parameters in the
-    step, while gradients and Adam state stay sharded. a) leaves out the
-    gradient and Adam shards, 12 of the 16 bytes. c) is the peak with resharding, M / 4. d)
-    takes the kept layers for shards. The same holds on GPUs.
+    ranks: the L layers of the model, M bytes in fp32, and FSDP2 held one layer's worth more on
+    top, as it does with resharding (2 layers where one computes): L + 1 layers of L. Between
+    steps a rank holds 16 / N bytes per parameter, resharded after backward either way
+    (question fsdp_2): M / 16 on 64 ranks. With 8 layers the peak is 9/8 M, 18 times that.
+    That is the trade: one all-gather per layer fewer (question fsdp_4) for a full replica of
+    the parameters in the step, while gradients and Adam state stay sharded. a) counts two
+    layers for each layer kept, 2 M: the extra layer is one in all, not one per layer (5 of 4
+    and 9 of 8, not 8 and 16). c) is the peak with resharding, 2 layers of 8, M / 4: the flag
+    changes the peak, not only the moment a layer is freed. d) keeps the parameters gathered
+    between steps too, as DDP does, 4 bytes per parameter whole and 12 / 64 in gradient and Adam
+    shards against 9/8 of 4 at the peak; the bytes held after a step were 16 / N. The peaks were
+    measured on CPU; on GPUs the caching allocator can keep more reserved.
     """,
     giveaways=(
         r"9 layers of 8",
@@ -721,13 +728,12 @@ print(fsdp_timeline.overlap([e for e in events if e[2] < backward_start]))
 # %% [markdown] nbgrader={"grade": false, "grade_id": "widget_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ### All of it, with the switches
 #
-# The step of part 1 again, with the settings of this part and the last: the world size, the
-# number of units, `reshard_after_forward`, and prefetching. The panel shows the textbook's
-# count (what the gathered units and gradients take); set it beside what you measured of
-# torch's `fully_shard` above.
+# The step of part 1 again, with the settings of part 3: the world size, the number of units
+# and `reshard_after_forward`. The panel shows the textbook's count (what the gathered units
+# and gradients take); set it beside what you measured of torch's `fully_shard` above.
 
 # %% nbgrader={"grade": false, "grade_id": "watch_widget", "locked": true, "schema_version": 3, "solution": false, "task": false}
-pictures.fsdp_widget(units=4, world_size=4)
+pictures.fsdp_widget(units=4, world_size=4, prefetch_control=False)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_5_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 5. Mixed precision

@@ -25,7 +25,8 @@
 # In this notebook you will
 #
 # 1. answer three questions about the ring (how many steps, how many bytes, in what order
-#    to send and receive), and **measure** each answer on real `torch.distributed` ranks;
+#    to send and receive), and **measure** what each one is about on real `torch.distributed`
+#    ranks;
 # 2. watch the ring at work, chunk by chunk;
 # 3. write your own `ring_allreduce(tensor)` with point-to-point calls only, test it as you go,
 #    watch *your* run animated, and time it against `dist.all_reduce`.
@@ -84,7 +85,7 @@ print(f"rank {rank} of {world_size} holds {t.item()}")
 # * a) 0.24 ms: 12 steps, halving the data six times and then doubling it back.
 # * b) 40.3 ms: 2016 steps, one for each pair of ranks that must exchange.
 # * c) 1.26 ms: 63 steps, a chunk moving on until it has met every other rank.
-# * d) 2.52 ms: 126 steps, the chunks going round the ring twice, less a step.
+# * d) 2.52 ms: 126 steps, twice round the ring, one step short every time.
 #
 # Set `answer_ring_1` to your letter and run the cell below it.
 
@@ -104,46 +105,57 @@ check_answer(
     key="d",
     explanation="""
     Ring all-reduce is two phases of N-1 steps each. Reduce-scatter: at every step each rank
-    passes one partial chunk to its neighbour, which adds its own copy; after N-1 steps each
-    rank owns one fully reduced chunk. All-gather: N-1 more steps pass those finished chunks
-    round until every rank has all N. On 64 ranks that is 2 x 63 = 126 steps, each paying the
-    20 us latency: 2.52 ms, whatever the tensor's size. The measurements fit 2(N-1) at every
-    world size: the animation runs 6 steps on 4 ranks, and gloo's all-reduce sent 1, 4/3,
-    3/2, 8/5, 5/3 and 7/4 of the tensor on 2, 3, 4, 5, 6 and 8 ranks, that is 2, 4, 6, 8, 10
-    and 14 chunks of 1/N, one chunk per step. c) 63 steps is the reduce-scatter alone: after
-    it each rank holds one finished chunk, not all N. b) One step per pair, N(N-1)/2, also
-    gives 6 on 4 ranks, but 28 on 8 where the wire shows 14 chunks: the ring never pairs
-    ranks up, every step moves a chunk from each rank to its neighbour at once. a) 2 log2 N
-    steps belongs to recursive halving and doubling (Rabenseifner's all-reduce), not to the
-    ring: it gives 4 steps on 4 ranks, where the animation counts 6.
+    passes one partial chunk to its neighbour, which adds its own copy; a chunk needs N-1
+    hops to collect all N contributions, so after N-1 steps each rank owns one fully reduced
+    chunk. All-gather: N-1 more hops carry each finished chunk to every other rank. That is
+    twice round the ring, one step short every time. On 64 ranks that is 2 x 63 = 126 steps,
+    each paying the 20 us latency: 2.52 ms, whatever the tensor's size. On 4 ranks the
+    animation's 3 + 3 steps and the 6 chunks of 1/4 that gloo's all-reduce sent to one
+    neighbour fit this law, and they fit b) too: one step per pair, N(N-1)/2, is also 6 on 4
+    ranks. On 8 ranks they differ: gloo's all-reduce sends 14 chunks of 1/8 per rank, where
+    one step per pair would take 28. The ring never pairs ranks up: every step moves a chunk
+    from each rank to its neighbour at once. c) 63 steps is the reduce-scatter alone: after
+    it each rank holds one finished chunk, not all N. a) 2 log2 N steps belongs to recursive
+    halving and doubling (Rabenseifner's all-reduce), not to the ring: it gives 4 steps on 4
+    ranks, where the animation counts 6.
     """,
-    giveaways=(r"2\.52 ms", r"\b126 steps", r"2\s*\(\s*N\s*-\s*1\s*\)", r"2 x 63"),
+    giveaways=(
+        r"2\.52 ms",
+        r"\b126 steps",
+        r"2\s*\(\s*N\s*-\s*1\s*\)",
+        r"2 x 63",
+        r"twice round the ring",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_1_measure_watch_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Watch it.** The ring's schedule, simulated: press play, or step through. The arrows are
-# the messages of the step the counter names; the grid colours each chunk by how many ranks'
-# contributions it holds, once it has landed. Change the world size and count the steps.
+# **Watch it.** The ring's schedule on 4 ranks, simulated: press play, or step through. The
+# arrows are the messages of the step the counter names; the grid colours each chunk by how
+# many ranks' contributions it holds, once it has landed. Follow one chunk: where does it
+# start, which ranks add to it, and where is it when it holds all four contributions?
 
 # %% nbgrader={"grade": false, "grade_id": "ring_1_measure_widget", "locked": true, "schema_version": 3, "solution": false, "task": false}
-widgets.ring_widget(world_size=4, formulas=False)  # the closed forms are left out
+widgets.ring_widget(world_size=4, formulas=False, resizable=False)  # 4 ranks, no formulas
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it on real ranks.** gloo's own `dist.all_reduce` is a ring too (its ring runs the
-# other way round: each rank sends to rank - 1). The cell runs it for several world sizes on
+# other way round: each rank sends to rank - 1). The cell runs it on the widget's 4 ranks with
 # a 1 MiB tensor and reads, from the kernel's own TCP counters, how many bytes each rank put
-# on the wire (`course.ring.wire.WireMeter`: nothing in gloo is wrapped); gloo's headers add
-# a few hundred bytes per message.
+# on the wire to each peer (`course.experiments.ring.collective_traffic(name, numel)`, run
+# on n ranks by `run(collective_traffic, n, "all_reduce", numel)`; nothing in gloo is
+# wrapped), counted in chunks of a quarter of the tensor. gloo's headers add a few hundred
+# bytes per message.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.experiments.ring import allreduce_traffic
+from course.experiments.ring import collective_traffic
 
 numel = 2**18  # 1 MiB of float32 on every rank
-print(" N | KiB sent by each rank")
-for n in (2, 3, 4, 5, 6, 8):
-    sent = run(allreduce_traffic, n, numel)
-    print(f"{n:2} | " + "  ".join(f"{b / 1024:.0f}" for b in sent))
+chunk = numel * 4 / 4  # bytes in a quarter of the tensor: 256 KiB
+for sent in run(collective_traffic, 4, "all_reduce", numel):
+    me = sent["rank"]
+    to = [f"{sent['to'].get(p, 0) / chunk:.2f} to rank {p}" for p in range(4) if p != me]
+    print(f"rank {me} sent, in chunks of 256 KiB: " + ", ".join(to))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question ring_2: how long on the wire?
@@ -154,15 +166,15 @@ for n in (2, 3, 4, 5, 6, 8):
 # 10 GB/s each way, sending and receiving at once; ignore latency and the time to add. About
 # how long does the all-reduce take?
 #
-# * a) 197 ms: all that a rank sends crosses a single link, to one peer.
-# * b) 175 ms: a rank sends the same share of the tensor as on 8 ranks, too.
-# * c) 3.1 ms: what a rank sends is spread over links to its 63 peers.
-# * d) 98 ms: a rank sends each of the other 63 chunks once, no more.
+# * a) 150 ms: each rank sends 1.5 times the tensor, all of it to one neighbour.
+# * b) 197 ms: each rank sends 1.97 times the tensor, all of it to one neighbour.
+# * c) 2.4 ms: each rank sends 1.5 times the tensor, spread over its 63 peers.
+# * d) 3150 ms: each rank sends 31.5 times the tensor, all of it to one neighbour.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_ring_2 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_ring_2 = "a"
+answer_ring_2 = "b"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "ring_2_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -172,31 +184,41 @@ check_answer(
     "answer_ring_2",
     answer_ring_2,
     choices="abcd",
-    key="a",
+    key="b",
     explanation="""
     Each rank sends one chunk of S/N per step, for 2(N-1) steps: 2(N-1)/N of the tensor in
-    all. The measurements fit it at every world size: 1, 4/3, 3/2, 8/5, 5/3 and 7/4 of a 1
-    MiB tensor on 2, 3, 4, 5, 6 and 8 ranks (1025 to 1796 KiB, with gloo's headers), tending
-    to twice the tensor. On 64 ranks that is 126/64 = 1.97 GB per rank, and all of it goes to
-    one neighbour (the cell on 5 ranks: every byte to rank - 1), so it crosses one link at 10
-    GB/s, while as much comes in from the other neighbour at the same time: 197 ms. b) 1.75
-    is the factor on 8 ranks; it still grows with N, towards 2. c) Nothing is spread over
-    other links: a ring rank talks to one neighbour only, and that link sets the time. d)
-    Just under 1 GB, (N-1)/N of the tensor, is the reduce-scatter alone: the all-gather
-    sends as much again. The ring's bandwidth time barely grows with N, which is why it is
-    called bandwidth-optimal; its latency term, 2(N-1) steps, does grow.
+    all, every byte of it to the one neighbour. The chunks' number grows with N about as
+    fast as their size shrinks, so the share creeps up towards 2 and never reaches it. On 4
+    ranks that is 1.5 times the tensor: the cell measured 6.00 MB of a 4 MB tensor to
+    rank - 1 and 0.00 MB to the others, and 6.00 MB in from rank + 1. On 2, 3, 5 and 8 ranks
+    gloo's all-reduce sends 1, 4/3, 8/5 and 7/4 of the tensor, still to one neighbour. On 64
+    ranks it is 126 chunks of 1/64 GB, 126/64 = 1.97 GB through one link at 10 GB/s, while
+    as much comes in from the other neighbour at the same time: 197 ms. a) 1.5 is the share
+    on 4 ranks only: on 8 ranks it is already 1.75. c) Nothing is spread: a ring rank sends
+    to its neighbour only (the cell shows 0.00 MB to the two other ranks), and 1.5 is again
+    the share of 4 ranks. d) 31.5 tensors would be one chunk of S/N for each pair of ranks,
+    N(N-1)/2 of them, which is also 1.5 tensors on 4 ranks; on 8 ranks it would be 3.5,
+    where the wire shows 1.75. The ring's bandwidth time barely grows with N, which is why
+    it is called bandwidth-optimal; its latency term, 2(N-1) steps, does grow.
     """,
-    giveaways=(r"197 ms", r"1\.97 GB", r"2\s*\(\s*N\s*-\s*1\s*\)\s*/\s*N", r"126\s*/\s*64"),
+    giveaways=(
+        r"197 ms",
+        r"1\.97 GB",
+        r"1\.97 times",
+        r"2\s*\(\s*N\s*-\s*1\s*\)\s*/\s*N",
+        r"126\s*/\s*64",
+    ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** gloo's own all-reduce on 5 real ranks, each with 4 MB of float32: the bytes
-# each rank sent to each of its peers, read from the kernel's TCP counters. (Once your ring
-# works, put `ring_allreduce(tensor)` in place of `dist.all_reduce(tensor)` and compare.)
+# **Measure it.** gloo's own all-reduce on 4 real ranks, each with 4 MB of float32: the bytes
+# each rank sent to each of its peers, and those it received from each, in the same call,
+# read from the kernel's TCP counters. (Once your ring works, put `ring_allreduce(tensor)` in
+# place of `dist.all_reduce(tensor)` and compare; `%%ranks` takes another number of ranks.)
 
 # %% nbgrader={"grade": false, "grade_id": "ring_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# %%ranks 5
+# %%ranks 4
 from course.ring.wire import WireMeter
 
 tensor = torch.ones(1_000_000)  # 4 MB of float32 on every rank
@@ -204,7 +226,9 @@ dist.all_reduce(tensor)  # once first: gloo sets itself up on the first call
 with WireMeter() as wire:
     dist.all_reduce(tensor)
 peers = [p for p in range(world_size) if p != rank]
-print(", ".join(f"{wire.sent.get(p, 0) / 1e6:.2f} MB to rank {p}" for p in peers))
+sent = [f"{wire.sent.get(p, 0) / 1e6:.2f} MB to rank {p}" for p in peers]
+got = [f"{wire.received.get(p, 0) / 1e6:.2f} MB from rank {p}" for p in peers]
+print("sent " + ", ".join(sent) + "\ngot  " + ", ".join(got))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "cost_model", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Why the ring? The alpha-beta cost model
@@ -221,10 +245,11 @@ print(", ".join(f"{wire.sent.get(p, 0) / 1e6:.2f} MB to rank {p}" for p in peers
 #   pulls the sum back, so the server's one link carries N tensors each way (Li et al., 2014,
 #   the design of early large-scale training before all-reduce took over).
 #
-# For small messages latency wins, for gradients (megabytes) bandwidth does.
+# The figure is drawn for the 4 ranks you measured, against the tensor's size: for small
+# messages latency wins, for gradients (megabytes) bandwidth does.
 
 # %% nbgrader={"grade": false, "grade_id": "cost_model_figure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-cost.cost_figure(world_size=8)
+cost.cost_figure(world_size=4, by_world_size=False)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question ring_3: who waits for whom?
@@ -332,8 +357,8 @@ for order, n, numel in (
 # * **right sums** (6 points): the result equals `dist.all_reduce` on world sizes 2 to 6, odd
 #   ones included, many sizes, shapes and dtypes;
 # * **a real ring** (4 points): each rank sends only to one neighbour and receives only from
-#   the other, one chunk per step, in as many steps and bytes as questions ring_1 and ring_2
-#   measured.
+#   the other, one chunk per step, in as many steps and bytes as a ring takes (what questions
+#   ring_1 and ring_2 ask about).
 #
 # A plan, one step at a time:
 #
@@ -341,11 +366,12 @@ for order, n, numel in (
 # 2. Cut it into N chunks with `torch.tensor_split(flat, world_size)`: always N chunks, the
 #    first ones one element longer when N does not divide the size. (`torch.chunk` can return
 #    *fewer* than N chunks.)
-# 3. Reduce-scatter: for step s = 0 .. N-2, send chunk (rank - s) mod N to rank + 1 and
+# 3. Reduce-scatter: at step s = 0, 1, 2, ..., send chunk (rank - s) mod N to rank + 1 and
 #    receive chunk (rank - s - 1) mod N from rank - 1 into a buffer **of the tensor's dtype**,
-#    then add it into that chunk.
-# 4. All-gather: for s = 0 .. N-2, send chunk (rank + 1 - s) mod N and receive chunk
-#    (rank - s) mod N, copying it in.
+#    then add it into that chunk. Stop once every rank holds one chunk with all N ranks'
+#    contributions: the widget above shows when that is on 4 ranks; work out when for any N.
+# 4. All-gather: at step s = 0, 1, 2, ..., send chunk (rank + 1 - s) mod N and receive chunk
+#    (rank - s) mod N, copying it in, until every rank holds every chunk.
 # 5. Every rank both sends and receives at each step, so the order of the two calls matters:
 #    use one of the orders that finished in question ring_3's measurement.
 
@@ -437,8 +463,10 @@ rows = compare_busbw(ring_allreduce, world_size=2, megabytes=(1, 16))
 # %% [markdown] nbgrader={"grade": false, "grade_id": "summary", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## What you measured
 #
-# * **Steps and bytes**: gloo's own all-reduce on 2 to 8 ranks, read from the kernel's TCP
-#   counters; look at how the bytes each rank sends grow with N, and at who receives them.
+# * **Steps and bytes**: the ring's schedule on 4 ranks, and gloo's own all-reduce on 4 ranks,
+#   read from the kernel's TCP counters; look at how many chunks each rank sends, to whom,
+#   and what it receives meanwhile. `collective_traffic` and `%%ranks` run the same
+#   measurement on other world sizes.
 # * **Blocking order**: ways to do one ring step, on 3 and 4 ranks; look at which ones
 #   finished and where the others were stuck.
 # * **Your ring**: its sums, its pattern (neighbours, steps, bytes), your run animated, and its

@@ -68,18 +68,20 @@ print(f"alpha = {alpha * 1e6:.0f} us per message, 1/beta = {1 / beta / 1e9:.2f} 
 pictures.alpha_beta_figure(times, alpha, beta)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question synchrony_1: half the bandwidth
+# ## Question synchrony_1: half the bandwidth, in a ring
 #
 # *Difficulty 2/3*
 #
-# A message of n bytes moves at n / t(n) = n / (alpha + n beta), which climbs towards the peak
-# 1/beta as n grows. On an InfiniBand network with alpha = 2 us and 1/beta = 25 GB/s, at what
-# size does the model say a message reaches **half** of that peak?
+# On an InfiniBand network with alpha = 2 us and 1/beta = 25 GB/s, one message moves at half
+# of the peak 1/beta when it holds 50 KB: there its bytes take as long as alpha. Now 8 ranks,
+# each with its own link, all-reduce a tensor of S bytes with a ring. At what size S does the
+# model say the all-reduce's **bus bandwidth** (the bytes each rank's link carries in it, over
+# its time) reaches half of 1/beta?
 #
-# * a) About 1 KB: below it a message costs alpha, whatever it holds.
-# * b) About 100 KB: there its bytes take twice as long as its fixed cost.
-# * c) About 25 KB: there its bytes take half as long as its fixed cost.
-# * d) About 50 KB: there its bytes take just as long as its fixed cost.
+# * a) About 50 KB: as for one message, its bytes then take as long as alpha.
+# * b) About 700 KB: its bytes then take as long as the alphas of its 14 steps.
+# * c) About 6 KB: the 8 links share the bytes, so each needs 8 times less.
+# * d) About 400 KB: each step's message then holds 50 KB, one eighth of it.
 #
 # Set `answer_synchrony_1` to your letter and run the cell below it.
 
@@ -98,29 +100,31 @@ check_answer(
     choices="abcd",
     key="d",
     explanation="""
-    Half the peak means n / (alpha + n beta) = 1 / (2 beta), that is alpha + n beta = 2 n beta, so
-    n = alpha / beta: the size whose bytes take as long as the fixed cost (n one-half, in the
-    parallel-computing literature). Here alpha / beta = 2 us x 25 GB/s = 50 KB. b) at 2 alpha /
-    beta = 100 KB the bytes take 2/3 of the time: two thirds of the peak. c) at 25 KB a third.
-    a) a message's share of the peak is n / (n + alpha / beta), 2% at 1 KB on this network:
-    1 KB is deep in the latency-bound range, not its edge. The cell shows the same law on
-    loopback TCP: the sizes whose bandwidth is near half of 1/beta sit near alpha / beta of
-    this machine's fit (the times move with the machine's load, and a size can even land above
-    1/beta, which is the fitted line's slope, not a ceiling). Below alpha / beta a message is
-    latency-bound, above it bandwidth-bound: a gradient bucket of megabytes is the second kind
-    on both, a 256 B control message the first.
+    A ring all-reduce on N ranks is 2(N-1) messages in turn, each of S/N bytes: recorded on
+    real ranks, 2, 6 and 14 sends per rank on 2, 4 and 8 ranks, each of them one N-th of the
+    tensor. Each rank's link carries 2(N-1)/N S in 2(N-1)(alpha + S/N beta), a rate of
+    (S/N) / (alpha + S/N beta): one message's law, for a message of S/N bytes. It is half of
+    1/beta where S/N = alpha/beta, so at S = N alpha / beta = 8 x 50 KB = 400 KB: each link
+    then carries 700 KB in 14 x 2 us + 28 us = 56 us, 12.5 GB/s. a) 50 KB is where one message
+    of the whole tensor reaches half; the ring sends it as 14 messages of 6.25 KB, and its
+    links reach 11% of the peak. b) sets the tensor's S beta against the 14 alphas, but each
+    rank's link carries 1.75 S: at 700 KB the links reach 64%. c) the links do share the bytes,
+    but every message pays its alpha whole: smaller messages sit further from the peak, 1.5%
+    at 6 KB. The cell measures one message on this machine (its alpha and beta move with the
+    machine's load). A bucket that is large for one message can be small for a ring on many
+    ranks: every rank sends it in N pieces.
     """,
     giveaways=(
-        r"n\s*1/2",
-        r"n one-half",
-        r"2 us x 25 GB/s = 50 KB",
+        r"S = N alpha\s*/\s*beta",
+        r"8 x 50 KB = 400 KB",
+        r"message then holds 50 KB",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The one-way time and the bandwidth (size over time) of each message size in
-# the cell above, beside the fitted alpha and 1/beta.
+# **Measure it.** One message on this machine: the one-way time and the bandwidth (size over
+# time) of each message size in the cell above, beside the fitted alpha and 1/beta.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 print(f"alpha = {alpha * 1e6:.0f} us, 1/beta = {1 / beta / 1e9:.2f} GB/s")
@@ -132,15 +136,15 @@ for size, seconds in times.items():
 #
 # *Difficulty 3/3*
 #
-# A job all-reduces its gradients with a ring, on a cluster whose links keep their alpha and
-# beta however many ranks it uses (every rank has its own link and its own cores). It grows
-# from 8 ranks to 64. By how much does the time of one all-reduce grow, for a tensor of
-# 256 bytes and for one of 1 GB?
+# A job all-reduces a 1 MB gradient bucket with a ring, on the network of question
+# synchrony_1 (alpha = 2 us, 1/beta = 25 GB/s), every rank with its own link and its own
+# cores. It grows from 8 ranks to 64. By how much does the alpha-beta model say the time of
+# that all-reduce grows?
 #
-# * a) Both about 9 times: each rank makes 9 times as many sends.
-# * b) 256 B about 1.1 times, 1 GB about 9 times: the bytes rule both.
-# * c) 256 B about 9 times, 1 GB about 1.1 times: alpha, then the bytes.
-# * d) Both about 1.1 times: each rank's bytes, 2(N-1)/N S, barely grow.
+# * a) About 9 times: each rank makes 9 times as many sends, each paying alpha.
+# * b) About 1.1 times: a 1 MB bucket is bandwidth-bound, and its bytes barely grow.
+# * c) About 3.4 times: on 64 ranks its alphas come to cost more than its bytes.
+# * d) About 8 times: the ring waits on 8 times as many ranks at every step.
 #
 # Set `answer_synchrony_2` to your letter and run the cell below it.
 
@@ -161,38 +165,43 @@ check_answer(
     explanation="""
     A ring all-reduce on N ranks is 2(N-1) sends one after another, each of S/N bytes, so
     t = 2(N-1) alpha + 2(N-1)/N S beta. Recorded on real ranks (a ring of point-to-point calls):
-    2, 6 and 14 sends per rank on 2, 4 and 8 ranks, and 1, 1.5 and 1.75 S sent per rank. From 8
-    ranks to 64 the steps go from 14 to 126, 9 times as many, and the bytes per rank from 1.75 S
-    to 1.97 S, 1.125 times as many. A 256 B tensor is all alpha (on a cluster's link its bytes
-    take nanoseconds, alpha microseconds), so its all-reduce grows 9-fold; a 1 GB one is all
-    bytes (126 alpha stays far below the time its 1.97 GB take), so it grows 1.125-fold. a)
-    counts the steps for both: right for the small tensor only. b) swaps the two regimes. d)
-    counts the bytes for both: right for the large tensor only. This is why large jobs pack
-    small gradients into buckets and switch to trees for small messages: the latency term of a
-    ring grows with N, its bandwidth term does not. (On this machine the ranks also share its
-    cores, so the measured times grow faster still; the model is the cluster's.)
+    2, 6 and 14 sends per rank on 2, 4 and 8 ranks, and 1, 1.5 and 1.75 S sent per rank; the
+    cell's gloo ring put 1, 1.33 and 1.5 times the tensor on each rank's wire on 2, 3 and 4
+    ranks, and for a 256 B tensor mostly headers, a fixed size per step. With
+    S beta = 1 MB / 25 GB/s = 40 us: on 8 ranks 14 x 2 us + 1.75 x 40 us = 28 + 70 = 98 us, on
+    64 ranks 126 x 2 us + 1.97 x 40 us = 252 + 79 = 331 us, 3.4 times as long. The alpha term
+    grows 9-fold and goes from under a third of the time to three quarters of it; the bytes
+    grow 1.125-fold. a) counts the alphas only: right for a tensor of a few hundred bytes.
+    b) counts the bytes only: right for a gigabyte, but 1 MB is 20 alpha / beta, and on 64
+    ranks each message holds 16 KB, a third of alpha / beta. d) the time follows the steps,
+    2(N-1), and the bytes, 2(N-1)/N S, not N itself. This is why large jobs bucket small
+    gradients and why NCCL switches to trees on many ranks: the latency term of a ring grows
+    with N, its bandwidth term does not. (On this machine the ranks also share two cores, so
+    its timings grow faster still; the model is the cluster's.)
     """,
     giveaways=(
-        r"14 to 126",
-        r"grows 9-fold",
-        r"256 B about 9 times",
+        r"252 \+ 79 = 331",
+        r"3\.4 times as long",
+        r"alphas come to cost more than",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on 2, 3 and 4 ranks: how long gloo's all-reduce of 64 float32 (256 B)
-# takes, in units of the alpha fitted above (the fastest of 21 calls), and how many bytes
-# each rank puts on the wire for one of 4 MB, in units of the tensor. Here the ranks share
-# this machine's cores as well as its loopback "links".
+# **Measure it**, on 2, 3 and 4 ranks: the bytes each rank puts on the wire (the kernel's TCP
+# counters, `course.ring.wire.WireMeter`, as in the ring assignment) in gloo's all-reduce of
+# a 1 MiB tensor, in units of the tensor, and of a 256 B tensor, in bytes.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.experiments.ring import collective_traffic
 
 for n in (2, 3, 4):
-    tiny = latency.allreduce_times([64], repeats=21, world_size=n)[64]
-    sent = max(r["sent"] for r in run(collective_traffic, n, "all_reduce", 2**20))
-    print(f"N = {n}: 256 B in {tiny / alpha:5.1f} alpha; 4 MB: {sent / 2**22:.3f} x 4 MB sent")
+    big, small = (
+        max(r["sent"] for r in run(collective_traffic, n, "all_reduce", numel))
+        for numel in (2**18, 64)  # float32: 1 MiB and 256 B
+    )
+    print(f"N = {n}: 1 MiB tensor, {big / 2**20:.3f} x 1 MiB sent per rank; "
+          f"256 B tensor, {small} B sent per rank")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 2. Fewer, bigger steps: recursive doubling
@@ -403,27 +412,29 @@ else:
 # 1. inside every node, a **reduce-scatter**: local rank j ends up with the node's sum of
 #    shard j, 1/(N/M) of the tensor;
 # 2. across nodes, an **all-reduce of that shard** among the M ranks with the same local
-#    rank, one per node: the only traffic between nodes, on N/M links at once;
+#    rank, one per node: the only traffic between nodes, on N/M links at once (each rank
+#    has its own link to the network, as on clusters that give every accelerator its own
+#    network card);
 # 3. inside every node, an **all-gather** of the shards.
 #
 # NCCL does this on its own (its rings and trees are built node by node); here you build it
 # from torch's collectives on **process subgroups** (`dist.new_group`).
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question synchrony_4: bytes between the nodes
+# ## Question synchrony_4: two layouts of 64 ranks
 #
-# *Difficulty 2/3*
+# *Difficulty 3/3*
 #
-# 64 ranks on 8 nodes of 8 (ranks 0 to 7 on the first, 8 to 15 on the next, ...) all-reduce S
-# bytes each. gloo's flat ring over all 64 sends 2(N-1)/N S = 1.97 S over its busiest link
-# between two nodes. With the two-level all-reduce instead (reduce-scatter in the node,
-# all-reduce of the shard across, all-gather in the node), how many bytes does the busiest
-# link between two nodes carry, one way?
+# 64 ranks all-reduce S bytes with the two-level all-reduce (a reduce-scatter inside each
+# node, an all-reduce of the shard across the nodes, an all-gather inside each node); every
+# rank has its own link to the network. The cluster can hold them as 4 nodes of 16 ranks or
+# as 16 nodes of 4. How do the bytes that the busiest rank sends to ranks on other nodes, one
+# way, compare between the two layouts?
 #
-# * a) About 0.22 S: an all-reduce of S/8 among the 8 nodes.
-# * b) About 1.75 S: an all-reduce of all S among the 8 nodes.
-# * c) About 0.125 S: each rank's shard of S/8 crosses once.
-# * d) About 0.03 S: a shard of S/64 crosses, one per rank.
+# * a) About 5 times fewer on 4 nodes of 16: a smaller shard, a shorter ring.
+# * b) About 4 times fewer on 4 nodes of 16: a shard of S/16, not one of S/4.
+# * c) The same on both: each rank sends 1.97 S, as in a flat ring of 64.
+# * d) About 1.2 times fewer on 4 nodes of 16: each node's whole sum crosses.
 #
 # Set `answer_synchrony_4` to your letter and run the cell below it.
 
@@ -442,23 +453,25 @@ check_answer(
     choices="abcd",
     key="a",
     explanation="""
-    After the reduce-scatter in the node every rank holds the node's sum of one shard, S/8 on
-    nodes of 8. Only the all-reduce of that shard crosses between nodes, among the 8 ranks with
-    the same local rank, one per node: a ring over M = 8 sends 2(M-1)/M of what it reduces, so
-    2 x 7/8 x S/8 = 0.22 S from every rank, each on its own link to the next node, all at once;
-    9 times less than the flat ring's 1.97 S. Measured on the kernel's TCP counters with the model two-level
-    all-reduce: 0.25 S from every rank on 2 nodes of 4 (2 x 1/2 x S/4), 0.75 S on 4 nodes of 2
-    (2 x 3/4 x S/2) and 0.5 S on 2 nodes of 2, where the flat ring sent 1.75 S, 1.75 S and 1.5 S
-    over each of its links between two nodes. b) all-reduces the whole tensor across the nodes, skipping the
-    reduce-scatter. c) a ring all-reduce sends its shard twice over, less a share: once in its
-    reduce-scatter, once in its all-gather. d) the nodes do not cut the shard further: the 8
-    ranks of a node split the tensor 8 ways, not 64. With links between nodes 10 times slower
-    than inside, the busiest link decides, which is why NCCL builds its rings node by node.
+    After the reduce-scatter inside a node of R ranks each rank holds one shard, S/R, summed
+    over its node. Only the all-reduce of that shard crosses between nodes, among the M ranks
+    with the same local rank, one per node, and a ring over M members sends 2(M-1)/M of what
+    it reduces: every rank sends 2(M-1)/M x S/R to other nodes, on its own link, all at once.
+    Measured on the kernel's TCP counters with the model two-level all-reduce: 0.5 S from every
+    rank on 2 nodes of 2, 0.25 S on 2 nodes of 4 and 0.75 S on 4 nodes of 2, where gloo's flat
+    ring sent 1.5 S, 1.75 S and 1.75 S over each link between two nodes. On 4 nodes of 16 that
+    is 2 x 3/4 x S/16 = 0.094 S, on 16 nodes of 4 it is 2 x 15/16 x S/4 = 0.47 S: 5 times
+    fewer with the bigger nodes, a shard 4 times smaller in a ring that sends 1.5 times it
+    instead of 1.875 times. b) counts the shard and forgets that the ring's share, 2(M-1)/M,
+    grows with the number of nodes. c) is the flat ring; the two-level scheme sends far less
+    across in both layouts. d) skips the reduce-scatter: an all-reduce of each node's whole
+    sum across the nodes would send 1.5 S against 1.875 S. Bigger nodes keep more of the
+    traffic on the fast links inside them, which is why NCCL builds its rings node by node.
     """,
     giveaways=(
-        r"2 x 7/8 x S/8",
-        r"9 times less",
-        r"0\.22 S: an all-reduce of S/8",
+        r"2 x 3/4 x S/16",
+        r"2 x 15/16 x S/4",
+        r"5 times\s+fewer with the bigger nodes",
     ),
 )
 ### END HIDDEN TESTS
@@ -468,6 +481,8 @@ check_answer(
 # rank's TCP sockets sent to the other node (`course.ring.wire.WireMeter`, as in the ring
 # assignment), in units of the tensor's size, for gloo's flat all-reduce of 1 MiB, and for an
 # all-reduce of the tensor's first half alone among ranks 0 and 2, and among 1 and 3.
+# `hierarchy.peer_traffic(fn, numel)` measures any all-reduce `fn(tensor)` on any layout:
+# your `hierarchical_allreduce` of exercise 2 too, once it works.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.experiments import hierarchy
@@ -625,8 +640,9 @@ check_answer(
     explanation="""
     A synchronous step ends for everyone when its slowest rank's gradient is in the all-reduce,
     so a step is twice as long as soon as any one rank pauses. Measured on 4 ranks with rank 3
-    at twice the compute (emulated by a sleep): every rank's step took rank 3's time, within
-    15%, the fast ranks waiting in the all-reduce for the difference. No rank pauses in a step
+    at twice the compute (emulated by a sleep): in every step no rank's backward, which ends
+    with DDP's all-reduce, ended before rank 3's gradient was ready; the fast ranks waited in
+    the all-reduce for the difference. No rank pauses in a step
     with probability (63/64)^64 = 0.365, about 1/e, so the mean step is 0.365 x 1 + 0.635 x 2
     = 1.635 times a clean one. a) is the mean over the ranks, which would hold if each rank went at
     its own pace. c) a chance of 1 in 64 on each of 64 ranks leaves 36.5% of the steps without a
@@ -656,19 +672,21 @@ print("waiting, ms:   ", [round(t * 1e3) for t in stragglers.waiting_seconds(spa
 pictures.timeline_figure(spans)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_6_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question synchrony_6: backup workers
+# ## Question synchrony_6: one backup worker for 64 ranks
 #
-# *Difficulty 2/3*
+# *Difficulty 3/3*
 #
 # With **backup workers** (Chen et al., 2016) a step on N ranks uses the first N - b gradients to
-# arrive and drops the other b. Four ranks, b = 1, and now **two** ranks, 2 and 3, compute
-# twice as long as ranks 0 and 1. Against the same job without backups, what does the one
-# backup worker do to the time of a step?
+# arrive and drops the other b. The 64 ranks of question synchrony_5 (at every step each rank,
+# independently, has a 1-in-64 chance of a pause that makes its forward and backward twice as
+# long) add one backup worker: b = 1, and a rank whose gradient is dropped abandons it and
+# starts the next step with the others. On average, how long does a step take now, against a
+# step in which no rank pauses?
 #
-# * a) It halves it: the slowest gradient is dropped, whichever rank sent it.
-# * b) It cuts it to 3/4: the step waits for 3 of the 4 gradients, not 4.
-# * c) It cuts it to the fast ranks' time: both slow gradients are dropped.
-# * d) As long as before: the third gradient in is a slow one, and it waits.
+# * a) About 1.0 times: the one backup drops whichever rank pauses.
+# * b) About 1.63 times: the step waits for 63 ranks now, not 64.
+# * c) About 1.37 times: each pause after the first adds a delay of its own.
+# * d) About 1.26 times: a step waits only when two ranks or more pause.
 #
 # Set `answer_synchrony_6` to your letter and run the cell below it.
 
@@ -687,32 +705,41 @@ check_answer(
     choices="abcd",
     key="d",
     explanation="""
-    With b = 1 the step needs 3 gradients, and only 2 come early: the third to arrive is one of
-    the two slow ranks', so the step waits for it, as it waited for the slower of the two
-    without backups. A backup saves time only when the stragglers are at most b. Measured with
-    the model backup step of exercise 3, ranks 2 and 3 starting half a second late: with one
-    backup ranks 0 and 1 ended their steps about half a second in, as with none; with two
-    backups in under 0.25 s. a) the slowest is dropped, but the step still waits for the third
-    arrival, the other slow rank. b) the time of a step is not proportional to the gradients it waits
-    for: it is the arrival time of the last one kept. c) dropping both slow ranks needs b = 2,
-    and halves the batch. Chen et al. keep b at about 5% of the workers: enough for the few
-    stragglers of a step, a small share of each batch lost.
+    With b = 1 a step goes on at the 63rd gradient to arrive. If one rank pauses, its gradient
+    is the one dropped and the step runs clean; if two or more pause, the 63rd gradient is a
+    paused rank's and the step takes twice as long, as it would without the backup. Measured
+    with the model backup step of exercise 3 on 4 ranks, the late ranks starting half a second
+    late: with one late rank, one backup kept ranks 0, 1 and 2 and never took its gradient;
+    with two late, one backup had to keep one of them (rank 0 needs two gradients besides its
+    own, and only rank 1's came early), and two backups kept 0 and 1 alone. Over 64 ranks no
+    rank pauses with probability (63/64)^64 = 0.365, exactly one with 64 x 1/64 x (63/64)^63 =
+    0.371, so a step is slow with probability 0.264 and lasts 1.264 times a clean one on
+    average, against 1.635 without the backup. a) one backup absorbs one pause, and 26% of
+    the steps have more. b) is 63 ranks without a backup, slow whenever any of them pauses;
+    with the backup the 64th rank is there to be dropped. c) ranks that pause in the same step
+    pause at the same time: the step waits for the slowest kept rank, it does not add up the
+    delays (which would give 1 + 0.365). Chen et al. keep b at about 5% of the workers: enough
+    for the few stragglers of a typical step, a small share of each batch lost.
     """,
     giveaways=(
-        r"third to arrive is one of\s+the two slow",
-        r"at most b",
-        r"with one\s+backup ranks 0 and 1 ended",
+        r"1\.264 times",
+        r"slow with probability 0\.264",
+        r"waits only when two ranks or more pause",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_6_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** When each rank's gradient was ready, step by step, in the run above (ms from
-# the step's start).
+# **Measure it.** When each rank's gradient was ready, step by step, in the run above (rank 3
+# at 1.5 times the others' compute; ms from the step's start), and when the step could go on
+# with no backup and with one: `stragglers.backup_step(ready, b)` plays a step with b backups
+# on those times, and `straggler_run` takes a list of slow ranks too (`slow_rank=[2, 3]`).
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for step, ready in enumerate(stragglers.arrivals(spans)):
-    print(f"step {step}: " + "  ".join(f"rank {r} {t * 1e3:3.0f}" for r, t in enumerate(ready)))
+    goes_on = [stragglers.backup_step(ready, b)["seconds"] * 1e3 for b in (0, 1)]
+    print(f"step {step}: " + "  ".join(f"rank {r} {t * 1e3:3.0f}" for r, t in enumerate(ready)),
+          f"| goes on at {goes_on[0]:3.0f} with b = 0, {goes_on[1]:3.0f} with b = 1")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_3_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 3: a step with backup workers
@@ -956,12 +983,12 @@ for (n, rule), losses in cold.items():
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_9_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question synchrony_9: bus bandwidth
 #
-# *Difficulty 1/3*
+# *Difficulty 2/3*
 #
 # Your ring all-reduce of an 800 MB gradient on 8 ranks takes 2.0 s, and nccl-tests prints for
-# it an algorithm bandwidth algbw = 800 MB / 2.0 s = 0.4 GB/s and a bus bandwidth busbw of
-# 0.7 GB/s. The job moves to 64 ranks on links of the same kind, one per rank, and the bytes
-# still rule the time. What does nccl-tests print for the same 800 MB there?
+# it an algorithm bandwidth algbw = 800 MB / 2.0 s = 0.4 GB/s, and a bus bandwidth busbw. The
+# job moves to 64 ranks on links of the same kind, one per rank, and the bytes still rule the
+# time. What does nccl-tests print for the same 800 MB there?
 #
 # * a) algbw 0.36 GB/s, busbw 0.7 GB/s: each link moves 1.97 S, at its rate.
 # * b) algbw 0.4 GB/s, busbw 0.79 GB/s: the ring takes 2.0 s on any N.
@@ -993,8 +1020,10 @@ check_answer(
     it stays with the links as N grows, where algbw falls towards half of it. b) a ring's time
     does grow with N, a little: its bytes per rank go from 1.75 S to 1.97 S. c) the ranks share
     the work, each on its own link: the bytes per link do not grow with N. d) busbw / algbw is
-    2(N-1)/N, 1.97 on 64 ranks, so the two cannot both stay. (The cell's busbw falls with N
-    because its ranks share this machine's cores; a cluster's ranks do not.)
+    2(N-1)/N, 1.97 on 64 ranks, so the two cannot both stay. (The cell's busbw does not stay
+    put as N grows, because its ranks share this machine's two cores and its loopback, so the
+    time moves with N for reasons of its own; a cluster's ranks have links and cores of their
+    own.)
     """,
     giveaways=(
         r"that takes 2\.25 s",
@@ -1018,7 +1047,7 @@ for n, row in rows.items():
 # ## What you measured
 #
 # * **One message**: its fixed cost alpha and its cost per byte beta, fitted from 1 KB to
-#   64 MB; and what a tiny all-reduce costs on 2 to 4 ranks.
+#   64 MB; and the bytes a ring all-reduce puts on each rank's wire on 2 to 4 ranks.
 # * **Your recursive doubling** against a ring, timed from 1 KB to 32 MB, under the model.
 # * **Bytes between nodes**: gloo's flat ring, and your two-level all-reduce on subgroups.
 # * **A straggler** under DDP, each rank's timeline, and your step that drops it.

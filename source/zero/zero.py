@@ -411,7 +411,7 @@ zero_report.report_matches(ZeroOptimizer, world_size=2)
 
 # %% nbgrader={"grade": true, "grade_id": "zero_optimizer_matches_ddp", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Trains like DDP + Adam: 5 steps, world sizes 2 and 3, parameters within 1e-4.
-print(check_zero_matches_ddp(ZeroOptimizer, world_sizes=(2,)))
+print(check_zero_matches_ddp(ZeroOptimizer, world_sizes=(3,)))
 ### BEGIN HIDDEN TESTS
 print(check_zero_matches_ddp(ZeroOptimizer))
 ### END HIDDEN TESTS
@@ -423,24 +423,31 @@ print(check_zero_memory(ZeroOptimizer, world_size=4))
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question zero_3: memory per rank, and when
+# ## Question zero_3: memory per rank, with the reduce-scatter inside backward
 #
 # *Difficulty 2/3*
 #
-# Your `ZeroOptimizer` trains a model of P parameters in fp32 with Adam (4 bytes per
-# parameter, 4 per gradient, 8 for Adam's two moments) on **8** ranks. Counting only
-# parameters, gradients and optimizer state, how many bytes does a rank hold in the second
-# training step, once its backward has run but before `step()`, and then after `step()`?
+# Your `ZeroOptimizer` reduce-scatters the gradient in `step()`, once backward is over.
+# DeepSpeed's ZeRO-2 does it during backward. Take that variant of your optimizer: its
+# `__init__` allocates a buffer for this rank's shards of the gradient (1/N of the
+# parameters) and registers a hook on every parameter (`p.register_post_accumulate_grad_hook`).
+# As soon as backward has accumulated a parameter's gradient, the hook reduce-scatters it
+# with your `reduce_scatter`, writes this rank's shard, averaged, into the buffer, and sets
+# `p.grad = None`; `step()` updates the shards with Adam and all-gathers each parameter. It
+# trains the course's toy model (12 equal bias-free layers, P parameters) in fp32 on **8**
+# ranks. Counting parameters, gradients and Adam's state (4, 4 and 8 bytes per parameter
+# unsharded), what is the most a rank holds at any moment of the second step's backward, and
+# what does it hold after `step()`?
 #
-# * a) 9P before `step()`, then 5.5P after it.
-# * b) 9P before `step()`, then 2P after it.
-# * c) 5.5P before `step()`, then 5.5P after it.
-# * d) 5.5P before `step()`, then 2P after it.
+# * a) 9.00P at most during backward, then 5.50P after `step()`.
+# * b) 5.50P at most during backward, then 5.50P after `step()`.
+# * c) 2.33P at most during backward, then 2.00P after `step()`.
+# * d) 5.83P at most during backward, then 5.50P after `step()`.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_3_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_3 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_zero_3 = "a"
+answer_zero_3 = "d"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "zero_3_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -450,24 +457,29 @@ check_answer(
     "answer_zero_3",
     answer_zero_3,
     choices="abcd",
-    key="a",
+    key="d",
     explanation="""
-    Backward computes the gradient of every parameter on every rank, whole: autograd knows
-    nothing of shards. So before step() a rank holds all the parameters (4P), the whole
-    gradient (4P) and its eighth of Adam's state from the first step (8P/8 = 1P): 9P, what
-    ZeRO-1 holds. step() reduce-scatters the gradient and drops it but for the shard:
-    4P + (4P + 8P)/8 = 5.5P. The parameters stay whole, since the next forward needs them
-    all, so 2P (b, d), the 16P of DDP divided by 8, is ZeRO-3, and c) is what ZeRO-2 holds
-    only where the gradient is reduce-scattered bucket by bucket during backward (as
-    DeepSpeed does), so that the whole gradient never exists at once. Measured with the
-    model solution on 8 ranks: 9.00P after backward, 5.50P after step(); DDP holds 16P.
-    With the reduce-scatter after backward, as here, ZeRO-2's peak is ZeRO-1's.
+    A hook runs as soon as its parameter's gradient has been accumulated, and the
+    reduce-scatter needs that gradient whole on every rank: at that moment a rank holds one
+    layer's whole gradient, 4P/12 = 0.33P, on top of what it keeps anyway: all the
+    parameters (4P: ZeRO-2 keeps them whole, the next forward needs them all), its eighth of
+    Adam's state (8P/8 = 1P) and its shards of the gradient (4P/8 = 0.5P), besides the
+    ring's scratch of a chunk. That is 5.83P, at every hook, since each frees its layer's
+    gradient before backward produces the next; so the 12 layers' whole gradients never
+    coexist. After step() the shards stay: 5.5P. a) is what your ZeroOptimizer holds (9P
+    before step(), measured): it reduce-scatters only once backward has produced the whole
+    gradient, so its peak is ZeRO-1's. b) forgets that a layer's gradient exists whole
+    before its reduce-scatter can start. c) shards the parameters too: that is ZeRO-3.
+    Measured with the model solution's halves on 8 ranks, counting at every parameter's hook
+    during the second backward: 5.83P at most, 5.50P after step(), and 9.00P for your
+    optimizer's design; both train to DDP's weights. DeepSpeed copies gradients into
+    buckets of a set size (reduce_bucket_size) rather than a layer each: the peak holds a
+    bucket instead of a layer.
     """,
     giveaways=(
-        r"9 ?P[^.]{0,40}5\.5 ?P",
-        r"autograd knows nothing of shards",
-        r"4 ?P \+ \(4 ?P \+ 8 ?P\) ?/ ?8",
-        r"peak is ZeRO-1's",
+        r"5\.83 ?P",
+        r"one\s+layer's whole gradient",
+        r"whole gradients never coexist",
     ),
 )
 ### END HIDDEN TESTS
@@ -475,10 +487,14 @@ check_answer(
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**, with your `ZeroOptimizer` against DDP + Adam: the bytes of every tensor of
 # parameters, gradients and optimizer state each rank holds in the second step, on 4 ranks, in
-# units of P. `when` is `"after step"` or `"after backward"` (before `step()`).
+# units of P, once backward has run (before `step()`) and after `step()`. `when` also takes
+# `"during backward"`: the most a rank holds at any moment backward has just accumulated a
+# parameter's gradient, counted by a hook that
+# `course.experiments.zero.memory_during_backward(kind, zero_class)` registers on every
+# parameter before it builds the optimizer (so it runs before any hook the optimizer adds).
 
 # %% nbgrader={"grade": false, "grade_id": "zero_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_memory(ZeroOptimizer, world_size=4, when="after step")
+zero_report.report_memory(ZeroOptimizer, world_size=4, when=("after backward", "after step"))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_3_measure_figure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # The same measurement after `step()`, for world sizes 2 to 4, against DDP and torch's ZeRO-1
@@ -497,7 +513,7 @@ zero_report.memory_figure(ZeroOptimizer, world_sizes=(2, 3, 4))
 # parameters compare?
 #
 # * a) Bit for bit identical on any number of ranks: the same sums, only sharded.
-# * b) 1e-2 apart on any number of ranks: each rank's Adam sees only its shard.
+# * b) Apart in the last bits on 2 ranks and more: the sums run in another order.
 # * c) Far apart: Adam's moments need the whole gradient, so training diverges.
 # * d) Identical on 2 ranks; from 3 ranks on, apart in the last bits of each sum.
 
@@ -517,16 +533,17 @@ check_answer(
     key="d",
     explanation="""
     Adam works element by element, so updating a shard with its shard of the averaged
-    gradient is exactly what a full Adam does to those elements (not b or c). What differs is
-    the sum. Float addition is not associative: the ring adds the ranks' contributions to each
-    chunk in an order that depends on the chunk, while gloo sums in its own order (its ring
-    runs the other way round). And DDP scales each gradient by 1/N before its sum (question
-    ddp_1) where your optimizer divides after it. With 2 ranks there is one addition, a + b =
-    b + a, and halving is exact: the measurement finds the parameters bit for bit identical
-    (so a holds there only). On 3 ranks they differ by about 2.3e-6 of the largest parameter;
+    gradient is exactly what a full Adam does to those elements (not c: nothing diverges).
+    What differs is the sum. Float addition is not associative: the ring adds the ranks'
+    contributions to each chunk in an order that depends on the chunk, while gloo sums in its
+    own order (its ring runs the other way round). And DDP scales each gradient by 1/N before
+    its sum (question ddp_1) where your optimizer divides after it. With 2 ranks there is one
+    addition, a + b = b + a whichever rank makes it, and halving is exact, before the sum or
+    after it: the measurement finds the parameters bit for bit identical (so b fails there,
+    and a holds there only). On 3 ranks they differ by about 2.3e-6 of the largest parameter;
     scaling by 1/3 before the reduce-scatter, as DDP does, cuts that to 6.6e-7, the rest
     being the order of the sums; on 4 ranks, where 1/4 is exact, both give 2.5e-6. Rounding
-    in the last bits, which 20 steps of training grow only a little.
+    in the last bits, which 20 steps of training grow to a few millionths.
     """,
     giveaways=(
         r"halving is exact",
@@ -538,10 +555,10 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, with your optimizer, on 2, 3 and 4 ranks.
+# **Measure it**, with your optimizer, on 3 and 4 ranks.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_equivalence(ZeroOptimizer, world_sizes=(2, 3, 4))
+zero_report.report_equivalence(ZeroOptimizer, world_sizes=(3, 4))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_5_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_5: PyTorch's own ZeroRedundancyOptimizer
@@ -578,11 +595,14 @@ check_answer(
     far, and every rank updates its own (not c). The embedding goes first, to one rank; the
     24 matrices then go to the 7 others, which stay far below 50M, 3 or 4 each. The busiest
     rank holds the embedding's two moments alone: 50M x 8 B = 400 MB (plus a 4-byte step
-    counter), 5.4 times the even 74 MB. b) deals the parameters out in order, round robin.
-    Measured at a thousandth of the size on 8 ranks: 400,004 bytes on one rank, 32,016 or
-    24,012 on each other. Your ZeroOptimizer shards the flattened parameters by element, so
-    its shards differ by at most one element: d) is what it holds. A model of many similar
-    layers evens out under whole-parameter partitioning; one large embedding does not.
+    counter), 5.4 times the even 74 MB. b) deals the parameters out in order, round robin:
+    on parameters of equal size, as in the default measurement, both rules deal them alike
+    (sizes tie, and a tie goes to the lowest rank), and only sizes that differ tell them
+    apart. Measured at a thousandth of the size on 8 ranks: 400,004 bytes on one rank,
+    32,016 or 24,012 on each other. Your ZeroOptimizer shards the flattened parameters by
+    element, so its shards differ by at most one element: d) is what it holds. A model of
+    many similar layers evens out under whole-parameter partitioning; one large embedding
+    does not.
     """,
     giveaways=(
         r"whole parameters",
@@ -594,11 +614,12 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_5_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** Which parameters' Adam state each rank holds after one step, for two models:
-# `Linear(1000, 10)` then `Linear(10, 1000)` on 2 ranks, and four `Linear(100, 100)` on 3.
+# **Measure it.** Which parameters' Adam state each rank holds after one step, and its bytes,
+# for flat parameters of 10,000 elements each: three of them on 2 ranks, four on 3. Give
+# `report_torch_zero` other sizes (a list per world size) to measure other models.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_torch_zero([(2, [(1000, 10), (10, 1000)]), (3, [(100, 100)] * 4)])
+zero_report.report_torch_zero([(2, [10_000] * 3), (3, [10_000] * 4)])
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_6_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_6: fp16 compression on more ranks

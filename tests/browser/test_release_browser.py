@@ -66,7 +66,7 @@ def test_a_finished_notebook_runs_all_cells_in_the_browser(lab, page, artifact, 
     bytes_cell = page.locator(".jp-CodeCell", has_text="with WireMeter() as wire:")
     measured = bytes_cell.locator(".jp-OutputArea-output").first
     measured.scroll_into_view_if_needed()
-    assert "6.40 MB to rank" in measured.text_content()  # gloo's ring: 2 (N-1)/N of 4 MB, N = 5
+    assert "6.00 MB to rank" in measured.text_content()  # gloo's ring: 2 (N-1)/N of 4 MB, N = 4
     page.wait_for_timeout(500)
     bytes_cell.screenshot(path=artifact("release-ring-bytes.png"))
 

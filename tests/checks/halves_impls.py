@@ -205,3 +205,39 @@ class PrescaledZero(ZeroOptimizer):
             p.grad = None
         self.optimizer.step()
         all_gather(self.shard, self.flat)
+
+
+class HookedZero:
+    """ZeRO-2 with the reduce-scatter inside backward (DeepSpeed's way, a bucket per
+    parameter): a hook on each parameter reduce-scatters its gradient as soon as backward has
+    accumulated it, writes this rank's shard, averaged, into a buffer allocated up front and
+    frees the gradient; ``step()`` updates the shards and all-gathers each parameter."""
+
+    def __init__(self, params, optimizer_class=torch.optim.Adam, **defaults) -> None:
+        self.params = list(params)
+        rank, n = dist.get_rank(), dist.get_world_size()
+        bounds = [chunk_bounds(p.numel(), n)[rank] for p in self.params]
+        self.grads = torch.zeros(sum(hi - lo for lo, hi in bounds))  # this rank's shards
+        self.shards, offset = {}, 0
+        for p, (lo, hi) in zip(self.params, bounds, strict=True):
+            shard = p.detach().view(-1)[lo:hi]  # a view: Adam updates the parameter itself
+            shard.grad = self.grads[offset : offset + hi - lo]
+            self.shards[p] = shard
+            offset += hi - lo
+            p.register_post_accumulate_grad_hook(self._reduce)
+        self.optimizer = optimizer_class(list(self.shards.values()), **defaults)
+
+    def _reduce(self, p: torch.Tensor) -> None:
+        shard = reduce_scatter(p.grad).div_(dist.get_world_size())
+        self.shards[p].grad.copy_(shard)
+        p.grad = None  # only this rank's shard of the gradient stays
+
+    def step(self) -> None:
+        self.optimizer.step()
+        for p, shard in self.shards.items():
+            all_gather(shard, p.detach())
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+        self.grads.zero_()

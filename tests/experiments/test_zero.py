@@ -44,13 +44,40 @@ def test_single_process_oracle_is_ddp(run_ranks) -> None:
     assert torch.equal(ddp, zero.single_process_params(2, 3, 5))
 
 
+class _FreeingAdam(torch.optim.Adam):
+    """Adam that frees each gradient as soon as it has arrived, in a hook of its own: a
+    gradient that is never held by the time backward ends."""
+
+    def __init__(self, params, _optimizer_class=None, **defaults) -> None:
+        params = list(params)
+        super().__init__(params, **defaults)
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._free)
+
+    @staticmethod
+    def _free(p: torch.Tensor) -> None:
+        p.grad = None
+
+
+@pytest.mark.ranks
+def test_memory_during_backward_counts_before_the_optimizers_own_hooks(run_ranks) -> None:
+    """Does the count at each gradient's arrival see that gradient before a hook the optimizer
+    registered frees it (one layer of 12 at most), and every gradient under DDP?"""
+    psi = sum(p.numel() for p in zero.toy_model().parameters())
+    freed = run_ranks(zero.memory_during_backward, 2, "zero", _FreeingAdam, timeout=60)[0]
+    assert freed["grads"] == 4 * psi // 12  # one layer's gradient, counted before it goes
+    ddp = run_ranks(zero.memory_during_backward, 2, "DDP", timeout=60)[0]
+    assert ddp["grads"] == 4 * psi and ddp["params"] == 4 * psi
+
+
 def test_reports_measure_nothing_while_nbgrader_runs(monkeypatch, capsys) -> None:
     """Under autograde, do the measuring cells skip (saying so) instead of starting ranks?"""
     from course.experiments import zero_report
 
     monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
     monkeypatch.setattr(zero_report, "run", None)  # any launch would fail
-    zero_report.report_memory(object())
+    zero_report.report_memory(object(), when=("after backward", "during backward"))
     zero_report.report_powersgd()
+    zero_report.report_torch_zero([(2, [10, 10])])
     assert zero_report.memory_figure(object()) is None
-    assert capsys.readouterr().out.count("measurement skipped") == 3
+    assert capsys.readouterr().out.count("measurement skipped") == 4

@@ -186,6 +186,17 @@ def test_widget_builds_steps_and_redraws_for_new_settings():
     assert w.view.n == 6 and w.view.units == 2 and w.figure in w.children
 
 
+def test_widget_can_leave_out_the_prefetch_switch():
+    """With ``prefetch_control=False``, does the widget offer world size, units and reshard only,
+    and still redraw for a new reshard setting, with no prefetch drawn?"""
+    w = fsdp_widget(units=3, world_size=4, prefetch_control=False)
+    settings = w.children[1].children
+    assert [c.description for c in settings] == ["world_size", "units", "reshard_after_forward"]
+    w.reshard.value = False
+    assert w.slider.max == len(fsdp_schedule(3, 4, False).events)
+    assert not w.view.schedule.prefetch
+
+
 def test_widget_of_a_recorded_run_reports_what_it_left_out():
     """Driven by a trace, does the widget play the run and list the calls that fit no unit?"""
     numels = [12, 20]

@@ -17,7 +17,7 @@ ALPHA, BETA = 50e-6, 1 / 3e9
 
 def test_alpha_beta_fit_is_drawn_over_the_points() -> None:
     """Are the measured points drawn as markers, the model as alpha + m beta on log axes,
-    and nothing marked at alpha/beta (question synchrony_1 asks what happens there)?"""
+    and nothing marked at alpha/beta (question synchrony_1 builds on what happens there)?"""
     times = {1024: 60e-6, 2**20: 400e-6, 2**26: 25e-3}
     fig = alpha_beta_figure(times, ALPHA, BETA)
     points, line = fig.data

@@ -151,9 +151,31 @@ def test_animate_a_stub_says_it_is_not_implemented() -> None:
 
 def test_before_the_questions_the_widget_states_no_formula() -> None:
     """With formulas=False, does the widget leave out 2(N-1) and 2(N-1)/N, which ring_1 and
-    ring_2 ask for, while still counting steps and bytes as they happen?"""
+    ring_2 ask for, even from its hidden line's name, while still counting steps and bytes as
+    they happen?"""
     w = ring_widget(world_size=4, formulas=False)
     w.slider.value = 2
     assert "step 2 - reduce-scatter" in w.status.value and "/ 6" not in w.status.value
     assert "2(N-1)" not in w.status.value
     assert w.figure.data[FORMULA].visible is False
+    assert "N-1" not in w.figure.data[FORMULA].name  # a saved widget state keeps hidden traces
+
+
+def test_before_the_questions_the_bytes_axis_gives_no_total_away() -> None:
+    """With formulas=False, is the bytes axis scaled by the bars drawn so far, not fixed at the
+    total a rank sends by the end (at step 0 that total would be on the axis already)?"""
+    w = ring_widget(world_size=4, formulas=False)
+    axis = w.figure.layout.yaxis3
+    assert axis.autorange is True and axis.range is None, axis
+    with_formulas = ring_widget(world_size=4).figure.layout.yaxis3
+    assert with_formulas.range[1] >= w.view.formula  # after the questions: the closed form's line
+
+
+def test_a_widget_that_is_not_resizable_stays_at_its_world_size() -> None:
+    """With resizable=False (the picture before question ring_1), is there no world_size or
+    numel control, so that the ring is shown at its one world size only?"""
+    w = ring_widget(world_size=4, formulas=False, resizable=False)
+    assert not hasattr(w, "world_size") and not hasattr(w, "numel")
+    controls = [c for row in w.children for c in getattr(row, "children", ())]
+    assert "world_size" not in {getattr(c, "description", "") for c in controls}
+    assert w.slider.max == w.view.last and "N = 4" in w.status.value

@@ -122,6 +122,15 @@ def test_cost_figure_has_every_algorithm_on_both_axes() -> None:
     assert list(ring_by_n.y) == [ring(1e6, 2).seconds, ring(1e6, 4).seconds]
 
 
+def test_cost_figure_by_size_alone_draws_no_world_size_axis() -> None:
+    """With by_world_size=False, does the figure plot each algorithm once, against size at
+    the one world size asked for, with no second axis to read other world sizes from?"""
+    fig = cost_figure(world_size=4, sizes=[1e3, 1e6], by_world_size=False)
+    assert [t.name for t in fig.data] == list(ALGORITHMS)
+    assert "xaxis2" not in fig.layout and fig.layout.xaxis.type == "log"
+    assert list(fig.data[0].y) == [ring(1e3, 4).seconds, ring(1e6, 4).seconds]
+
+
 def test_bad_arguments_say_what_is_wrong() -> None:
     """Do a zero world size or a negative size raise a ValueError naming the problem?"""
     with pytest.raises(ValueError, match="world_size"):
