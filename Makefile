@@ -53,8 +53,11 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# Two workers, one per core of the 2-core CI machine; a test file stays on one worker, so its
+# module fixtures (a graded class, a hub) are built once. JOBS=1 runs it in one process.
+JOBS ?= 2
 test: setup lint
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
 # Students work in copies (git-ignored), never in the committed release/: `make lab` makes
 # work/ (copies of release/) and opens its first notebook; `make lab WORK=selfstudy-work

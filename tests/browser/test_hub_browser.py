@@ -352,9 +352,22 @@ def test_make_hub_down_stops_the_hub_by_itself_without_a_traceback(cls, term) ->
     assert how == "stopped", (how, took)
     after = _log_all(cls)[logged:]
     assert "Traceback" not in after, after[-3000:]
-    for user in (*cls.users, cls.grader):
-        left = subprocess.run(["pgrep", "-u", user], capture_output=True, check=False).stdout
-        assert not left, (user, left)
+    left = _processes_of((*cls.users, cls.grader), within=10.0)  # the servers end as the hub does
+    assert not left, left
+
+
+def _processes_of(users: tuple[str, ...], within: float) -> dict[str, str]:
+    """The processes each user still runs once ``within`` seconds have passed or none is left."""
+    deadline = time.monotonic() + within
+    while True:
+        pgrep = [
+            subprocess.run(["pgrep", "-a", "-u", u], capture_output=True, text=True, check=False)
+            for u in users
+        ]
+        left = {u: p.stdout for u, p in zip(users, pgrep, strict=True) if p.stdout}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
 
 
 def _log_all(the_class: hub.Class) -> str:
