@@ -143,22 +143,24 @@ def traffic() -> dict[tuple[int, bool], dict]:
 
 def test_fsdp_4_resharding_adds_one_gather_of_n_minus_1_over_n(traffic) -> None:
     """Does resharding add (N-1)/N model sizes per step (0.50 on 2 ranks, 0.75 on 4): one more
-    gather of each layer, at (N-1)/N, not two, nor 1/N (8 all-gathers for 4 layers instead of
-    4, the same 4 reduce-scatters)?"""
+    gather of each layer, at (N-1)/N, not two, not none, not one fewer (8 all-gathers for 4
+    layers instead of 4, the same 4 reduce-scatters)? And is the cell's figure, 1.50 model
+    sizes on 2 ranks without resharding, a gather (0.50) and gloo's reduce-scatter (1.00)?"""
 
     def total(n: int, reshard: bool) -> float:
         return traffic[n, reshard]["forward"] + traffic[n, reshard]["backward"]
 
     extra = {n: total(n, True) - total(n, False) for n in (2, 4)}
-    laws = {  # gathers more per layer times what a rank sends in one, in model sizes
+    laws = {  # model sizes more with reshard_after_forward=True, per gather of (N-1)/N
         "a": lambda n: 2 * (n - 1) / n,
-        "b": lambda n: 1 / n,
+        "b": lambda n: 0.0,
         "c": lambda n: (n - 1) / n,
-        "d": lambda n: 2 / n,
+        "d": lambda n: -(n - 1) / n,
     }
     claims = {k: all(_near(extra[n], law(n)) for n in extra) for k, law in laws.items()}
     assert supported(claims) == KEYS["fsdp_4"]
     assert _near(extra[2], 0.50, 0.02) and _near(extra[4], 0.75, 0.02)
+    assert _near(total(2, False), 1.50, 0.02)  # what the cell prints: no option's number
     for n in (2, 4):
         kept, resharded = traffic[n, False]["calls"], traffic[n, True]["calls"]
         assert kept == {"all_gather_into_tensor": 4, "reduce_scatter_tensor": 4}

@@ -37,6 +37,7 @@ __all__ = [
     "memory_during_backward",
     "memory_on_ranks",
     "single_process_params",
+    "sum_then_divide",
     "torch_zero_state_bytes",
     "toy_model",
 ]
@@ -165,11 +166,21 @@ def _train(
     return model, optimizer
 
 
+def sum_then_divide(_state, bucket):  # noqa: ANN001, ANN201 - DDP inspects a hook's annotations
+    """A DDP comm hook that all-reduces the bucket's sum and divides it by the world size
+    afterwards, where DDP's own scales every rank's gradient by 1/N before the sum."""
+    future = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return future.then(lambda fut: fut.value()[0].div_(dist.get_world_size()))
+
+
 def _wrapped(kind: str, zero_class: Any, model: nn.Module) -> tuple[nn.Module, Any]:
     """The module to call and the optimizer to step, for ``model`` trained the ``kind`` way:
-    DDP + Adam, DDP + torch's ZeroRedundancyOptimizer, or ``zero_class`` + Adam."""
-    if kind == "DDP":
+    DDP + Adam ("DDP", or "DDP, divided after the sum" with :func:`sum_then_divide`), DDP +
+    torch's ZeroRedundancyOptimizer, or ``zero_class`` + Adam."""
+    if kind in ("DDP", "DDP, divided after the sum"):
         net = nn.parallel.DistributedDataParallel(model)
+        if kind != "DDP":
+            net.register_comm_hook(None, sum_then_divide)
         return net, torch.optim.Adam(model.parameters(), lr=1e-2)
     if kind == "torch ZeRO-1":
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -246,10 +257,11 @@ def single_process_params(
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def equivalence(zero_class: Any, steps: int = 20) -> dict[str, Any]:
-    """Rank side: DDP + Adam and ``zero_class`` + Adam from the same weights on the same data;
-    the largest difference in the final parameters, absolute and relative."""
-    a, b = final_params("DDP", None, steps), final_params("zero", zero_class, steps)
+def equivalence(zero_class: Any, steps: int = 20, reference: str = "DDP") -> dict[str, Any]:
+    """Rank side: DDP + Adam (``reference``: "DDP", or "DDP, divided after the sum") and
+    ``zero_class`` + Adam from the same weights on the same data; the largest difference in
+    the final parameters, absolute and relative."""
+    a, b = final_params(reference, None, steps), final_params("zero", zero_class, steps)
     diff = (a - b).abs().max().item()
     return {"identical": torch.equal(a, b), "max_abs": diff, "max_rel": diff / a.abs().max().item()}
 

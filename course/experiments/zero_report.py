@@ -27,6 +27,7 @@ __all__ = [
     "report_matches",
     "report_memory",
     "report_powersgd",
+    "report_shards",
     "report_torch_zero",
     "report_traffic",
     "unwritten",
@@ -112,16 +113,42 @@ def report_matches(zero_class: Any, world_size: int = 2) -> None:
     print(f"N = {world_size}: within 1e-4 of DDP + Adam's weights: {same['max_rel'] < 1e-4}")
 
 
-def report_equivalence(zero_class: Any, world_sizes: Sequence[int] = (3, 4)) -> None:
-    """DDP + Adam against ``zero_class`` after 20 steps, on each world size."""
+REFERENCES = {
+    "DDP": "DDP + Adam (1/N before the sum)",
+    "DDP, divided after the sum": "DDP + Adam, 1/N after the sum",
+}
+
+
+def report_equivalence(zero_class: Any, world_sizes: Sequence[int] = (3,)) -> None:
+    """``zero_class`` against DDP + Adam after 20 steps, on each world size: against DDP as
+    it is (each gradient scaled by 1/N before the sum) and against DDP with a comm hook that
+    divides after the sum (``zero.sum_then_divide``), as the notebook's optimizer does."""
     if grading() or unwritten(zero_class):
         return
     for n in world_sizes:
-        same = run(zero.equivalence, n, zero_class, timeout=TIMEOUT)[0]
-        print(
-            f"N = {n}: bit for bit identical: {same['identical']}, largest difference "
-            f"{same['max_rel']:.1e} of the largest parameter"
-        )
+        for reference, name in REFERENCES.items():
+            same = run(zero.equivalence, n, zero_class, 20, reference, timeout=TIMEOUT)[0]
+            print(
+                f"N = {n}, against {name:31}: bit for bit identical: {same['identical']}, "
+                f"largest difference {same['max_rel']:.1e} of the largest parameter"
+            )
+
+
+def report_shards(world_size: int = 4, numel: int = 1024, reduce_scatter: Any = None) -> None:
+    """Which ranks' shards change when one chunk of rank 0's tensor changes (nothing else on
+    any rank), through ``reduce_scatter`` (gloo's own ``reduce_scatter_tensor`` by default;
+    your ``reduce_scatter(tensor) -> shard`` works too)."""
+    if grading() or (reduce_scatter is not None and unwritten(reduce_scatter)):
+        return
+    rs = zero_traffic.gloo_reduce_scatter if reduce_scatter is None else reduce_scatter
+    name = getattr(rs, "__name__", "reduce_scatter")
+    if rs is zero_traffic.gloo_reduce_scatter:
+        name = "gloo's reduce_scatter_tensor"
+    seen = run(zero_traffic.shard_dependence, world_size, rs, numel, timeout=TIMEOUT)
+    print(f"{world_size} ranks, {name}, {numel:,} elements, chunks of rank 0's tensor changed:")
+    for c in range(world_size):
+        changed = [r for r in range(world_size) if seen[r][c]]
+        print(f"  chunk {c}: the shard changes on rank {', '.join(map(str, changed)) or 'none'}")
 
 
 def report_torch_zero(models: Sequence[tuple[int, Sequence[int]]]) -> None:

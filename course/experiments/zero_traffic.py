@@ -18,6 +18,7 @@ from torch import nn
 from course.experiments.zero import toy_model
 
 __all__ = [
+    "gloo_reduce_scatter",
     "halves_sent",
     "powersgd_traffic",
     "shard_dependence",
@@ -195,16 +196,32 @@ def halves_sent(reduce_scatter: Callable, numel: int) -> float:
     return sum(m.nbytes for m in recorder.messages if m.op == "send") / tensor.nbytes
 
 
-def shard_dependence(reduce_scatter: Callable, numel: int, source: int = 0) -> list[bool]:
+def gloo_reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
+    """gloo's own ``dist.reduce_scatter_tensor`` in the notebook's ``reduce_scatter(tensor) ->
+    shard`` form (rank r gets the sum of chunk r); the tensor's size must divide evenly."""
+    flat = tensor.reshape(-1)
+    shard = torch.empty(flat.numel() // dist.get_world_size(), dtype=flat.dtype)
+    dist.reduce_scatter_tensor(shard, flat)
+    return shard
+
+
+def shard_dependence(
+    reduce_scatter: Callable,
+    numel: int,
+    source: int = 0,
+    bounds: list[tuple[int, int]] | None = None,
+) -> list[bool]:
     """Rank side: for each chunk c of rank ``source``'s tensor, whether changing that chunk
-    (and nothing else, on no other rank) changes this rank's shard of the sum."""
+    (and nothing else, on no other rank) changes this rank's shard of the sum. The chunks
+    are ``chunk_bounds(numel, world_size)`` unless ``bounds`` gives others (uneven shards,
+    for a ``reduce_scatter`` that cuts the tensor there)."""
     from course.ring.schedule import chunk_bounds
 
     rank, n = dist.get_rank(), dist.get_world_size()
     base = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
     before = reduce_scatter(base.clone())
     changed = []
-    for lo, hi in chunk_bounds(numel, n):
+    for lo, hi in chunk_bounds(numel, n) if bounds is None else bounds:
         tensor = base.clone()
         if rank == source:
             tensor[lo:hi] += 1.0

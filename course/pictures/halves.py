@@ -2,10 +2,11 @@
 alone, from the same trace format.
 
 :class:`HalfView` is a :class:`~course.pictures.view.RingView` that counts ``N-1`` steps, draws
-``(N-1)/N x size`` as the bytes line, starts from the half's own state (every rank's own
-contribution everywhere, or each rank's shard whole and nothing else) and reports
-deviations from half a ring (``course.ring.halves.half_violations``). :func:`half_figure` plays
-it without a kernel; ``course.pictures.widgets.half_widget`` and ``animate_half`` drive it live.
+``(N-1)/N x size`` as the bytes line (unless ``formulas=False``), starts from the half's own
+state (every rank's own contribution everywhere, or each rank's shard whole and nothing else)
+and reports deviations from half a ring (``course.ring.halves.half_violations``).
+:func:`half_figure` plays it without a kernel; ``course.pictures.widgets.half_widget`` and
+``animate_half`` drive it live.
 """
 
 from __future__ import annotations
@@ -35,9 +36,13 @@ STARTS = {
 class HalfView(RingView):
     """Per-step drawing data for one half of a ring."""
 
-    def __init__(self, trace: Trace, half: Half, label: str = "reference") -> None:
+    def __init__(
+        self, trace: Trace, half: Half, label: str = "reference", formulas: bool = True
+    ) -> None:
+        """``formulas=False`` leaves out the half's closed forms (its steps and bytes), as
+        ``RingView`` does, for a picture shown before a question asks for them."""
         self.half = half
-        super().__init__(trace, label)
+        super().__init__(trace, label, formulas)
         self.states = half_states(trace, half)
         self.last = len(self.states) - 1
         self.ideal = trace.world_size - 1
@@ -58,11 +63,13 @@ class HalfView(RingView):
         )
 
     def counter(self, step: int) -> str:
-        """``step 2 / 3 - reduce-scatter``: steps count from 1, as for the whole ring."""
+        """``step 2 / 3 - reduce-scatter``: steps count from 1, as for the whole ring; without
+        formulas the count of a whole half is left out."""
+        of = f" / {self.ideal}" if self.formulas else ""
         if step == 0:
-            return f"step 0 / {self.ideal} - start: {STARTS[self.half]}"
+            return f"step 0{of} - start: {STARTS[self.half]}"
         extra = " (extra: half a ring needs only N-1)" if step > self.ideal else ""
-        return f"step {step} / {self.ideal} - {self.half}{extra}"
+        return f"step {step}{of} - {self.half}{extra}"
 
     def _cell_text(self, rank: int, chunk: int, mask: int) -> str:
         lo, hi = self.bounds[chunk]
@@ -82,7 +89,8 @@ class HalfView(RingView):
         """The ring figure at step 0, with the bytes line of one half and, for the
         all-gather, a colour bar that says what a blank chunk is."""
         fig = super().base()
-        fig.data[FORMULA].name = f"(N-1)/N x size = {self.formula:,.0f} B"
+        # Without formulas the hidden line keeps no closed form in its name (see base._bytes).
+        fig.data[FORMULA].name = f"(N-1)/N x size = {self.formula:,.0f} B" if self.formulas else ""
         if self.half == "all-gather":
             bar = fig.data[GRID].colorbar
             bar.title.text = "ranks in<br>the chunk<br>(blank: not<br>received yet)"

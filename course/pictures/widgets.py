@@ -246,15 +246,20 @@ class HalfWidget(RingWidget):
     """The ring widget for one half (``course.pictures.halves.HalfView``), same controls."""
 
     def __init__(
-        self, trace: Trace, half: str, label: str = "reference", simulate: bool = False
+        self,
+        trace: Trace,
+        half: str,
+        label: str = "reference",
+        simulate: bool = False,
+        formulas: bool = True,
     ) -> None:
         self.half = half
-        super().__init__(trace, label, simulate)
+        super().__init__(trace, label, simulate, formulas)
 
     def _view(self, trace: Trace) -> RingView:
         from course.pictures.halves import HalfView
 
-        return HalfView(trace, self.half, self.label)  # type: ignore[arg-type]
+        return HalfView(trace, self.half, self.label, self.formulas)  # type: ignore[arg-type]
 
     def _on_size(self, _change: dict[str, Any]) -> None:
         from course.ring.halves import half_trace
@@ -264,19 +269,32 @@ class HalfWidget(RingWidget):
 
     def _whole(self) -> str:
         view = self.view
+        if not self.formulas:
+            return f"(the tensor: {view.trace.nbytes:,} B)"
         return f"(a whole {self.half}: (N-1)/N x {view.trace.nbytes:,} B = {view.formula:,.0f} B)"
 
     def _report(self, step: int) -> str:
         return super()._report(step).replace("a ring all-reduce", f"a ring {self.half}")
 
 
-def half_widget(half: str, world_size: int = 4, numel: int | None = None) -> HalfWidget:
-    """The reference reduce-scatter or all-gather from the simulator, with size controls."""
+def half_widget(
+    half: str,
+    world_size: int = 4,
+    numel: int | None = None,
+    formulas: bool = True,
+    resizable: bool = True,
+) -> HalfWidget:
+    """The reference reduce-scatter or all-gather from the simulator, with size controls;
+    ``formulas`` and ``resizable`` as for :func:`ring_widget`."""
     from course.ring.halves import half_trace
 
+    if not 2 <= world_size <= MAX_WORLD_SIZE:
+        raise ValueError(
+            f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, got world_size={world_size}"
+        )
     numel = default_numel(world_size) if numel is None else numel
     trace = half_trace(half, world_size, numel, 4)  # type: ignore[arg-type]
-    return HalfWidget(trace, half, "reference", simulate=True)
+    return HalfWidget(trace, half, "reference", simulate=resizable, formulas=formulas)
 
 
 def animate_half(

@@ -140,7 +140,8 @@ for k in (3, 6):
 #
 # The same two ranks accumulate K = 4 micro-batches of 2 samples each with the loop above
 # (`no_sync` on the first 3), but each micro-batch's loss is **summed** over its samples,
-# `mse_loss(ddp(x), y, reduction="sum")`, and backpropagated as it is. Compared with the
+# `mse_loss(ddp(x), y, reduction="sum")` (the model has one output), and backpropagated as it
+# is. Compared with the
 # gradient of the mean loss over the whole global batch (all 16 samples of both ranks), what
 # does `.grad` hold when the optimizer steps?
 #

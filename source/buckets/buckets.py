@@ -49,14 +49,14 @@ from course.ranks import run
 # DDP packs gradients into buckets of about `bucket_cap_mb` MiB and runs one all-reduce per
 # bucket. Take the model of the timeline below, 8 layers `Linear(512, 512)` in an
 # `nn.Sequential` (each layer 1 MiB of weight and 2 KiB of bias), trained on 2 ranks with
-# `DDP(model, bucket_cap_mb=2.5)`. From the second step on, how much gradient lies in buckets
+# `DDP(model, bucket_cap_mb=4.5)`. From the second step on, how much gradient lies in buckets
 # whose all-reduce DDP queues only after the last gradient is ready, when backward has no work
 # left to hide it behind?
 #
-# * a) 0 MiB: each bucket is queued while some of backward is still to run.
-# * b) 1 MiB: layer 0 alone, the one gradient that comes after all others.
-# * c) 2 MiB: layers 1 and 0, the rest once two buckets of three are full.
-# * d) 3 MiB: layers 0 to 2, one bucket filled up to the cap from layer 0.
+# * a) 1 MiB: layer 0 alone, the one gradient that comes after all others.
+# * b) 4 MiB: layers 3 to 0, the four whole layers that fit under the cap.
+# * c) 3 MiB: layers 2 to 0, the rest once a bucket of five layers is full.
+# * d) 5 MiB: layers 0 to 4, one bucket filled up to the cap from layer 0.
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_buckets_1 = ""  # your answer: one letter, "a" to "d"
@@ -77,24 +77,24 @@ check_answer(
     the last gradient of that bucket is ready, and from the second step on it fills its
     buckets in the order backward produces gradients, the last layer first. A bucket closes
     at the first tensor that takes it to the cap or beyond; with layers of 1.002 MiB and a cap
-    of 2.5 MiB that makes layers 7 to 5 (3.006 MiB), layers 4 to 2 (3.006 MiB), and what is
-    left, layers 1 and 0 (2.004 MiB). The first two buckets are queued while layers 1 and 0
-    still run their backward; the last one holds the last gradient of backward (layer 0's
-    weight), so its 2.004 MiB are queued after it, with nothing of backward left to hide
-    them. b) carries the timeline's 1 MiB cap over: there a bucket holds one layer, and only
-    layer 0's 1.002 MiB came after the last gradient; a larger cap makes the last bucket
-    larger. d) fills buckets from layer 0, in registration order; DDP starts from the layer
-    whose gradients are ready first, so the remainder lands in the last bucket. a) The last
-    bucket cannot be queued before its own last gradient, and that is the last gradient of
-    backward. The same rule at its limit: a cap above the whole model (8.016 MiB) makes one
+    of 4.5 MiB that makes layers 7 to 3 (5.010 MiB), then what is left, layers 2 to 0
+    (3.006 MiB). The first bucket is queued while layers 2 to 0 still run their backward; the
+    last one holds the last gradient of backward (layer 0's weight), so its 3.006 MiB are
+    queued after it, with nothing of backward left to hide them. a) carries the timeline's
+    1 MiB cap over: there a bucket holds one layer, and only layer 0's 1.002 MiB came after
+    the last gradient; a larger cap makes the last bucket larger. b) takes a bucket to hold
+    the whole layers that fit under the cap, four of them; DDP closes a bucket only once it
+    reaches the cap, so the first holds five. d) fills buckets from layer 0, in registration
+    order; DDP starts from the layer whose gradients are ready first, so the remainder lands
+    in the last bucket. The same rule at its limit: a cap above the whole model (8.016 MiB) makes one
     bucket, and all of it is queued after the last gradient; the calls cell measures the
     other side of the trade-off, the cost of each call beyond its bytes.
     """,
     giveaways=(
-        r"layers 7 to 5",
+        r"layers 7 to 3",
+        r"5\.010 MiB",
         r"3\.006 MiB",
-        r"2\.004 MiB",
-        r"layers 1 and 0",
+        r"layers 2 to 0",
     ),
 )
 ### END HIDDEN TESTS

@@ -283,10 +283,10 @@ print(f"sent: {held['sent']:.3f} model sizes", held["calls"])
 # does a rank send in one forward and backward with `reshard_after_forward=True` than with
 # `reshard_after_forward=False`?
 #
-# * a) About 1.97: two more gathers of each layer, a rank sending 63/64 of it in each.
-# * b) About 0.016: one more gather of each layer, a rank sending 1/64 of it in each.
-# * c) About 0.984: one more gather of each layer, a rank sending 63/64 of it in each.
-# * d) About 0.031: two more gathers of each layer, a rank sending 1/64 of it in each.
+# * a) About 1.97 more: each layer gathered again in forward and in backward.
+# * b) None: the flag moves each layer's gather to another time, it adds none.
+# * c) About 0.98 more: each layer gathered a second time, just before its backward.
+# * d) About 0.98 fewer: the backward's gather is skipped, each layer kept whole.
 #
 # Set `answer_fsdp_4` to your letter and run the cell below it.
 
@@ -309,12 +309,15 @@ check_answer(
     all-gathers for 4 layers instead of 4, and the same 4 reduce-scatters. The only difference
     is the backward's gather of each layer, and in an all-gather each rank sends (N-1)/N of the
     gathered tensor: every other rank needs its shard. On 64 ranks that is 63/64 = 0.984 model
-    sizes per step. a) and d) count the forward's gather too, but it runs either way: between
-    steps a rank holds only its shards, whatever the flag. b) and d) take a gather to cost a
-    rank 1/N of the layer, its shard sent once: 1/N and (N-1)/N agree on 2 ranks, not on 4
-    (0.25 against the 0.75 measured). The reduce-scatters do not change: each layer's gradient
-    is reduce-scattered once either way. In return the flag keeps every layer gathered until its
-    backward (question fsdp_5). NCCL's all-gather sends the same (N-1)/N.
+    sizes per step. a) counts the forward's gather too, but it runs either way: between steps a
+    rank holds only its shards, whatever the flag. b) A layer freed after its forward is not
+    there for its backward, which needs its parameters: it must be gathered a second time.
+    d) turns the flag round: True frees each layer after its forward (and gathers it again);
+    False keeps it gathered until its backward and skips that gather, at the memory cost of
+    question fsdp_5. The reduce-scatters do not change: each layer's gradient is
+    reduce-scattered once either way. The cell's 1.50 model sizes on 2 ranks without
+    resharding are a gather of each layer (0.50) and its reduce-scatter, which gloo runs as an
+    all-reduce (1.00). NCCL's all-gather sends the same (N-1)/N.
     """,
     giveaways=(
         r"added 0\.50 model sizes",
@@ -325,12 +328,14 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on 2 ranks with resharding after forward: the bytes a rank sent in forward and
-# in backward, in model sizes, and the collectives FSDP2 called.
+# **Measure it**, on 2 ranks without resharding after forward: the bytes a rank sent in one
+# forward and backward, in model sizes. `fsdp.traffic_on_ranks(world_size,
+# reshard_after_forward=...)` returns them split into forward and backward, with the
+# collectives FSDP2 called.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-sent = fsdp.traffic_on_ranks(2, reshard_after_forward=True)
-print(f"forward {sent['forward']:.3f}, backward {sent['backward']:.3f} model sizes", sent["calls"])
+sent = fsdp.traffic_on_ranks(2, reshard_after_forward=False)
+print(f"one step, reshard_after_forward=False: {sent['forward'] + sent['backward']:.2f} model sizes sent")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_5_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fsdp_5: what resharding saves in memory
@@ -566,15 +571,17 @@ print(check_fully_shard(fully_shard))
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "fully_shard_traffic", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-# Per unit and step: two all-gathers and one reduce-scatter of the padded unit, nothing else.
+# Per unit and step: two all-gathers and one reduce-scatter of the padded unit, nothing else;
+# and the backward computes with what its own all-gather brought (the check changes what one
+# step's backward gathers receive, and the gradients must show it).
 print(check_fsdp_traffic(fully_shard, world_sizes=(2,)))
 ### BEGIN HIDDEN TESTS
 print(check_fsdp_traffic(fully_shard))
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "fully_shard_memory", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# At most the root and two blocks gathered at once, on a larger model (measured from
-# outside the ranks when graded).
+# At most the root and two blocks gathered at once, forward and backward, on a larger model
+# (measured from outside the ranks when graded).
 print(check_fsdp_memory(fully_shard))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "watch_yours_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}

@@ -82,10 +82,10 @@ print(f"rank {rank} of {world_size} holds {t.item()}")
 # take far less than that to send, so the ring's time is its number of steps times 20 us.
 # About how long does the all-reduce take?
 #
-# * a) 0.24 ms: 12 steps, halving the data six times and then doubling it back.
-# * b) 40.3 ms: 2016 steps, one for each pair of ranks that must exchange.
-# * c) 1.26 ms: 63 steps, a chunk moving on until it has met every other rank.
-# * d) 2.52 ms: 126 steps, twice round the ring, one step short every time.
+# * a) 0.24 ms: 12 steps, two for each doubling of the number of ranks.
+# * b) 40.3 ms: 2016 steps, one for each pair of ranks.
+# * c) 1.26 ms: 63 steps, one for each rank other than your own.
+# * d) 2.52 ms: 126 steps, two for each rank other than your own.
 #
 # Set `answer_ring_1` to your letter and run the cell below it.
 
@@ -107,8 +107,8 @@ check_answer(
     Ring all-reduce is two phases of N-1 steps each. Reduce-scatter: at every step each rank
     passes one partial chunk to its neighbour, which adds its own copy; a chunk needs N-1
     hops to collect all N contributions, so after N-1 steps each rank owns one fully reduced
-    chunk. All-gather: N-1 more hops carry each finished chunk to every other rank. That is
-    twice round the ring, one step short every time. On 64 ranks that is 2 x 63 = 126 steps,
+    chunk. All-gather: N-1 more hops carry each finished chunk to every other rank: two
+    steps for each rank other than your own. On 64 ranks that is 2 x 63 = 126 steps,
     each paying the 20 us latency: 2.52 ms, whatever the tensor's size. On 4 ranks the
     animation's 3 + 3 steps and the 6 chunks of 1/4 that gloo's all-reduce sent to one
     neighbour fit this law, and they fit b) too: one step per pair, N(N-1)/2, is also 6 on 4
@@ -124,7 +124,7 @@ check_answer(
         r"\b126 steps",
         r"2\s*\(\s*N\s*-\s*1\s*\)",
         r"2 x 63",
-        r"twice round the ring",
+        r"two steps for each rank other than",
     ),
 )
 ### END HIDDEN TESTS

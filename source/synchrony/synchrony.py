@@ -426,7 +426,7 @@ else:
 # *Difficulty 3/3*
 #
 # 64 ranks all-reduce S bytes with the two-level all-reduce (a reduce-scatter inside each
-# node, an all-reduce of the shard across the nodes, an all-gather inside each node); every
+# node, a ring all-reduce of the shard across the nodes, an all-gather inside each node); every
 # rank has its own link to the network. The cluster can hold them as 4 nodes of 16 ranks or
 # as 16 nodes of 4. How do the bytes that the busiest rank sends to ranks on other nodes, one
 # way, compare between the two layouts?
@@ -640,7 +640,8 @@ check_answer(
     explanation="""
     A synchronous step ends for everyone when its slowest rank's gradient is in the all-reduce,
     so a step is twice as long as soon as any one rank pauses. Measured on 4 ranks with rank 3
-    at twice the compute (emulated by a sleep): in every step no rank's backward, which ends
+    at twice the compute (the cell's 1.5 times shows the same; a sleep stands for the
+    compute): in every step no rank's backward, which ends
     with DDP's all-reduce, ended before rank 3's gradient was ready; the fast ranks waited in
     the all-reduce for the difference. No rank pauses in a step
     with probability (63/64)^64 = 0.365, about 1/e, so the mean step is 0.365 x 1 + 0.635 x 2

@@ -87,10 +87,10 @@ for numel, n in ((12, 4), (10, 4), (3, 4)):
 #   shards travel round the ring, copied, until every rank holds all of them.
 
 # %% nbgrader={"grade": false, "grade_id": "watch_reduce_scatter", "locked": true, "schema_version": 3, "solution": false, "task": false}
-widgets.half_widget("reduce-scatter", world_size=4)
+widgets.half_widget("reduce-scatter", world_size=4, formulas=False, resizable=False)
 
 # %% nbgrader={"grade": false, "grade_id": "watch_all_gather", "locked": true, "schema_version": 3, "solution": false, "task": false}
-widgets.half_widget("all-gather", world_size=4)
+widgets.half_widget("all-gather", world_size=4, formulas=False, resizable=False)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_1: what must a reduce-scatter send?
@@ -98,19 +98,20 @@ widgets.half_widget("all-gather", world_size=4)
 # *Difficulty 2/3*
 #
 # A reduce-scatter leaves each rank with the sum, over all ranks, of its own shard of a
-# tensor, and nothing else. On **64** ranks, each holding a 1 GB gradient (so shards of
-# 1/64), what is the least that each rank must send, whatever the algorithm (without
+# tensor, and nothing else. On **64** ranks, each holding a 1 GB gradient, the shards are
+# uneven: rank 0's shard is **40%** of the tensor, and the 63 other ranks' shards split the
+# rest equally. What is the least that rank 0 must send, whatever the algorithm (without
 # compression)?
 #
-# * a) 15.6 MB: its own shard's worth, once, to the shard's owner.
+# * a) 0.40 GB: one shard's worth, the size of what it ends with.
 # * b) 1.97 GB: as much as an all-reduce, like gloo's own collective.
-# * c) 0.98 GB: its part of each of the 63 other ranks' shards.
-# * d) 63 GB: all of its gradient, once to each of the others.
+# * c) 0.98 GB: 63/64 of its gradient, as each rank of a ring sends.
+# * d) 0.60 GB: each of its chunks that another rank ends up summing.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_1 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_zero_1 = "c"
+answer_zero_1 = "d"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "zero_1_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
@@ -120,24 +121,27 @@ check_answer(
     "answer_zero_1",
     answer_zero_1,
     choices="abcd",
-    key="c",
+    key="d",
     explanation="""
-    Rank j's gradient holds a part of every rank's shard, and no other rank has it: the sum
-    in shard c needs rank j's chunk c. So its 63 chunks for the others must leave rank j in
-    some form (added to other ranks' parts on the way, as the ring does, or straight to
-    their owners): at least 63/64 of the tensor, 0.98 GB. And a ring reduce-scatter, like
-    the one you write below, sends exactly that. Measured on 8 ranks: changing chunk c of
-    rank 0's tensor changes rank c's shard and no other, for each c, and a ring
-    reduce-scatter sends 7/8 of the tensor per rank. a) is one chunk's worth: at least 62
-    shards would miss rank j's part. b) is what gloo's reduce_scatter_tensor sends (1.75 of the tensor on 8 ranks,
-    measured above on 2 to 4: it sends an all-reduce's bytes), more than it must; NCCL's
-    reduce-scatter is a ring half (on GPUs; not measured here). d) sends every chunk to
-    every rank, as if each needed the whole tensor.
+    Rank 0's tensor holds a part of every rank's shard, and no other rank has that part:
+    the sum in shard c needs rank 0's chunk c, and no other shard needs it (measured:
+    changing chunk c of rank 0's tensor changes rank c's shard and no other, for every c).
+    So each of rank 0's chunks of the 63 other shards must leave rank 0 in some form, added
+    to other ranks' parts on the way (as a ring does) or straight to its owner: everything
+    outside its own 40%, 0.60 GB, however many ranks there are. And that much is enough:
+    measured on 8 ranks with rank 0's shard 40% of the tensor and the 7 others 3/35 each,
+    a ring reduce-scatter cut at those shards sends 0.6 of the tensor from rank 0 (every
+    chunk but its own) and 32/35 from each other rank. c) is a ring's 63/64 on even
+    shards, carried over: a ring rank sends all but its own shard, and rank 0's own is no
+    longer 1/64. a) counts the shard rank 0 keeps, which never has to leave it, not the
+    parts it must give away. b) is what gloo's reduce_scatter_tensor sends (1.75 of the
+    tensor on 8 ranks, measured: an all-reduce's bytes), more than it must; NCCL's
+    reduce-scatter is a ring half (on GPUs; not measured here).
     """,
     giveaways=(
-        r"its part of each of the 63",
-        r"must leave rank j",
-        r"at least 63/64",
+        r"0\.60 GB",
+        r"outside its own 40",
+        r"each of its chunks that another rank",
     ),
 )
 ### END HIDDEN TESTS
@@ -145,17 +149,25 @@ check_answer(
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** gloo's own collectives on 2, 3 and 4 real ranks, on a 4 MiB tensor, each rank's
 # bytes read from the kernel's TCP counters (`course.experiments.ring.collective_traffic`:
-# nothing in gloo is wrapped), in units of the tensor's size.
+# nothing in gloo is wrapped), in units of the tensor's size. Then what each shard depends on:
+# on 4 ranks, each chunk of rank 0's tensor is changed in turn (nothing else, on no rank), and
+# every rank says whether its shard of gloo's `reduce_scatter_tensor` changed.
+# `zero_report.report_shards(world_size, numel, reduce_scatter)` also takes your own
+# `reduce_scatter` once you have written it (Exercise 1), and
+# `course.experiments.zero_traffic.shard_dependence(reduce_scatter, numel, source, bounds)`
+# changes the chunks `bounds` gives, for a `reduce_scatter` that cuts the tensor elsewhere.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.experiments.ring import collective_traffic
 
 numel = 2**20  # 4 MiB of float32
-for name in ("reduce_scatter_tensor", "all_gather_into_tensor", "all_reduce"):
+for name in ("reduce_scatter_tensor", "all_reduce"):
     shares = []
     for n in (2, 3, 4):
         shares.append(max(r["sent"] for r in run(collective_traffic, n, name, numel)) / (numel * 4))
-    print(f"{name:23} sends " + ", ".join(f"{x:.2f}" for x in shares) + " of the tensor on 2, 3, 4 ranks")
+    listed = ", ".join(f"{x:.2f}" for x in shares)
+    print(f"{name:21} sends {listed} of the tensor on 2, 3, 4 ranks")
+zero_report.report_shards(world_size=4)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_1_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 1: the two halves, as functions
@@ -304,15 +316,17 @@ check_answer(
     key="b",
     explanation="""
     Each ring half sends (N-1)/N of the tensor per rank (0.875 of the model on 8 ranks,
-    measured), so 63/64 of 1 GB = 0.98 GB on 64. A ZeRO-3 rank frees each layer's
-    parameters after its forward, and backward needs them again (the gradient of a layer's
-    input is computed with its weights): it gathers them a second time, then
+    measured with the model solution's halves; your cell measures 2 to 4 ranks), so 63/64
+    of 1 GB = 0.98 GB on 64. A ZeRO-3 rank frees each layer's parameters after its
+    forward, and backward needs them again (the gradient of a layer's input is computed
+    with its weights): it gathers them a second time, then
     reduce-scatters the gradient. Three halves: 3 x 0.98 = 2.95 GB, 1.5 times DDP's 1.97 GB
     (c, which is ZeRO-1/2's traffic: they keep the parameters whole, so they gather once,
     after the update). a) forgets the backward gather and the gradient's reduce-scatter.
     d) prices the reduce-scatter as an all-reduce: that is what torch's fully_shard pays on
     gloo, whose reduce_scatter_tensor sends what its all_reduce sends (its whole step
-    measures 3.5 model sizes on 8 ranks: 0.875 + 0.875 + 1.75), not a ring half.
+    measures 3.5 model sizes on 8 ranks, in the same run: 0.875 + 0.875 + 1.75), not a
+    ring half.
     Re-gathering is the price of holding 1/N of the parameters between uses: the memory
     saving costs half a DDP step of traffic more.
     """,
@@ -509,18 +523,19 @@ zero_report.memory_figure(ZeroOptimizer, world_sizes=(2, 3, 4))
 # *Difficulty 3/3*
 #
 # You train the same model from the same weights on the same data for 20 steps, once with DDP
-# + Adam and once with your ZeRO-2 optimizer built on your ring halves. How do the final
-# parameters compare?
+# + Adam and once with your ZeRO-2 optimizer built on your ring halves (it divides the summed
+# shard by N, as Exercise 2 asks). How do the final parameters compare, on **2** ranks and on
+# **4** ranks?
 #
-# * a) Bit for bit identical on any number of ranks: the same sums, only sharded.
-# * b) Apart in the last bits on 2 ranks and more: the sums run in another order.
-# * c) Far apart: Adam's moments need the whole gradient, so training diverges.
-# * d) Identical on 2 ranks; from 3 ranks on, apart in the last bits of each sum.
+# * a) Bit for bit identical on 2 ranks; bit for bit identical on 4 ranks.
+# * b) Apart by rounding on 2 ranks; apart by rounding on 4 ranks.
+# * c) Bit for bit identical on 2 ranks; apart by rounding on 4 ranks.
+# * d) Apart by rounding on 2 ranks; bit for bit identical on 4 ranks.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_4_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_4 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_zero_4 = "d"
+answer_zero_4 = "c"
 ### END SOLUTION
 
 # %% nbgrader={"grade": true, "grade_id": "zero_4_check", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -530,35 +545,41 @@ check_answer(
     "answer_zero_4",
     answer_zero_4,
     choices="abcd",
-    key="d",
+    key="c",
     explanation="""
     Adam works element by element, so updating a shard with its shard of the averaged
-    gradient is exactly what a full Adam does to those elements (not c: nothing diverges).
-    What differs is the sum. Float addition is not associative: the ring adds the ranks'
-    contributions to each chunk in an order that depends on the chunk, while gloo sums in its
-    own order (its ring runs the other way round). And DDP scales each gradient by 1/N before
-    its sum (question ddp_1) where your optimizer divides after it. With 2 ranks there is one
-    addition, a + b = b + a whichever rank makes it, and halving is exact, before the sum or
-    after it: the measurement finds the parameters bit for bit identical (so b fails there,
-    and a holds there only). On 3 ranks they differ by about 2.3e-6 of the largest parameter;
-    scaling by 1/3 before the reduce-scatter, as DDP does, cuts that to 6.6e-7, the rest
-    being the order of the sums; on 4 ranks, where 1/4 is exact, both give 2.5e-6. Rounding
-    in the last bits, which 20 steps of training grow to a few millionths.
+    gradient is exactly what a full Adam does to those elements: only the averaged
+    gradients can differ, and nothing diverges. Float addition is commutative but not
+    associative. With 2 ranks each element's sum is one addition, a + b = b + a whichever
+    rank makes it, and halving is exact, before the sum (DDP scales each gradient by 1/N,
+    question ddp_1) or after it (your optimizer): the parameters come out bit for bit
+    identical, measured (so b and d fail). With more ranks the ring adds the contributions
+    to each chunk in an order that depends on the chunk, while gloo's all-reduce adds them
+    in its own, and another order rounds differently. On 3 ranks the parameters differ by
+    about 2.3e-6 of the largest one against DDP, and still by about 6.3e-7 against a DDP
+    that divides after its sum, as your optimizer does: the order alone. On 4 ranks 1/4 is
+    exact, so dividing before or after the sum gives the same (about 2.5e-6 against either
+    DDP, measured), but the order stays (so a fails: a power of two makes the division
+    exact, not the sums). d) has the two cases the wrong way round. The difference is
+    rounding in the last bits, which 20 steps of training grow to a few millionths.
     """,
     giveaways=(
         r"halving is exact",
         r"last bits",
         r"a ?\+ ?b ?= ?b ?\+ ?a",
-        r"power of two both are exact",
+        r"identical on 2 ranks; apart by rounding on 4",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, with your optimizer, on 3 and 4 ranks.
+# **Measure it**, with your optimizer, on 3 ranks: against DDP + Adam as it is (each gradient
+# scaled by 1/N before the sum), and against DDP + Adam with a comm hook that divides after the
+# sum, as your optimizer does (`course.experiments.zero.sum_then_divide`). Give `world_sizes`
+# other world sizes to measure them.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_equivalence(ZeroOptimizer, world_sizes=(3, 4))
+zero_report.report_equivalence(ZeroOptimizer, world_sizes=(3,))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_5_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_5: PyTorch's own ZeroRedundancyOptimizer
@@ -769,8 +790,10 @@ check_answer(
     P spans the gradient's columns (P = M Q for a random Q), and P P^T M = M: the
     compressed gradient is the exact average, to rounding (relative error below 1e-5),
     not c. With r = 4, or with batches of 8, the same layer's error is about 0.6 (measured
-    0.66 and 0.60), as the default measurement's r = 1 and 2 are for its batches of 8 on 2
-    ranks, which r = 16 sends exactly. PowerSGD loses little where gradients are low-rank.
+    0.66 and 0.60): r is then below the gradient's rank. So is every r of the default
+    measurement (1, 2 and 4, for a gradient of rank up to 16 on batches of 8 on 2 ranks),
+    and all of them miss part of it; the same square layer at r = 16 is exact, measured.
+    PowerSGD loses little where gradients are low-rank.
     """,
     giveaways=(
         r"\(512 \+ 128\) x 8 x 4",
@@ -783,12 +806,12 @@ check_answer(
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_7_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**: bytes passed to `dist.all_reduce` per step, and the relative error of `.grad`
-# against the exact average, for r = 1, 2 and 16, with `start_powerSGD_iter=3`, error feedback
+# against the exact average, for r = 1, 2 and 4, with `start_powerSGD_iter=3`, error feedback
 # off (to see one step's error). Change `shape` (rows, columns), `batch` (samples per rank) or
 # `ranks` to measure other layers.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_7_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_powersgd(ranks=(1, 2, 16), start_iter=3, shape=(256, 256), batch=8)
+zero_report.report_powersgd(ranks=(1, 2, 4), start_iter=3, shape=(256, 256), batch=8)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "closing", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## What you measured

@@ -28,6 +28,22 @@ def reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
     return chunks[rank].clone()
 
 
+def reduce_scatter_over(tensor: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
+    """The same ring, cut at ``bounds`` (shards of any sizes): rank r gets the sum of chunk r."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    flat = tensor.reshape(-1)
+    chunks = [flat[lo:hi] for lo, hi in bounds]
+    buffer = torch.empty(max(c.numel() for c in chunks), dtype=flat.dtype)
+    for s in range(n - 1):
+        out, into = chunks[(rank - s - 1) % n], chunks[(rank - s - 2) % n]
+        incoming = buffer[: into.numel()]
+        request = dist.isend(out, (rank + 1) % n)
+        dist.recv(incoming, (rank - 1) % n)
+        request.wait()
+        into.add_(incoming)
+    return chunks[rank].clone()
+
+
 def all_gather(shard: torch.Tensor, out: torch.Tensor) -> None:
     """Chunk c of ``out`` becomes rank c's shard, on every rank."""
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -192,19 +208,6 @@ def fp16_no_feedback(state, bucket):  # no annotations: DDP compares them as obj
         return buffer
 
     return future.then(average)
-
-
-class PrescaledZero(ZeroOptimizer):
-    """Scales each rank's gradient by 1 / world_size before the reduce-scatter, as DDP does."""
-
-    def step(self) -> None:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat_grad = torch.cat([g.reshape(-1) for g in grads]) * (1.0 / dist.get_world_size())
-        self.shard.grad = reduce_scatter(flat_grad)
-        for p in self.params:
-            p.grad = None
-        self.optimizer.step()
-        all_gather(self.shard, self.flat)
 
 
 class HookedZero:

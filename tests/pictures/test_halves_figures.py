@@ -41,3 +41,20 @@ def test_widget_steps_and_resizes() -> None:
     assert "ring reduce-scatter" in w.report.value
     w.world_size.value = 6
     assert w.view.last == 5
+
+
+@pytest.mark.parametrize("half", HALVES)
+def test_before_the_question_the_half_widget_states_no_formula(half) -> None:
+    """With formulas=False and resizable=False (the pictures before question zero_1), does the
+    half widget leave out (N-1)/N and the count of a whole half, even from its hidden line's
+    name, keep no size controls, and still count steps and bytes as they happen?"""
+    w = half_widget(half, world_size=4, formulas=False, resizable=False)
+    w.slider.value = 2
+    assert f"step 2 - {half}" in w.status.value and "/ 3" not in w.status.value
+    assert "N-1" not in w.status.value and "(the tensor: 52 B)" in w.status.value
+    assert w.figure.data[FORMULA].visible is False
+    assert "N-1" not in w.figure.data[FORMULA].name  # a saved widget state keeps hidden traces
+    assert w.figure.layout.yaxis3.autorange is True  # no axis fixed at the end's total
+    assert not hasattr(w, "world_size") and not hasattr(w, "numel")
+    w.step_by(-2)
+    assert "step 0 - start" in w.status.value and "/ 3" not in w.status.value
