@@ -46,19 +46,28 @@ class FsdpWidget(RingWidget):
     def _settings(self, s: Schedule, prefetch_control: bool = True) -> widgets.HBox:
         """World size, units, and the FSDP settings (prefetch unless ``prefetch_control`` is
         off, as where a quiz asks what a prefetch holds): each change redraws from event 0."""
+        # A slider's description takes the width it needs and the track keeps 160 px: in an
+        # HBox at 1280 px the defaults squeeze a track to about 25 px.
+        slider = {
+            "style": {"description_width": "initial"},
+            "layout": widgets.Layout(width="260px"),
+        }
+        box = {"indent": False, "layout": widgets.Layout(width="auto", margin="0 0 0 16px")}
         self.world_size = widgets.IntSlider(
-            value=s.world_size, min=2, max=MAX_WORLD_SIZE, description="world_size"
+            value=s.world_size, min=2, max=MAX_WORLD_SIZE, description="world_size", **slider
         )
-        self.units = widgets.IntSlider(value=s.units, min=1, max=MAX_UNITS, description="units")
+        self.units = widgets.IntSlider(
+            value=s.units, min=1, max=MAX_UNITS, description="units", **slider
+        )
         self.reshard = widgets.Checkbox(
-            value=s.reshard_after_forward, description="reshard_after_forward", indent=False
+            value=s.reshard_after_forward, description="reshard_after_forward", **box
         )
-        self.prefetch = widgets.Checkbox(value=s.prefetch, description="prefetch", indent=False)
+        self.prefetch = widgets.Checkbox(value=s.prefetch, description="prefetch", **box)
         controls = [self.world_size, self.units, self.reshard]
         controls += [self.prefetch] if prefetch_control else []
         for control in controls:
             control.observe(self._on_settings, "value")
-        return widgets.HBox(controls)
+        return widgets.HBox(controls, layout=widgets.Layout(flex_flow="row wrap"))
 
     def _on_settings(self, _change: dict[str, Any]) -> None:
         self.load(
