@@ -11,13 +11,20 @@ caller: each shard's size (ceil(P/N), float32), the shards reassembled in rank o
 padding stripped, against the single-process oracle trained here on the same batches with
 the mean of the per-rank gradients; the frozen table unchanged; no original parameter left
 registered. The traffic verdict reads each step's collectives from the relay's own record
-under grading (:mod:`course.checks.fsdp_traffic`), from the ranks' recorders in a notebook.
+under grading (:mod:`course.checks.fsdp_traffic`), from the ranks' recorders in a notebook,
+and judges the backward's all-gathers by their use: in its run, in one step drawn here, each
+backward all-gather's result is scaled, element by element, by factors drawn here too and
+told to no rank (:mod:`course.ranks.rescale`), and the shards right after that step must be
+the oracle's whose backward computes with those values (:func:`judge_use`). A backward that
+computes with parameters kept from the forward gives the unscaled oracle's shards instead,
+whether or not it also made an all-gather; the mixed-precision check scales the same way.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,13 +35,26 @@ from course.checks.fsdp_rank import part, train_sharded
 from course.checks.fsdp_replies import readback_problem, shard_problem, unit_error, valid_reply
 from course.checks.fsdp_traffic import expected_step, rank_steps, traffic_problem
 from course.checks.teaching import CheckFailed, failure_message, teaches
-from course.experiments.fsdp_model import STEPS, Unit, make_batches, oracle, tiny_lm, units
-from course.ranks import PerRank
+from course.experiments.fsdp_model import (
+    STEPS,
+    Backwards,
+    Unit,
+    make_batches,
+    oracle,
+    tiny_lm,
+    unit_flats,
+    units,
+)
+from course.ranks import PerRank, confined
+from course.ranks.rescale import Rescale, factors
 from course.ranks.wording import world_sizes_text
 
 __all__ = [
+    "KEPT",
     "LAUNCH_TIMEOUT",
     "RTOL",
+    "backward_rescale",
+    "backward_values",
     "check_fsdp_traffic",
     "check_fully_shard",
     "run_fully_shard",
@@ -67,18 +87,24 @@ def need_callable(fn: Any) -> None:
 
 def run_fully_shard(
     fn: Any, n: int, specs: list[dict], seed: int, timeout: float = LAUNCH_TIMEOUT,
-    steps: int = STEPS,
+    steps: int = STEPS, rescale: Rescale | None = None,
 ) -> tuple[list, list, tuple]:  # fmt: skip
     """Every rank's batches (made here, ``steps`` each), their validated replies, and the
-    relay's record."""
+    relay's record; ``rescale``: the all-gathers scaled (graded, by the relay, the seed told to
+    no rank; in a notebook, by the check's rank code)."""
     from course.ranks import launch
 
     size = specs[0].get("size", {})
     batches = [make_batches(steps, g, **size) for g in rank_generators(seed, n)]
+    graded = confined.current() is not None
+    told = None
+    if rescale is not None and not graded:
+        told = {"seed": rescale.seed, "parts": sorted(rescale.parts), "skip": rescale.skip}
     try:
         measured = any(spec.get("memory") for spec in specs)  # on the relay, from the start
-        args = (fn, specs, PerRank(batches))
-        result = launch(train_sharded, n, *args, timeout=timeout, measured=measured)
+        args = (fn, specs, PerRank(batches), told)
+        kw = {"rescale": rescale} if graded else {}
+        result = launch(train_sharded, n, *args, timeout=timeout, measured=measured, **kw)
     except TypeError as err:  # the launcher could not pickle the student's code
         raise CheckFailed(f"{NAME} could not be sent to the ranks: {err}") from None
     if result.failures:
@@ -200,16 +226,98 @@ def check_fsdp_traffic(
     fully_shard: Any, world_sizes: Sequence[int] = (2, 3), seed: int | None = None,
     timeout: float = LAUNCH_TIMEOUT,
 ) -> str:  # fmt: skip
-    """Per step and unit: 2 all-gathers of the shard, 1 reduce-scatter, nothing else."""
+    """Per step and unit: 2 all-gathers of the shard, 1 reduce-scatter, nothing else; and the
+    backward computes with what its all-gathers bring (scaled by the judge: module doc)."""
     need_callable(fully_shard)
     layout = units(tiny_lm(MODEL_SEED))
     for n in world_sizes:
-        case = fresh_seed(seed)
-        _, replies, relayed = run_fully_shard(fully_shard, n, SPECS[:1], case, timeout)
+        case, chosen = fresh_seed(seed), backward_rescale(layout)
+        batches, replies, relayed = run_fully_shard(
+            fully_shard, n, SPECS[:1], case, timeout, rescale=chosen
+        )
         judge_traffic(replies, relayed, n, layout, 0, (4, 4))
+        judge_use([r[0] for r in replies], batches, n, chosen, case)
     return (
         f"{NAME}'s traffic on {world_sizes_text(world_sizes)}: per step and unit 2 all-gathers "
-        "of the shard and 1 reduce-scatter of the padded unit, nothing else (recorded)."
+        "of the shard and 1 reduce-scatter of the padded unit, nothing else (recorded), and "
+        "the backward computes with what its all-gathers bring."
+    )
+
+
+KEPT = (
+    "the backward used parameters gathered in the forward: free them after the forward and "
+    "gather again before the backward, and compute the backward with what that all-gather "
+    "brings (the check changes what each backward all-gather returns, in a way no rank is "
+    "told, and the gradients must follow)"
+)
+NOT_USED = (
+    "the shards are not what a backward computing with the parameters its all-gathers "
+    "bring gives (the check changes what each backward all-gather returns, in a "
+    "way no rank is told): compute the backward with the gathered views, and if "
+    f"check_{NAME} fails too, fix what it says first"
+)
+
+
+# The steps whose backward may be scaled, one drawn per run, and the tolerance of the shards
+# right after it. Measured (30 runs on 2 and 3 ranks, SGD, relative to the largest change the
+# scaled step made): the model solution within 1e-5, a backward that kept the forward's
+# parameters at least 0.5 away; scaling every step made training diverge, and so does the
+# summed gradient on 3 ranks from step 3 on, where its hint would be lost.
+SCALED_STEPS = range(3)
+USE_RTOL = 1e-3  # of the largest change the scaled step made to a parameter
+
+
+def backward_rescale(
+    layout: Sequence[Unit], run: int = 0, steps: Sequence[int] = SCALED_STEPS
+) -> Rescale:
+    """The judge's secret choice: in one step of run ``run``, drawn from ``steps``, every
+    all-gather after the forward's (one per unit) is scaled (:mod:`course.ranks.rescale`)."""
+    step = random.SystemRandom().choice(steps)
+    return Rescale.draw(frozenset({part(run, step)}), len(layout))
+
+
+def backward_values(chosen: Rescale, n: int, run: int = 0) -> Backwards:
+    """Step by step of run ``run`` on ``n`` ranks, what a unit of P elements is multiplied by
+    in the backward (the first P factors of its padded gather's), or None: not scaled."""
+
+    def scaled(numel: int) -> torch.Tensor:
+        return factors(chosen.seed, n * -(-numel // n))[:numel]
+
+    return [scaled if part(run, j) in chosen.parts else None for j in range(STEPS)]
+
+
+def judge_use(runs: list[dict], batches: list, n: int, chosen: Rescale, case: int) -> None:
+    """Fail unless every rank's shards after the scaled step are the oracle's whose backward
+    computed with the scaled gathers (or that oracle's with the gradients summed, a mistake
+    of values the values check fails); say so if they are the unscaled oracle's. Judged right
+    after that step, against what it changed (USE_RTOL): later steps would only blur it."""
+    back = backward_values(chosen, n)
+    step = next(j for j, scaled in enumerate(back) if scaled is not None)
+    trained = oracle(batches, "sgd", backward=back)
+    before = trained[step - 1] if step else unit_flats(tiny_lm(MODEL_SEED))
+    hints: Hints = {
+        SUMMED: lambda: oracle(batches, "sgd", scale=n, backward=back)[step],
+        KEPT: lambda: oracle(batches, "sgd")[step],
+        f"{KEPT}; {SUMMED}": lambda: oracle(batches, "sgd", scale=n)[step],
+    }
+    for rank, run in enumerate(runs):
+        after, start = run.get("after"), run.get("start")
+        if not isinstance(after, list) or len(after) != STEPS:
+            raise AssertionError(f"rank {rank} of {n} sent back no shards after each step: rerun")
+        usable = {"shards": after[step], "frozen": start, "start": start}  # frozen: the values'
+        err, why = value_problem(usable, rank, n, trained[step], hints, USE_RTOL, before)
+        if why not in (None, SUMMED):
+            where = f"{NAME}'s backward on rank {rank} of {n} (SGD, seed {case})"
+            raise AssertionError(used(where, step, err, why or NOT_USED))
+
+
+def used(where: str, step: int, err: float, why: str) -> str:
+    """The failure message of the use verdict (``err``: of the largest change step made)."""
+    if err == math.inf:
+        return f"{where}: {why}."
+    return (
+        f"{where}: after step {step} the shards differ from the single-process oracle's by "
+        f"{err:.2e} of the largest change that step made (tolerance {USE_RTOL:g}): {why}."
     )
 
 

@@ -1,5 +1,6 @@
 """The FSDP checks' rank side: shard the check's model with the student's fully_shard, train,
-send back plain data (shards, the frozen table, what each step's recorder saw, held bytes).
+send back plain data (shards after each step, the frozen table, what each step's recorder
+saw, held bytes).
 
 Every rank builds ``tiny_lm(MODEL_SEED)``, applies ``fully_shard`` to each block then the
 root, and trains :data:`~course.experiments.fsdp_model.STEPS` steps on the batches the check
@@ -7,16 +8,22 @@ made for it. Under grading :func:`course.ranks.relay.mark` marks in the relay's 
 where each run's set-up and each step begin (part ``run * (STEPS + 1)`` is run ``run``'s
 set-up, the next STEPS parts its steps, a last mark closes the run); the recorder's lists
 are the notebook path's only. The bytes of gathered parameters held (``peak``) are counted
-here, on the rank, from the tensors the model and its hooks reach; under grading every probe
-is also a snapshot in the relay (``course.ranks.relay.snapshot``: tag 0 before the first
-step, then one per probe), at which the grader measures each rank from outside.
+here, on the rank, from the tensors the model and its hooks reach: the notebook path's
+measure; under grading every probe is a snapshot in the relay instead
+(``course.ranks.relay.snapshot``: tag 0 before the first step, then one per probe, forward
+and backward), at which the grader measures each rank from outside. Where the check chose
+all-gathers whose results are scaled (:mod:`course.ranks.rescale`: the backward's, judged by
+their use), the relay scales them under grading; in a notebook the check sends its choice and
+seed here, and this rank's process groups scale them themselves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -25,6 +32,7 @@ import torch.distributed as dist
 from course.checks.compare import MODEL_SEED
 from course.experiments.fsdp_model import STEPS, loss_of, make_optimizer, tiny_lm
 from course.ranks import relay
+from course.ranks.rescale import GlooGathers, Rescale
 from course.ring.recorder import Recorder
 
 __all__ = ["DTYPES", "part", "shard_units", "train_sharded"]
@@ -129,7 +137,43 @@ def _collectives(seen: Recorder) -> list[tuple[str, int, int]]:
     return calls + [("send", m.nbytes, 1) for m in seen.messages if m.op == "send"]
 
 
-def _one_run(fully_shard: Any, run: int, spec: dict, batches: list) -> dict[str, Any]:
+@contextlib.contextmanager
+def _gathers(rescale: dict | None) -> Iterator[GlooGathers | None]:
+    """Off the relay, with the check's choice: this rank's process groups scale the chosen
+    all-gathers (:meth:`Rescale.on_gloo`); else nothing (under grading the relay does)."""
+    if rescale is None or dist.get_backend() == relay.BACKEND:
+        yield None
+        return
+    chosen = Rescale(int(rescale["seed"]), frozenset(rescale["parts"]), int(rescale["skip"]))
+    with chosen.on_gloo() as gathers:
+        yield gathers
+
+
+def _train(
+    model: torch.nn.Module, spec: dict, run: int, batches: list, rescale: dict | None
+) -> tuple[list, list]:
+    """Train run ``run``: each step's collectives as recorded, and (but in the memory run,
+    whose larger model is not judged by its values) every unit's shard after each step."""
+    optimizer = make_optimizer(spec["optimizer"], model.parameters())
+    steps, after = [], []
+    with _gathers(rescale) as gathers:
+        for step, batch in enumerate(batches):
+            relay.mark(part(run, step))
+            if gathers is not None:
+                gathers.mark(part(run, step))
+            optimizer.zero_grad(set_to_none=True)
+            with Recorder() as seen:
+                loss_of(model, batch).backward()
+                optimizer.step()
+            steps.append(_collectives(seen))
+            if not spec.get("memory"):
+                after.append(_shards(model))
+    return steps, after
+
+
+def _one_run(
+    fully_shard: Any, run: int, spec: dict, batches: list, rescale: dict | None = None
+) -> dict[str, Any]:
     """One model sharded and trained with ``spec``'s optimizer and dtypes."""
     relay.mark(part(run, None))
     model = tiny_lm(MODEL_SEED, **spec.get("size", {}))
@@ -160,14 +204,7 @@ def _one_run(fully_shard: Any, run: int, spec: dict, batches: list) -> dict[str,
 
         model.set_probe(probe)
         relay.snapshot(0)  # the shards alone, before any step
-    optimizer = make_optimizer(spec["optimizer"], model.parameters())
-    for step, batch in enumerate(batches):
-        relay.mark(part(run, step))
-        optimizer.zero_grad(set_to_none=True)
-        with Recorder() as seen:
-            loss_of(model, batch).backward()
-            optimizer.step()
-        out["steps"].append(_collectives(seen))
+    out["steps"], out["after"] = _train(model, spec, run, batches, rescale)
     model.set_probe(None)
     now = getattr(model, "pos", None)
     frozen = now.detach().clone() if now is table else None  # None: it was moved
@@ -177,8 +214,11 @@ def _one_run(fully_shard: Any, run: int, spec: dict, batches: list) -> dict[str,
     return out
 
 
-def train_sharded(fully_shard: Any, specs: list[dict], batches: list) -> list[dict[str, Any]]:
-    """On each rank: every run of ``specs`` on this rank's ``batches``; plain data back."""
-    out = [_one_run(fully_shard, run, spec, batches) for run, spec in enumerate(specs)]
+def train_sharded(
+    fully_shard: Any, specs: list[dict], batches: list, rescale: dict | None = None
+) -> list[dict[str, Any]]:
+    """On each rank: every run of ``specs`` on this rank's ``batches``; plain data back
+    (``rescale``: the notebook path's choice of all-gathers to scale, with its seed)."""
+    out = [_one_run(fully_shard, run, spec, batches, rescale) for run, spec in enumerate(specs)]
     relay.mark(part(len(specs), None))
     return out

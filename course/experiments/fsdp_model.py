@@ -11,7 +11,10 @@ The oracle trains the same model in one process, each step's gradient the mean o
 per-rank gradients (what DDP leaves in ``.grad``); :func:`oracle` with ``mixed=True`` runs the
 forward and backward on bf16 copies of the fp32 masters, casts each gradient to fp32,
 averages, and steps the fp32 masters (FSDP's ``MixedPrecisionPolicy(param_dtype=bf16,
-reduce_dtype=fp32)``). Nothing here shards, gathers or reduce-scatters: that is the exercise.
+reduce_dtype=fp32)``). With ``backward=``, each step's backward computes with other values of the
+parameters than its forward did (what an FSDP's backward computes with when its all-gather
+brings them: the checks have the judge scale them, :mod:`course.ranks.rescale`). Nothing here
+shards, gathers or reduce-scatters: that is the exercise.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ __all__ = [
 STEPS = 5
 LR = {"sgd": 0.2, "adam": 1e-2}
 Batch = tuple[torch.Tensor, torch.Tensor]  # (tokens, next tokens), int64, (batch, seq)
+Backward = Callable[[int], torch.Tensor]  # a unit's numel -> what its backward's values are times
+Backwards = Sequence[Backward | None]  # step by step: a step's Backward, or None (none changed)
 
 
 def _odd_gain(numel: int) -> int:
@@ -181,11 +186,38 @@ def make_optimizer(kind: str, params: object) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=LR["adam"])
 
 
-def _grads(model: TinyLM, batch: Batch, dtype: torch.dtype | None) -> list[torch.Tensor]:
-    """``model``'s float32 gradient on ``batch``, computed on a ``dtype`` copy if given."""
-    net = model if dtype is None else copy.deepcopy(model).to(dtype)
+def _rescale(net: TinyLM, backward: Backward) -> None:
+    """Multiply each unit's managed parameters, flattened in unit order, by ``backward`` of its
+    numel, in place and unseen by autograd, between the forward and the backward: what FSDP's
+    backward computes with when its all-gather fills the storage of the views autograd saved.
+    Only the saved parameters change anything: a Linear's weight (for its input's gradient;
+    its own weight's gradient uses the input saved in the forward), the tied head's weight,
+    the final ``norm`` (for its input's gradient); the embedding saves only its indices and
+    ``gain.mean()`` nothing. So the gradients flowing back through a unit change, and with
+    them the weight gradients of every unit before it, the embedding's included; the
+    activations, computed in the forward, do not."""
+    named = dict(net.named_parameters())
+    with torch.no_grad():
+        for u in units(net):
+            params = [named[name] for name in u.params]
+            pieces = backward(u.numel).split([p.numel() for p in params])
+            for p, piece in zip(params, pieces, strict=True):
+                p.data.mul_(piece.view_as(p).to(p.dtype))
+
+
+def _grads(
+    model: TinyLM, batch: Batch, dtype: torch.dtype | None, backward: Backward | None = None
+) -> list[torch.Tensor]:
+    """``model``'s float32 gradient on ``batch``, computed on a ``dtype`` copy if given, the
+    backward with its parameters rescaled by ``backward`` if given (on a copy)."""
+    net = model
+    if dtype is not None or backward is not None:
+        net = copy.deepcopy(model).to(dtype or torch.float32)
     net.zero_grad(set_to_none=True)
-    loss_of(net, batch).backward()
+    loss = loss_of(net, batch)
+    if backward is not None:
+        _rescale(net, backward)
+    loss.backward()
     return [
         p.grad.float() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
         for p in net.parameters()
@@ -207,25 +239,28 @@ def _one_thread() -> Iterator[None]:
 
 def oracle(
     batches: Sequence[Sequence[Batch]], kind: str, *, mixed: bool = False, scale: float = 1.0,
-    seed: int = 0, **size: int,
+    seed: int = 0, backward: Backwards = (), **size: int,
 ) -> list[list[torch.Tensor]]:  # fmt: skip
     """After each step, each unit's flat parameters, training in one process with the mean
     over ranks of the per-rank gradients (times ``scale``: N gives the sum, a wrong answer's
-    hint); ``batches[r][k]`` is rank r's k-th batch."""
+    hint); ``batches[r][k]`` is rank r's k-th batch; ``backward[k]``: how step k's backward
+    sees the parameters (:func:`_rescale`; none changed in a step past its end)."""
     with _one_thread():
-        return _trained(batches, kind, mixed, scale, tiny_lm(seed, **size))
+        return _trained(batches, kind, mixed, scale, tiny_lm(seed, **size), backward)
 
 
 def _trained(
-    batches: Sequence[Sequence[Batch]], kind: str, mixed: bool, scale: float, model: TinyLM
-) -> list[list[torch.Tensor]]:
+    batches: Sequence[Sequence[Batch]], kind: str, mixed: bool, scale: float, model: TinyLM,
+    backward: Backwards = (),
+) -> list[list[torch.Tensor]]:  # fmt: skip
     """:func:`oracle`'s loop: each step's flat units after stepping on the mean gradient."""
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(kind, trained)
-    after = []
+    after, seen = [], [*backward, *[None] * len(batches[0])]
     for step in range(len(batches[0])):
         per_rank = [
-            _grads(model, mine[step], torch.bfloat16 if mixed else None) for mine in batches
+            _grads(model, mine[step], torch.bfloat16 if mixed else None, seen[step])
+            for mine in batches
         ]
         for i, p in enumerate(trained):
             p.grad = torch.stack([g[i] for g in per_rank]).mean(0) * scale

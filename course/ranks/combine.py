@@ -30,6 +30,7 @@ class Pending:
     header: dict[str, Any]
     payload: bytes = b""
     seq: int = 0
+    place: tuple[int | None, int] | None = None  # an all-gather of the world: where its rank was
 
 
 @dataclass

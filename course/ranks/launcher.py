@@ -64,6 +64,7 @@ from course.ranks.failures import CELL_NAME, RankError, RankFailure, RunResult
 from course.ranks.forkserver import SERVER
 from course.ranks.holds import Hold
 from course.ranks.pickling import dumps
+from course.ranks.rescale import Rescale
 from course.ranks.supervisor import Supervisor
 
 __all__ = [
@@ -137,6 +138,7 @@ def launch(
     before: Callable[[], list[str]] | None = None,
     measured: bool = False,
     holds: Sequence[Hold] = (),
+    rescale: Rescale | None = None,
     **kwargs: Any,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)``, or cell text with ``variables`` defined; report, never raise.
@@ -146,7 +148,8 @@ def launch(
     ranks the files it returns are unreadable for the job. ``measured``: on the relay, every
     rank's memory is read at that point too (a snapshot tagged ``relay.BASELINE``), so that
     what the job's code holds from its first line on counts in what it grew by. ``holds``:
-    on the relay, the stragglers it makes (:mod:`course.ranks.holds`), told to no rank."""
+    on the relay, the stragglers it makes (:mod:`course.ranks.holds`), told to no rank;
+    ``rescale``: on the relay, the all-gathers it scales (:mod:`course.ranks.rescale`)."""
     _check_world_size(world_size)
     _check_backend(backend, world_size)
     timeout, pg_timeout = _check_timeouts(timeout, pg_timeout)
@@ -157,7 +160,15 @@ def launch(
     payloads = [_payload(target, *_share(args, kwargs, rank)) for rank in range(world_size)]
     prelude = dumps(before) if before is not None else b""
     supervisor = Supervisor(
-        world_size, payloads, timeout, pg_timeout, backend, prelude, measured, tuple(holds)
+        world_size,
+        payloads,
+        timeout,
+        pg_timeout,
+        backend,
+        prelude,
+        measured,
+        tuple(holds),
+        rescale,
     )
     return supervisor.execute()
 

@@ -10,7 +10,8 @@ an :class:`~course.ranks.frames.Event` from the bytes it received. It keeps the 
 (a receive or a collective its peers never match fails after ``timeout`` seconds, naming
 whom it waited for) and refuses, to the calling rank, a frame that is malformed, too large
 or inconsistent; it holds what was sent until it is received, at most ``MAX_HELD`` bytes. It
-makes the stragglers a check asks for (:mod:`course.ranks.holds`).
+makes the stragglers a check asks for (:mod:`course.ranks.holds`), and scales the all-gathers
+a check chose by their place in its marked parts (:mod:`course.ranks.rescale`).
 
 It keeps gloo's semantics, so that a program that deadlocks or fails on gloo does so here: a
 send completes only once a receive takes it (a blocking ``dist.send`` to a rank that sends
@@ -29,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from course.ranks.combine import Call, Pending, compute
 from course.ranks.frames import (
     COLLECTIVES,
@@ -37,11 +40,13 @@ from course.ranks.frames import (
     RelayError,
     check_bytes,
     check_recv,
+    raw_bytes,
 )
 from course.ranks.groups import Groups
 from course.ranks.holds import Hold, Holds
 from course.ranks.mailbox import ANY, Mailbox, Posted
 from course.ranks.memory import Probe
+from course.ranks.rescale import Rescale
 from course.ranks.switchboard import Switchboard
 
 __all__ = ["MAX_HELD", "MAX_KEPT", "Hold", "Relay"]
@@ -54,12 +59,15 @@ class Relay(Switchboard):
     """The router between ``world_size`` ranks: what each request means, and what it records."""
 
     def __init__(
-        self, world_size: int, timeout: float, keep: bool = False, holds: Sequence[Hold] = ()
-    ) -> None:
+        self, world_size: int, timeout: float, keep: bool = False, holds: Sequence[Hold] = (),
+        rescale: Rescale | None = None,
+    ) -> None:  # fmt: skip
         """``keep``: record the bytes of every message (at most ``MAX_KEPT`` in all);
-        ``holds``: the stragglers the relay makes (:class:`Hold`)."""
+        ``holds``: the stragglers the relay makes (:class:`Hold`); ``rescale``: the
+        all-gathers whose results it scales (:class:`Rescale`)."""
         super().__init__(world_size, Holds(holds, world_size, timeout / 2))
-        self.timeout, self.keep = timeout, keep
+        self.timeout, self.keep, self.rescale = timeout, keep, rescale
+        self._places: list[tuple[int | None, int]] = [(None, 0)] * world_size  # see _collective
         self._kept = 0
         self.events: list[Event] = []
         self._mail = Mailbox()  # sent, not yet received
@@ -83,6 +91,7 @@ class Relay(Switchboard):
             self._match()
         elif kind == "mark":
             tag = int(header["tag"])
+            self._places[rank] = (tag, 0)
             self.events.append(Event("mark", (rank,), rank, tag=tag, time=self._now(), seq=(seq,)))
             self._reply(rank, {"req": int(header["req"]), "ok": True})
         elif kind == "new_group":
@@ -168,7 +177,11 @@ class Relay(Switchboard):
         self._count[(group, rank)] = n + 1
         call = self._calls.setdefault((group, n), Call(group))
         since = time.monotonic()
-        call.calls[rank] = Pending(rank, int(header["req"]), since, header, payload, seq)
+        pending = Pending(rank, int(header["req"]), since, header, payload, seq)
+        if header["kind"] == "allgather" and group == tuple(range(self.world_size)):
+            part, index = self._places[rank]  # the part the rank marked last, its gathers in it
+            pending.place, self._places[rank] = (part, index), (part, index + 1)
+        call.calls[rank] = pending
         if len(call.calls) == len(group):
             del self._calls[(group, n)]
             self._complete(call)
@@ -198,7 +211,7 @@ class Relay(Switchboard):
                 )
             return
         try:
-            results = compute(first["kind"], order)
+            results = self._rescaled(first["kind"], order, compute(first["kind"], order))
             snapshot = first["kind"] == "snapshot"
             extra = self.probe.at([p.header for p in order], self.world_size) if snapshot else {}
         except Exception as err:  # noqa: BLE001 - what the ranks sent: every member is told
@@ -216,6 +229,17 @@ class Relay(Switchboard):
         )
         for p, out in zip(order, results, strict=True):
             self._reply(p.rank, {"req": p.req, "ok": True}, out)
+
+    def _rescaled(self, kind: str, order: list[Pending], results: list[bytes]) -> list[bytes]:
+        """``results``, or a chosen all-gather's (:mod:`course.ranks.rescale`) scaled."""
+        places = [p.place for p in order if p.place is not None]
+        if self.rescale is None or kind != "allgather" or len(places) < len(order):
+            return results
+        if not results[0] or not self.rescale.chosen(places):
+            return results
+        dtype = DTYPES[order[0].header["dtype"]]
+        flat = torch.frombuffer(bytearray(results[0]), dtype=torch.uint8).view(dtype)
+        return [raw_bytes(self.rescale.scaled(flat))] * len(order)
 
     def _tick(self) -> None:
         self._release()

@@ -26,6 +26,7 @@ from course.ranks.forkserver import RUN_DIR_PREFIX, SERVER, RankProcess, RankSta
 from course.ranks.holds import Hold
 from course.ranks.isolation import SANDBOX_SHARED, map_ids
 from course.ranks.report import build_result
+from course.ranks.rescale import Rescale
 from course.ranks.router import Relay
 
 __all__ = ["ABORT_GRACE", "STACK_WAIT", "Supervisor"]
@@ -99,6 +100,7 @@ class Supervisor:
         before: bytes = b"",
         measured: bool = False,
         holds: tuple[Hold, ...] = (),
+        rescale: Rescale | None = None,
     ) -> None:
         self.world_size, self.payloads, self.before = world_size, payloads, before
         self.measured = measured
@@ -109,8 +111,10 @@ class Supervisor:
             backend = "relay"  # graded ranks reach each other only through the caller
         if holds and backend != "relay":
             raise ValueError("only the relay makes stragglers (holds=): run with backend='relay'")
+        if rescale and backend != "relay":
+            raise ValueError("only the relay scales all-gathers (rescale=): use backend='relay'")
         self.relay = (
-            Relay(world_size, pg_timeout, keep=bool(self.box), holds=holds)
+            Relay(world_size, pg_timeout, keep=bool(self.box), holds=holds, rescale=rescale)
             if backend == "relay"
             else None
         )

@@ -23,6 +23,7 @@ KNOBS = {
     "skip_frozen": True,  # leave requires_grad=False parameters alone
     "free_after_forward": True,
     "regather": True,  # gather again before backward (else keep the forward's parameters)
+    "dummy_gather": False,  # without regather: an all-gather before backward, its result unused
     "pad": True,  # shards of ceil(P / N); else floor, the remainder dropped
     "reduce_in_param_dtype": False,  # bf16 reduce-scatter under mixed precision
     "divide_in_param_dtype": False,  # under mixed precision, average in bf16, then reduce in fp32
@@ -137,6 +138,9 @@ def fully_shard(module, *, param_dtype=None, reduce_dtype=None):  # noqa: C901, 
     def pre_backward(_mod, _grad_out):
         if KNOBS["regather"]:
             gather()
+        elif KNOBS["dummy_gather"]:  # counted as the backward's gather, never computed with
+            unused = torch.empty(n * s, dtype=gather_dtype)
+            dist.all_gather_single(unused, module.flat_shard.detach().to(gather_dtype))
 
     module.register_forward_pre_hook(pre_forward)
     module.register_forward_hook(post_forward)

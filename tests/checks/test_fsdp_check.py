@@ -6,7 +6,7 @@ import fsdp_impls
 import pytest
 import torch
 from test_ring_check import as_student_code
-from wrong_fsdp import WRONG, student_fn
+from wrong_fsdp import KEPT_FOR_BACKWARD, LOST_BY_KEEPING, WRONG, student_fn
 
 from course.checks import (
     check_fsdp_memory,
@@ -14,10 +14,11 @@ from course.checks import (
     check_fsdp_traffic,
     check_fully_shard,
 )
-from course.checks.fsdp import value_problem
+from course.checks.compare import rank_generators
+from course.checks.fsdp import backward_rescale, backward_values, judge_use, value_problem
 from course.checks.fsdp_replies import valid_reply
 from course.checks.fsdp_traffic import expected_step, traffic_problem
-from course.experiments.fsdp_model import oracle, tiny_lm, units
+from course.experiments.fsdp_model import make_batches, oracle, tiny_lm, units
 
 pytestmark = pytest.mark.ranks
 
@@ -36,7 +37,7 @@ CHECKS = {
 def test_the_model_solution_passes_every_check() -> None:
     """Does the model solution pass the values on 3 ranks, and each other check?"""
     assert "largest difference" in check_fully_shard(fully_shard, world_sizes=(3,), repeats=1)
-    assert "nothing else" in check_fsdp_traffic(fully_shard, world_sizes=(3,))
+    assert "what its all-gathers bring" in check_fsdp_traffic(fully_shard, world_sizes=(3,))
     assert "counted on the ranks" in check_fsdp_memory(fully_shard)
     assert "bf16 all-gathers" in check_fsdp_mixed_precision(fully_shard, world_sizes=(3,))
 
@@ -59,12 +60,56 @@ def test_a_wrong_fully_shard_fails_with_its_reason(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["no_free_after_forward", "keeps_params", "bf16_reduce", "bf16_average"]
+    "name",
+    [
+        "no_free_after_forward",
+        "keeps_params",
+        "keeps_params_dummy_gather",
+        "bf16_reduce",
+        "bf16_average",
+    ],
 )
 def test_what_only_one_check_sees_passes_the_values(name: str) -> None:
     """Is a mistake that moves or holds the wrong bytes (but trains right in fp32) given the
     values' points?"""
     assert "largest difference" in check_fully_shard(student_fn(name), world_sizes=(2,), repeats=1)
+
+
+@pytest.mark.parametrize("name", KEPT_FOR_BACKWARD)
+def test_keeping_the_forwards_parameters_loses_the_same_checks(name: str) -> None:
+    """Does a fully_shard that keeps the forward's parameters for the backward lose the same
+    checks (traffic, memory, mixed precision; not the values) whether or not it makes a dummy
+    all-gather in the backward for the traffic to count?"""
+    lost = {}
+    for check in LOST_BY_KEEPING:
+        try:
+            CHECKS[check](student_fn(name))
+            lost[check] = False
+        except AssertionError:
+            lost[check] = True
+    assert lost == LOST_BY_KEEPING
+
+
+def _trained_runs(trajectory: list[list[torch.Tensor]], n: int) -> list[dict]:
+    """What n ranks would send back had their shards followed ``trajectory``, step by step."""
+    start = torch.zeros(1)
+    after = [[[_shard(w, r, n) for w in step] for step in trajectory] for r in range(n)]
+    return [{"after": mine, "start": start} for mine in after]
+
+
+def test_the_use_verdict_names_a_backward_that_kept_the_forwards_parameters() -> None:
+    """After the step whose backward gathers were scaled, do the scaled oracle's shards pass
+    (and its summed twin's, which the values check fails), and the unscaled oracle's (what a
+    backward that kept the forward's parameters gives) fail with that hint?"""
+    batches = [make_batches(5, g) for g in rank_generators(3, 2)]
+    chosen = backward_rescale(units(tiny_lm()))
+    back = backward_values(chosen, 2)
+    judge_use(_trained_runs(oracle(batches, "sgd", backward=back), 2), batches, 2, chosen, 3)
+    summed = oracle(batches, "sgd", scale=2, backward=back)
+    judge_use(_trained_runs(summed, 2), batches, 2, chosen, 3)
+    kept = _trained_runs(oracle(batches, "sgd"), 2)
+    with pytest.raises(AssertionError, match="the backward used parameters gathered in the"):
+        judge_use(kept, batches, 2, chosen, 3)
 
 
 def test_torch_fully_shard_is_not_the_exercise() -> None:

@@ -4,6 +4,8 @@ Each is ``fsdp_impls``'s source with one of its ``KNOBS`` turned, so it can be p
 student's cell (:func:`source`) or run as one (:func:`student_fn`). ``WRONG`` maps a name to
 ``(knobs, check, words)``: ``check`` is the check that must fail ("values", "traffic",
 "memory", "mixed", "mixed on 3" or "any": every one) and ``words`` what its message must say.
+``KEPT_FOR_BACKWARD``: the two that keep the forward's parameters for the backward, one with a
+dummy all-gather in the backward: both must lose the same checks (traffic, memory, mixed).
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ WRONG: dict[str, tuple[dict[str, bool], str, tuple[str, ...]]] = {
         {"regather": False, "free_after_forward": False},
         "traffic",
         ("one all-gather per unit", "expected 2", "register_full_backward_pre_hook"),
+    ),
+    "keeps_params_dummy_gather": (  # the calls the traffic counts, the values never used
+        {"regather": False, "free_after_forward": False, "dummy_gather": True},
+        "traffic",
+        ("the backward used parameters gathered in the forward", "gather again before the"),
     ),
     "no_free_after_forward": ({"free_after_forward": False}, "memory", ("held", "free each")),
     "no_free_after_backward": ({"free_after_backward": False}, "memory", ("held", "free each")),
@@ -53,6 +60,9 @@ WRONG: dict[str, tuple[dict[str, bool], str, tuple[str, ...]]] = {
     ),
     "deadlock": ({"hang_on_last_rank": True}, "any", ("fully_shard failed on 2 ranks", "rank 1")),
 }
+
+KEPT_FOR_BACKWARD = ("keeps_params", "keeps_params_dummy_gather")
+LOST_BY_KEEPING = {"values": False, "traffic": True, "memory": True, "mixed": True}
 
 
 def source(name: str) -> str:

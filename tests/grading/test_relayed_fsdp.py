@@ -5,13 +5,20 @@ An all-reduce of the whole gradient, disguised in the rank's own recorder as the
 reduce-scatter FSDP makes, passes the traffic check on the notebook's path (which reads
 what the ranks recorded) and fails it under grading (the relay saw the all-reduce); a copy of
 every gathered unit kept in a global passes the memory count and fails graded (measured from
-outside the ranks).
+outside the ranks), and so do units kept through the backward with the count patched. A
+backward that keeps the forward's parameters loses the same checks on both paths, with or
+without a dummy all-gather for the traffic to count: the relay (graded) or the rank's process
+groups (in a notebook) scale what one step's backward gathers bring, and the gradients must
+follow.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +38,11 @@ pytestmark = [
     pytest.mark.skipif(not sandbox.available(), reason="needs bubblewrap, setpriv and prlimit"),
 ]
 
-IMPLS = (Path(__file__).resolve().parent.parent / "checks" / "fsdp_impls.py").read_text()
+CATALOGUE = Path(__file__).resolve().parent.parent / "checks"
+sys.path.insert(0, str(CATALOGUE))
+from wrong_fsdp import KEPT_FOR_BACKWARD, LOST_BY_KEEPING, WRONG, source  # noqa: E402 - beside its tests
+
+IMPLS = (CATALOGUE / "fsdp_impls.py").read_text()
 
 # The gradient all-reduced whole, then the rank's own record of that call rewritten as the
 # reduce-scatter of the padded unit that FSDP makes.
@@ -91,8 +102,8 @@ def test_the_model_solution_passes_through_the_relay() -> None:
     fn = StudentCode((("impls", IMPLS),), "fully_shard")
     with RankBox():
         assert "largest difference" in check_fully_shard(fn, world_sizes=(3,), repeats=1)
-        assert "nothing else" in check_fsdp_traffic(fn, world_sizes=(2,))
-        assert "Measured from outside" in check_fsdp_memory(fn)
+        assert "what its all-gathers bring" in check_fsdp_traffic(fn, world_sizes=(2,))
+        assert "in the backward" in check_fsdp_memory(fn)
         assert "bf16 all-gathers" in check_fsdp_mixed_precision(fn, world_sizes=(2,))
 
 
@@ -154,3 +165,115 @@ def test_a_deadlock_says_where_each_rank_waited_through_the_relay() -> None:
     message = str(failure.value)
     assert "rank 0 deadlocked in dist.all_gather_single" in message, message
     assert "rank 1 deadlocked in dist.recv" in message, message
+
+
+# Units never freed after their reduce-scatter (held through the backward), and the rank's
+# own count of gathered bytes patched to nothing, from the first call of fully_shard.
+UNCOUNTED = """
+_counted_fully_shard = fully_shard
+
+
+def fully_shard(module, **kwargs):
+    import course.checks.fsdp_rank
+
+    course.checks.fsdp_rank._held = lambda model, skip: 0
+    return _counted_fully_shard(module, **kwargs)
+"""
+
+
+def _cell(name: str) -> tuple[Callable[..., Any], StudentCode]:
+    """Catalogue entry ``name`` (or "honest"), run as a notebook runs it and as graded."""
+    text = IMPLS if name == "honest" else source(name)
+    namespace: dict = {"__name__": "__main__"}
+    exec(text, namespace)  # noqa: S102 - a student's cell
+    return namespace["fully_shard"], StudentCode((("impls", text),), "fully_shard")
+
+
+CHECKS = {
+    "values": lambda fn: check_fully_shard(fn, world_sizes=(2,), repeats=1),
+    "traffic": lambda fn: check_fsdp_traffic(fn, world_sizes=(2,)),
+    "memory": check_fsdp_memory,
+    "mixed": lambda fn: check_fsdp_mixed_precision(fn, world_sizes=(2,)),
+}
+
+
+def _verdicts(fn: Callable[..., Any]) -> dict[str, str | None]:
+    """Each check's failure message, None where it passed."""
+    said: dict[str, str | None] = {}
+    for check, run in CHECKS.items():
+        try:
+            run(fn)
+            said[check] = None
+        except AssertionError as failure:
+            said[check] = str(failure)
+    return said
+
+
+@pytest.mark.parametrize("name", KEPT_FOR_BACKWARD)
+def test_keeping_the_forwards_parameters_gets_the_same_verdict_on_both_paths(name: str) -> None:
+    """Does a backward that computes with the forward's parameters lose the same checks in a
+    notebook (gloo) and graded (the relay), with or without a dummy all-gather, with the
+    catalogue's hint on its traffic?"""
+    in_notebook, graded = _cell(name)
+    mine = _verdicts(in_notebook)
+    with RankBox():
+        theirs = _verdicts(graded)
+    for said in (mine, theirs):
+        assert {check: bool(why) for check, why in said.items()} == LOST_BY_KEEPING, said
+        assert all(w in said["traffic"] for w in WRONG[name][2]), said["traffic"]
+
+
+def test_units_held_through_the_backward_fail_graded_from_outside() -> None:
+    """Does a fully_shard that frees its units after the forward but never after their
+    reduce-scatter fail the memory check on both paths: in a notebook by the rank's count,
+    graded by the judge's own measure of the backward?"""
+    in_notebook, graded = _cell("no_free_after_backward")
+    words = WRONG["no_free_after_backward"][2]
+    with pytest.raises(AssertionError) as counted:
+        check_fsdp_memory(in_notebook)
+    with RankBox(), pytest.raises(AssertionError) as measured:
+        check_fsdp_memory(graded)
+    assert all(w in str(counted.value) for w in words), str(counted.value)
+    assert all(w in str(measured.value) for w in words), str(measured.value)
+    assert "during the backward" in str(measured.value), str(measured.value)
+
+
+def test_a_patched_count_hides_no_unit_held_through_the_backward() -> None:
+    """Does the same fully_shard with the rank's count of gathered bytes patched to nothing
+    pass the count in a notebook, and fail graded, measured from outside in the backward?"""
+    cell = source("no_free_after_backward") + UNCOUNTED
+    namespace: dict = {"__name__": "__main__"}
+    exec(cell, namespace)  # noqa: S102 - the attack, run where the count alone decides
+    assert "counted on the ranks" in check_fsdp_memory(namespace["fully_shard"])
+    uncounted = StudentCode((("impls", cell),), "fully_shard")
+    with RankBox(), pytest.raises(AssertionError, match="during the backward than after sharding"):
+        check_fsdp_memory(uncounted)
+
+
+# Looks, at every fully_shard, through everything alive on the rank for the grader's choice
+# of the gathers to scale (its seed), and stops the run if it finds it.
+SNOOP = """
+_honest_fully_shard = fully_shard
+
+
+def fully_shard(module, **kwargs):
+    import gc
+
+    for o in gc.get_objects():
+        found = isinstance(o, dict) and isinstance(o.get("seed"), int) and "skip" in o
+        if found or type(o).__name__ in ("Rescale", "GlooGathers"):
+            raise RuntimeError("the choice of the scaled gathers is in reach")
+    return _honest_fully_shard(module, **kwargs)
+"""
+
+
+def test_no_graded_rank_can_reach_the_choice_of_scaled_gathers() -> None:
+    """Is the seed of the scaled gathers within a rank's reach in a notebook (where the
+    check's rank code scales them), and nowhere on a graded rank (the relay scales them)?"""
+    namespace: dict = {"__name__": "__main__"}
+    exec(IMPLS + SNOOP, namespace)  # noqa: S102 - the search, run where it finds the choice
+    with pytest.raises(AssertionError, match="in reach"):
+        check_fsdp_traffic(namespace["fully_shard"], world_sizes=(2,))
+    snoop = StudentCode((("impls", IMPLS + SNOOP),), "fully_shard")
+    with RankBox():
+        assert "what its all-gathers bring" in check_fsdp_traffic(snoop, world_sizes=(2,))
