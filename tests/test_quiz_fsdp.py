@@ -153,7 +153,7 @@ def test_fsdp_4_resharding_adds_one_gather_of_n_minus_1_over_n(traffic) -> None:
     extra = {n: total(n, True) - total(n, False) for n in (2, 4)}
     laws = {  # model sizes more with reshard_after_forward=True, per gather of (N-1)/N
         "a": lambda n: 2 * (n - 1) / n,
-        "b": lambda n: 0.0,
+        "b": lambda _: 0.0,
         "c": lambda n: (n - 1) / n,
         "d": lambda n: -(n - 1) / n,
     }

@@ -14,18 +14,7 @@ from course.ring.schedule import chunk_bounds
 
 def reduce_scatter(tensor: torch.Tensor) -> torch.Tensor:
     """Rank r gets the sum over ranks of chunk r; ``tensor`` is scratch."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    flat = tensor.reshape(-1)
-    chunks = [flat[lo:hi] for lo, hi in chunk_bounds(flat.numel(), n)]
-    buffer = torch.empty_like(chunks[0])
-    for s in range(n - 1):
-        out, into = chunks[(rank - s - 1) % n], chunks[(rank - s - 2) % n]
-        incoming = buffer[: into.numel()]
-        request = dist.isend(out, (rank + 1) % n)
-        dist.recv(incoming, (rank - 1) % n)
-        request.wait()
-        into.add_(incoming)
-    return chunks[rank].clone()
+    return reduce_scatter_over(tensor, chunk_bounds(tensor.numel(), dist.get_world_size()))
 
 
 def reduce_scatter_over(tensor: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
