@@ -71,9 +71,10 @@ def memory() -> dict[str, list[dict[str, int]]]:
     }
 
 
-def test_fsdp_2_held_bytes_do_not_depend_on_the_units(memory) -> None:
-    """Does a rank hold 16 / N bytes per parameter between steps (2 + 2 + 4 on 2 ranks, 1 + 1 + 2
-    on 4), per-layer units or one unit alike, and not the 4 + 12 / N of a whole gradient kept?"""
+def test_fsdp_2_one_unit_is_sharded_between_steps(memory) -> None:
+    """With one unit on the whole model, does a rank hold 16 / N bytes per parameter between
+    steps (2 + 2 + 4 on 2 ranks, 1 + 1 + 2 on 4), as with a unit per layer (the cell's case),
+    and not 16 (a replica), 4 + 12 / N (a whole gradient) or 8 + 8 / N (ZeRO-1's count)?"""
     runs = {
         (4, "layer"): memory["per layer"],
         (4, "whole"): memory["one unit"],
@@ -85,20 +86,24 @@ def test_fsdp_2_held_bytes_do_not_depend_on_the_units(memory) -> None:
         return (r["params"] + r["grads"] + r["state"]) / (r["model"] / 4)
 
     laws = {
-        "a": (lambda n: 16 / n, lambda _: 16),
-        "b": (lambda n: 16 / n, lambda n: 4 + 12 / n),
-        "c": (lambda _: 16, lambda _: 16),
-        "d": (lambda n: 16 / n, lambda n: 16 / n),
+        "a": lambda _: 16.0,
+        "b": lambda n: 4 + 12 / n,
+        "c": lambda n: 8 + 8 / n,
+        "d": lambda n: 16 / n,
     }
     claims = {
         k: all(
-            _near(per_param(r), (layer if kind == "layer" else whole)(n))
+            _near(per_param(r), law(n))
             for (n, kind), rs in runs.items()
+            if kind == "whole"
             for r in rs
         )
-        for k, (layer, whole) in laws.items()
+        for k, law in laws.items()
     }
     assert supported(claims) == KEYS["fsdp_2"]
+    options = {"a": 16, "b": 4.19, "c": 8.12, "d": 0.25}  # the laws on 64 ranks
+    assert all(_near(law(64), options[k], 0.01) for k, law in laws.items())
+    assert all(_near(per_param(r), 16 / n) for (n, _), rs in runs.items() for r in rs)
     for (n, _), rs in runs.items():
         for r in rs:
             assert r["params"] == r["grads"] == r["state"] // 2 == r["model"] // n
@@ -132,39 +137,66 @@ def test_fsdp_3_a_units_size_sets_the_peak_not_the_bytes(unit_sizes) -> None:
 
 
 @pytest.fixture(scope="module")
-def traffic() -> dict[tuple[int, bool], dict]:
-    """Model sizes a rank sends per forward and backward on 2 and 4 ranks, resharding or not."""
-    return {
-        (n, reshard): fsdp.traffic_on_ranks(n, reshard_after_forward=reshard)
-        for n in (2, 4)
+def traffic() -> dict[tuple[int, bool], list[dict]]:
+    """Model sizes each rank sends per forward and backward, resharding or not: on 3 and 4 ranks
+    with 4 layers of (5, 8192) weights, whose rows N does not divide (the question's model), and
+    on 2 ranks with the cell's square layers (key 0)."""
+    from course.ranks import run
+
+    padded = {
+        (n, reshard): run(
+            fsdp.traffic_per_step, n, timeout=90, reshard_after_forward=reshard, rows=5, width=8192
+        )
+        for n in (3, 4)
         for reshard in (True, False)
     }
-
-
-def test_fsdp_4_resharding_adds_one_gather_of_n_minus_1_over_n(traffic) -> None:
-    """Does resharding add (N-1)/N model sizes per step (0.50 on 2 ranks, 0.75 on 4): one more
-    gather of each layer, at (N-1)/N, not two, not none, not one fewer (8 all-gathers for 4
-    layers instead of 4, the same 4 reduce-scatters)? And is the cell's figure, 1.50 model
-    sizes on 2 ranks without resharding, a gather (0.50) and gloo's reduce-scatter (1.00)?"""
-
-    def total(n: int, reshard: bool) -> float:
-        return traffic[n, reshard]["forward"] + traffic[n, reshard]["backward"]
-
-    extra = {n: total(n, True) - total(n, False) for n in (2, 4)}
-    laws = {  # model sizes more with reshard_after_forward=True, per gather of (N-1)/N
-        "a": lambda n: 2 * (n - 1) / n,
-        "b": lambda _: 0.0,
-        "c": lambda n: (n - 1) / n,
-        "d": lambda n: -(n - 1) / n,
+    square = {
+        (0, r): run(fsdp.traffic_per_step, 2, timeout=60, reshard_after_forward=r)
+        for r in (True, False)
     }
-    claims = {k: all(_near(extra[n], law(n)) for n in extra) for k, law in laws.items()}
+    return padded | square
+
+
+def test_fsdp_4_resharding_adds_one_padded_gather(traffic) -> None:
+    """With (5, 8192) weights, does resharding add, on every rank, one more gather of each layer
+    in pieces padded to ceil(5 / N) rows, (N-1) * ceil(5 / N) / 5 model sizes (4/5 on 3 ranks,
+    6/5 on 4), not the unpadded (N-1)/N, not none, not two padded gathers (8 all-gathers for 4
+    layers instead of 4, the same 4 reduce-scatters)? And are the cell's square layers on 2
+    ranks 1.50 model sizes without resharding, and 0.50 more with it, (N-1)/N where N divides
+    the rows?"""
+
+    def total(r: dict) -> float:
+        return r["forward"] + r["backward"]
+
+    extra = {
+        n: [total(t) - total(f) for t, f in zip(traffic[n, True], traffic[n, False], strict=True)]
+        for n in (3, 4)
+    }
+    laws = {  # model sizes more with reshard_after_forward=True
+        "a": lambda n: (n - 1) / n,
+        "b": lambda _: 0.0,
+        "c": lambda n: (n - 1) * -(-5 // n) / 5,
+        "d": lambda n: 2 * (n - 1) * -(-5 // n) / 5,
+    }
+    claims = {
+        k: all(abs(e - law(n)) <= 0.02 for n, es in extra.items() for e in es)
+        for k, law in laws.items()
+    }
     assert supported(claims) == KEYS["fsdp_4"]
-    assert _near(extra[2], 0.50, 0.02) and _near(extra[4], 0.75, 0.02)
-    assert _near(total(2, False), 1.50, 0.02)  # what the cell prints: no option's number
-    for n in (2, 4):
-        kept, resharded = traffic[n, False]["calls"], traffic[n, True]["calls"]
-        assert kept == {"all_gather_into_tensor": 4, "reduce_scatter_tensor": 4}
-        assert resharded == {"all_gather_into_tensor": 8, "reduce_scatter_tensor": 4}
+    options = {"a": 0.75, "b": 0.0, "c": 1.20, "d": 2.40}  # the laws on 4 ranks
+    assert all(abs(law(4) - options[k]) < 0.005 for k, law in laws.items())
+    for n in (3, 4):
+        assert traffic[n, False][0]["calls"] == {
+            "all_gather_into_tensor": 4,
+            "reduce_scatter_tensor": 4,
+        }
+        assert traffic[n, True][0]["calls"] == {
+            "all_gather_into_tensor": 8,
+            "reduce_scatter_tensor": 4,
+        }
+    kept, resharded = traffic[0, False], traffic[0, True]
+    assert all(_near(total(r), 1.50, 0.02) for r in kept)  # what the cell prints
+    assert all(_near(total(t) - total(f), 0.50, 0.03) for t, f in zip(resharded, kept, strict=True))
 
 
 def test_fsdp_5_without_resharding_every_layer_stays(memory) -> None:

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from course.experiments.zero import toy_model
 
 __all__ = [
+    "LowRank",
     "UnshardedPeak",
     "layout_on_ranks",
     "memory_on_ranks",
@@ -43,8 +44,8 @@ __all__ = [
 
 
 def units(model: nn.Module) -> list[nn.Module]:
-    """The model's layers that carry parameters (``toy_model``'s ``nn.Linear`` layers)."""
-    return [m for m in model if isinstance(m, nn.Linear)]
+    """The model's layers that carry parameters (``nn.Linear`` or :class:`LowRank` layers)."""
+    return [m for m in model if isinstance(m, nn.Linear | LowRank)]
 
 
 def shard(model: nn.Module, per_layer: bool = True, **options: Any) -> nn.Module:
@@ -135,13 +136,37 @@ def memory_on_ranks(world_size: int = 4, **options: Any) -> list[dict[str, int]]
     return run(memory_per_rank, world_size, timeout=60, **options)
 
 
-def traffic_per_step(reshard_after_forward: bool = True, width: int = 256) -> dict[str, Any]:
+class LowRank(nn.Module):
+    """A residual layer ``x + (x Wᵀ) W`` with one weight of shape (rows, width) and no bias:
+    few rows, so that ``fully_shard`` cuts dim 0 into uneven, padded pieces."""
+
+    def __init__(self, rows: int, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(rows, width) / width**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + (x @ self.weight.T) @ self.weight
+
+
+def _traffic_model(width: int, rows: int | None) -> nn.Sequential:
+    if rows is None:
+        return toy_model(width=width, depth=4)
+    torch.manual_seed(0)
+    return nn.Sequential(*(LowRank(rows, width) for _ in range(4)))
+
+
+def traffic_per_step(
+    reshard_after_forward: bool = True, width: int = 256, rows: int | None = None
+) -> dict[str, Any]:
     """Rank side: bytes this rank sent in a forward and a backward of torch's ``fully_shard``
-    (each of 4 layers a unit), in model sizes, and the collectives FSDP2 called."""
+    (each of 4 layers a unit), in model sizes, and the collectives FSDP2 called. ``rows``: 4
+    :class:`LowRank` layers of (rows, width) weights instead of square ones."""
     from course.ring.recorder import Recorder
     from course.ring.wire import WireMeter
 
-    model = shard(toy_model(width=width, depth=4), reshard_after_forward=reshard_after_forward)
+    model = _traffic_model(width, rows)
+    size = sum(p.numel() * 4 for p in model.parameters())  # the full fp32 model
+    shard(model, reshard_after_forward=reshard_after_forward)
     x = torch.randn(16, width)
     nn.functional.mse_loss(model(x), x).backward()  # once first: gloo and FSDP set up
     forward, backward = WireMeter(), WireMeter()
@@ -151,7 +176,6 @@ def traffic_per_step(reshard_after_forward: bool = True, width: int = 256) -> di
     with backward, Recorder() as recorder:
         loss.backward()
     calls += [c.name for c in recorder.collectives]
-    size = 4 * width * width * 4
     return {
         "forward": forward.total_sent / size,
         "backward": backward.total_sent / size,

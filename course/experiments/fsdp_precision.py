@@ -47,7 +47,7 @@ def _policy(param_dtype: str | None, reduce_dtype: str | None) -> dict[str, Any]
     }
 
 
-def held_bytes(param_dtype: str | None = "bf16", width: int = 128) -> dict[str, Any]:
+def held_bytes(param_dtype: str | None = None, width: int = 128) -> dict[str, Any]:
     """Rank side: bytes per model parameter this rank holds after an Adam step (params,
     grads, state: local shards, with their dtypes), and the peak of unsharded parameter bytes
     per model parameter during the next step; fp32 reduce when ``param_dtype`` is set."""

@@ -166,13 +166,22 @@ def report_torch_zero(models: Sequence[tuple[int, Sequence[int]]]) -> None:
 
 
 def report_fp16(values: Sequence[float], world_size: int = 2) -> None:
-    """DDP's averaged gradient, without and with fp16_compress_hook, every rank feeding
-    ``values``, on ``world_size`` ranks."""
+    """float16's range, and what a cast alone does to ``values``; then DDP's averaged
+    gradient, without and with fp16_compress_hook, every rank feeding ``values``, on
+    ``world_size`` ranks."""
     if grading():
         return
+    import torch
+
+    f16 = torch.finfo(torch.float16)
+    print(
+        f"float16: largest finite {f16.max:.0f}, smallest normal {f16.smallest_normal:.3g}, "
+        f"smallest subnormal {f16.smallest_normal * 2**-10:.3g}"
+    )
     grads = run(compression.fp16_hook_grads, world_size, list(values), timeout=TIMEOUT)[0]
+    cast = torch.tensor(list(values)).to(torch.float16).float().tolist()
     print(f"{world_size} ranks, each with the gradient {list(values)}:")
-    for name, got in grads.items():
+    for name, got in {"cast only": cast, **grads}.items():
         print(f"{name:9}: {got}")
 
 

@@ -45,9 +45,11 @@ def phase_name(step: int, world_size: int) -> str:
 def counter(step: int, world_size: int, total: bool = True) -> str:
     """``step 3 / 6 - reduce-scatter``: steps count from 1, and the arrows drawn with this
     text are the messages of that same step (the grid shows the chunks after it). Without
-    ``total`` (before a question asks for it) the count of a whole ring is left out."""
-    of = f" / {num_steps(world_size)}" if total else ""
-    return f"step {step}{of} - {phase_name(step, world_size)}"
+    ``total`` (before a question asks for it) the count of a whole ring and the phases' names
+    are left out: where one phase ends is for the grid to show."""
+    if not total:
+        return f"step {step}"
+    return f"step {step} / {num_steps(world_size)} - {phase_name(step, world_size)}"
 
 
 @functools.lru_cache(maxsize=4096)

@@ -150,15 +150,14 @@ for rank, shard in enumerate(layout):
 #
 # *Difficulty 1/3*
 #
-# A model of 8 equal fp32 layers trains with Adam on 64 ranks under torch's `fully_shard`.
-# Between two steps, what do a rank's parameters, gradients and Adam state come to, per
-# parameter of the model, with each layer a unit of its own, and with one unit wrapping the
-# whole model?
+# A model of 8 equal fp32 layers trains with Adam on 64 ranks under torch's `fully_shard`,
+# called once, on the whole model: a single unit. Between two steps, what do a rank's
+# parameters, gradients and Adam state come to, per parameter of the model?
 #
-# * a) 0.25 bytes with a unit per layer; 16 with one unit, never sharded.
-# * b) 0.25 bytes with a unit per layer; 4.2 with one unit, gradients whole.
-# * c) 16 bytes either way: sharding saves memory only inside the step.
-# * d) 0.25 bytes either way: units set only what is gathered at once.
+# * a) 16 bytes: one unit is gathered once and kept whole, as in DDP.
+# * b) 4.19 bytes: the gradient stays whole, parameters and moments not.
+# * c) 8.12 bytes: only Adam's moments are cut up, as in ZeRO stage 1.
+# * d) 0.25 bytes: a shard of each of the three, 1/64 of Adam's 16.
 #
 # Set `answer_fsdp_2` to your letter and run the cell below it.
 
@@ -177,31 +176,34 @@ check_answer(
     choices="abcd",
     key="d",
     explanation="""
-    Measured on 2 and 4 ranks, a unit per layer and one unit alike: 2 + 2 + 4 bytes per
-    parameter on 2 ranks, 1 + 1 + 2 on 4 (parameters, gradients, Adam's two moments), 16 / N of
-    fp32 Adam's 16 bytes: 16 / 64 = 0.25 on 64 ranks. Every parameter of a unit is sharded,
-    whatever the unit's size, and its gradient is reduce-scattered into a shard of the same
-    size; Adam then keeps its moments for the shards only. What the units change is the peak
-    of gathered parameters during the step (question fsdp_3), not what stays between steps. a)
-    mistakes one unit for no sharding, c) sharding for a saving inside the step only. b) keeps
-    the whole gradient of one unit, 4 + 12 / 64 = 4.19 bytes: the gradient does exist in full
-    during backward, but the unit's reduce-scatter leaves only the shard. The same holds on
-    GPUs; there the caching allocator may also keep freed blocks reserved.
+    Measured on 2 and 4 ranks with one unit on the whole model: 2 + 2 + 4 bytes per parameter
+    on 2 ranks, 1 + 1 + 2 on 4 (parameters, gradients, Adam's two moments), 16 / N of fp32
+    Adam's 16 bytes, the same as with a unit per layer: 16 / 64 = 0.25 on 64 ranks. Every
+    parameter of a unit is sharded, whatever the unit's size; FSDP2 frees the gathered
+    parameters after the unit's backward, the single unit's too, and reduce-scatters the
+    unit's gradient into a shard of the parameter's shard size; Adam then keeps its moments
+    for the shards it steps. What the units change is the peak of gathered parameters during
+    the step (question fsdp_3), not what stays between steps. a) mistakes one unit for no
+    sharding: the whole model is gathered inside the step only. b) keeps the whole gradient,
+    4 + 12 / 64 = 4.19 bytes: the gradient does exist in full during backward, but the
+    reduce-scatter leaves only the shard. c) keeps parameters and gradient whole, 4 + 4 + 8 /
+    64 = 8.12 bytes, ZeRO stage 1's count. The same holds on GPUs; there the caching allocator
+    may also keep freed blocks reserved.
     """,
     giveaways=(
         r"16 / 64 = 0\.25",
-        r"one unit alike",
+        r"the same as with a unit per\s+layer",
         r"not what stays between steps",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on 2 ranks with a unit per layer (`per_layer=False` makes one unit): the bytes
-# a rank holds after an Adam step, and the model's full size.
+# **Measure it**, on 2 ranks with each layer a unit of its own: the bytes a rank holds after an
+# Adam step, and the model's full size.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-held = fsdp.memory_on_ranks(2, per_layer=True)[0]
+held = fsdp.memory_on_ranks(2)[0]
 print({k: held[k] for k in ("model", "params", "grads", "state")})
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -257,12 +259,12 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on 4 ranks with a unit per layer (`layers_per_unit=1`): the peak of unsharded
-# parameter bytes, sampled before every op of a forward and backward (`fsdp.UnshardedPeak`), in
-# layers; the bytes rank 0 sent in them, in model sizes; and the collectives FSDP2 called.
+# **Measure it**, on 4 ranks with a unit per layer: the peak of unsharded parameter bytes,
+# sampled before every op of a forward and backward (`fsdp.UnshardedPeak`), in layers; the
+# bytes rank 0 sent in them, in model sizes; and the collectives FSDP2 called.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-held = fsdp.unit_size_on_ranks(4, layers_per_unit=1)[0]
+held = fsdp.unit_size_on_ranks(4)[0]
 print(f"peak unsharded: {held['peak unsharded'] / held['layer']:.2f} layers of 8")
 print(f"sent: {held['sent']:.3f} model sizes", held["calls"])
 
@@ -279,14 +281,15 @@ print(f"sent: {held['sent']:.3f} model sizes", held["calls"])
 #
 # *Difficulty 2/3*
 #
-# On 64 ranks, each layer of a model a unit of its own: how many model sizes (fp32 bytes) more
-# does a rank send in one forward and backward with `reshard_after_forward=True` than with
-# `reshard_after_forward=False`?
+# On 4 gloo ranks, a model of 4 layers, each a unit of its own, each with a single fp32 weight
+# of shape (5, 8192) and no bias (`fsdp.LowRank`, a residual layer x + (x Wᵀ) W). How many model
+# sizes (the 4 weights' bytes) more does a rank send in one forward and backward with
+# `reshard_after_forward=True` than with `reshard_after_forward=False`?
 #
-# * a) About 1.97 more: each layer gathered again in forward and in backward.
-# * b) None: the flag moves each layer's gather to another time, it adds none.
-# * c) About 0.98 more: each layer gathered a second time, just before its backward.
-# * d) About 0.98 fewer: the backward's gather is skipped, each layer kept whole.
+# * a) About 0.75: a second gather per layer, (N-1)/N of its bytes.
+# * b) None: the flag moves each layer's gather to another time.
+# * c) About 1.20: one more all-gather of each, in padded shards.
+# * d) About 2.40: each layer gathered again in both passes, padded.
 #
 # Set `answer_fsdp_4` to your letter and run the cell below it.
 
@@ -305,33 +308,33 @@ check_answer(
     choices="abcd",
     key="c",
     explanation="""
-    Measured: resharding added 0.50 model sizes per step on 2 ranks and 0.75 on 4, with 8
-    all-gathers for 4 layers instead of 4, and the same 4 reduce-scatters. The only difference
-    is the backward's gather of each layer, and in an all-gather each rank sends (N-1)/N of the
-    gathered tensor: every other rank needs its shard. On 64 ranks that is 63/64 = 0.984 model
-    sizes per step. a) counts the forward's gather too, but it runs either way: between steps a
-    rank holds only its shards, whatever the flag. b) A layer freed after its forward is not
-    there for its backward, which needs its parameters: it must be gathered a second time.
-    d) turns the flag round: True frees each layer after its forward (and gathers it again);
-    False keeps it gathered until its backward and skips that gather, at the memory cost of
-    question fsdp_5. The reduce-scatters do not change: each layer's gradient is
-    reduce-scattered once either way. The cell's 1.50 model sizes on 2 ranks without
-    resharding are a gather of each layer (0.50) and its reduce-scatter, which gloo runs as an
-    all-reduce (1.00). NCCL's all-gather sends the same (N-1)/N.
+    Measured on 4 ranks: resharding added 1.20 model sizes per step on every rank, rank 3 too,
+    and 0.80 on 3 ranks, with 8 all-gathers for 4 layers instead of 4 and the same 4
+    reduce-scatters. The difference is the backward's gather of each layer, and its size is
+    set by FSDP2's layout (question fsdp_1): a (5, 8192) weight is cut into pieces of ceil(5 /
+    4) = 2 rows and every shard is padded to 2 rows, the empty one too, so that the all-gather
+    moves equal pieces, 8 rows in all. In gloo's all-gather each rank sends N - 1 = 3 such
+    pieces, 6 rows of a 5-row layer: 6/5 = 1.20 of the model (on 3 ranks 2 pieces of 2 rows,
+    4/5). a) is (N-1)/N of the unpadded weight, 3/4, what a gather sends when N divides the
+    rows (0.50 on 2 ranks with the cell's square layers). b) a layer freed after its
+    forward is not there for its backward, which needs its parameters: it must be gathered a
+    second time. d) counts the forward's padded gather too, 2 x 6/5, but it runs either way:
+    between steps a rank holds only its shards, whatever the flag. The reduce-scatters do not
+    change. The cell's 1.50 model sizes on 2 ranks without resharding are a gather of each
+    layer (0.50) and its reduce-scatter, which gloo runs as an all-reduce (1.00). FSDP2 pads
+    the same way on GPUs, and NCCL's ring all-gather also sends N - 1 pieces per rank.
     """,
     giveaways=(
-        r"added 0\.50 model sizes",
-        r"63/64 = 0\.98",
-        r"only difference\s+is the backward's gather",
+        r"added 1\.20 model sizes",
+        r"6/5 = 1\.20",
+        r"padded to 2 rows, the empty one",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on 2 ranks without resharding after forward: the bytes a rank sent in one
-# forward and backward, in model sizes. `fsdp.traffic_on_ranks(world_size,
-# reshard_after_forward=...)` returns them split into forward and backward, with the
-# collectives FSDP2 called.
+# **Measure it**, on 2 ranks without resharding after forward, each of 4 square (256, 256)
+# layers a unit: the bytes a rank sent in one forward and backward, in model sizes.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 sent = fsdp.traffic_on_ranks(2, reshard_after_forward=False)
@@ -658,13 +661,12 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_6_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, without the prefetch (`forward_prefetch=0`; a number k makes each layer name
-# the k layers after it): the order in which rank 0 issued all-gathers and ran each unit's
-# matmuls in forward (units named by their index in the `nn.Sequential`), and the peak of
-# unsharded bytes in each pass, in layers.
+# **Measure it**, without the prefetch: the order in which rank 0 issued all-gathers and ran
+# each unit's matmuls in forward (units named by their index in the `nn.Sequential`), and the
+# peak of unsharded bytes in each pass, in layers.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-timeline = fsdp_timeline.prefetch_on_ranks(2, forward_prefetch=0)[0]
+timeline = fsdp_timeline.prefetch_on_ranks(2)[0]
 events = timeline["events"]
 backward_start = min(start for what, _, start, _ in events if what == "pre_backward")
 print(fsdp_timeline.gather_order(events, backward_start))
@@ -804,12 +806,12 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_8_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on 2 ranks without the policy (`param_dtype=None`; `"bf16"` sets the policy
-# above): the bytes per model parameter a rank holds after an Adam step, their dtypes, and the
-# peak of unsharded bytes per model parameter during the next step.
+# **Measure it**, on 2 ranks without the policy: the bytes per model parameter a rank holds
+# after an Adam step, their dtypes, and the peak of unsharded bytes per model parameter during
+# the next step.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_8_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-held = fsdp_precision.held_on_ranks(2, param_dtype=None)[0]
+held = fsdp_precision.held_on_ranks(2)[0]
 print({k: held[k] for k in ("params", "grads", "state", "peak unsharded")}, "bytes per parameter")
 print("dtypes held:", held["dtypes"])
 
@@ -933,7 +935,7 @@ check_answer(
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_10_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for scale in (1.0, 1024.0):
-    print(scale, fsdp_precision.underflow(scale, "fp16"))
+    print(scale, fsdp_precision.underflow(scale))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 2: mixed precision

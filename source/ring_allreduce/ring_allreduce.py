@@ -82,10 +82,10 @@ print(f"rank {rank} of {world_size} holds {t.item()}")
 # take far less than that to send, so the ring's time is its number of steps times 20 us.
 # About how long does the all-reduce take?
 #
-# * a) 0.24 ms: 12 steps, two for each doubling of the number of ranks.
-# * b) 40.3 ms: 2016 steps, one for each pair of ranks.
-# * c) 1.26 ms: 63 steps, one for each rank other than your own.
-# * d) 2.52 ms: 126 steps, two for each rank other than your own.
+# * a) 0.24 ms: 12 steps.
+# * b) 40.3 ms: 2016 steps.
+# * c) 1.26 ms: 63 steps.
+# * d) 2.52 ms: 126 steps.
 #
 # Set `answer_ring_1` to your letter and run the cell below it.
 
@@ -117,7 +117,8 @@ check_answer(
     from each rank to its neighbour at once. c) 63 steps is the reduce-scatter alone: after
     it each rank holds one finished chunk, not all N. a) 2 log2 N steps belongs to recursive
     halving and doubling (Rabenseifner's all-reduce), not to the ring: it gives 4 steps on 4
-    ranks, where the animation counts 6.
+    ranks, where the animation counts 6. The animation names no phase: that a chunk is
+    complete after N-1 steps, and spread after N-1 more, is for its grid to show.
     """,
     giveaways=(
         r"2\.52 ms",

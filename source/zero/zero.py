@@ -87,10 +87,10 @@ for numel, n in ((12, 4), (10, 4), (3, 4)):
 #   shards travel round the ring, copied, until every rank holds all of them.
 
 # %% nbgrader={"grade": false, "grade_id": "watch_reduce_scatter", "locked": true, "schema_version": 3, "solution": false, "task": false}
-widgets.half_widget("reduce-scatter", world_size=4, formulas=False, resizable=False)
+widgets.half_widget("reduce-scatter", world_size=4, numel=12, formulas=False, resizable=False)
 
 # %% nbgrader={"grade": false, "grade_id": "watch_all_gather", "locked": true, "schema_version": 3, "solution": false, "task": false}
-widgets.half_widget("all-gather", world_size=4, formulas=False, resizable=False)
+widgets.half_widget("all-gather", world_size=4, numel=12, formulas=False, resizable=False)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_1: what must a reduce-scatter send?
@@ -98,15 +98,15 @@ widgets.half_widget("all-gather", world_size=4, formulas=False, resizable=False)
 # *Difficulty 2/3*
 #
 # A reduce-scatter leaves each rank with the sum, over all ranks, of its own shard of a
-# tensor, and nothing else. On **64** ranks, each holding a 1 GB gradient, the shards are
-# uneven: rank 0's shard is **40%** of the tensor, and the 63 other ranks' shards split the
-# rest equally. What is the least that rank 0 must send, whatever the algorithm (without
-# compression)?
+# tensor, and nothing else. On **8** ranks, each holding a 1 GB gradient, the shards are
+# uneven: rank 0's shard is **40%** of the tensor, and the 7 other ranks' shards split the
+# rest equally (3/35 each). Whatever the algorithm (without compression), some rank sends
+# the most: at best, how much does that rank send, and which rank is it?
 #
-# * a) 0.40 GB: one shard's worth, the size of what it ends with.
-# * b) 1.97 GB: as much as an all-reduce, like gloo's own collective.
-# * c) 0.98 GB: 63/64 of its gradient, as each rank of a ring sends.
-# * d) 0.60 GB: each of its chunks that another rank ends up summing.
+# * a) 0.60 GB, from rank 0: the rank whose shard is the largest.
+# * b) 1.75 GB, from every rank: an all-reduce's, like gloo's own.
+# * c) 0.88 GB, from every rank: what each rank of a ring sends.
+# * d) 0.91 GB, from each other rank: those with the small shards.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_1_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_zero_1 = ""  # your answer: one letter, "a" to "d"
@@ -123,25 +123,27 @@ check_answer(
     choices="abcd",
     key="d",
     explanation="""
-    Rank 0's tensor holds a part of every rank's shard, and no other rank has that part:
-    the sum in shard c needs rank 0's chunk c, and no other shard needs it (measured:
-    changing chunk c of rank 0's tensor changes rank c's shard and no other, for every c).
-    So each of rank 0's chunks of the 63 other shards must leave rank 0 in some form, added
-    to other ranks' parts on the way (as a ring does) or straight to its owner: everything
-    outside its own 40%, 0.60 GB, however many ranks there are. And that much is enough:
-    measured on 8 ranks with rank 0's shard 40% of the tensor and the 7 others 3/35 each,
-    a ring reduce-scatter cut at those shards sends 0.6 of the tensor from rank 0 (every
-    chunk but its own) and 32/35 from each other rank. c) is a ring's 63/64 on even
-    shards, carried over: a ring rank sends all but its own shard, and rank 0's own is no
-    longer 1/64. a) counts the shard rank 0 keeps, which never has to leave it, not the
-    parts it must give away. b) is what gloo's reduce_scatter_tensor sends (1.75 of the
-    tensor on 8 ranks, measured: an all-reduce's bytes), more than it must; NCCL's
-    reduce-scatter is a ring half (on GPUs; not measured here).
+    Every rank's tensor holds a part of every rank's shard, and no other rank has that
+    part: the sum in shard c needs chunk c of each rank's tensor, and no other shard needs
+    it (measured on 8 ranks with these shards: changing chunk c of rank 0's tensor changes
+    rank c's shard and no other, for every c; and the same for rank 1's). So every chunk
+    of a rank's tensor outside its own shard must leave that rank in some form, added to
+    other ranks' parts on the way (as a ring does) or straight to its owner: 1 minus its
+    own shard. Rank 0 keeps 40% and must send 0.60 GB, but each of the 7 others keeps only
+    3/35 and must send 32/35 of 1 GB, 0.91 GB: the ranks with the smallest shards are the
+    busiest. And that much is enough: a ring reduce-scatter cut at those shards, measured,
+    sends 0.6 of the tensor from rank 0 and 32/35 from each other rank. a) is rank 0's
+    bound, the least busy rank's: the rank with the largest shard has the least to give.
+    c) is a ring's 7/8 on even shards, carried over; on these shards no rank sends 7/8.
+    b) is what gloo's reduce_scatter_tensor sends (1.75 of the tensor on 8 ranks,
+    measured: an all-reduce's bytes), more than it must; NCCL's reduce-scatter is a ring
+    half (on GPUs; not measured here).
     """,
     giveaways=(
-        r"0\.60 GB",
-        r"outside its own 40",
-        r"each of its chunks that another rank",
+        r"0\.91 GB",
+        r"32/35",
+        r"smallest shards are the\s+busiest",
+        r"those with the small shards",
     ),
 )
 ### END HIDDEN TESTS
@@ -680,9 +682,10 @@ check_answer(
     casts to 1.79e-7, three steps of float16's smallest subnormal (5.96e-8), and an eighth
     of that is below half a step, so it rounds to 0 on every rank and the sum is 0 (not c).
     On 2 ranks the same y survives, as 2.38e-7: what underflows depends on the world size,
-    not only on the value. The default measurement shows the range on 2 ranks: 1e5 and
-    65520 overflow in the cast itself, 2e-8 rounds to 0, while 65504 comes back whole,
-    because its half is summed. Mixed precision training scales the loss for this reason.
+    not only on the value. The default measurement, at ordinary values on 2 ranks, shows
+    only the cast's rounding (the hook gives back exactly what the cast holds): halving is
+    exact there, so it cannot tell dividing first from summing first. Mixed precision
+    training scales the loss for this reason.
     """,
     giveaways=(
         r"x comes back near 2e4; y comes back as 0",
@@ -694,18 +697,19 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_6_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**: the gradient of `w . x` is `x`, so feeding values as `x` on every rank makes
-# them the gradient, without and with the hook. Change the values and `world_size` (up to 8)
-# to see what the hook does elsewhere.
+# **Measure it**: float16's range, and what a cast alone does to each value on one rank. Then
+# the gradient of `w . x` is `x`, so feeding values as `x` on every rank makes them the
+# gradient, without and with the hook. Change the values and `world_size` (up to 8) to see
+# what the hook does elsewhere.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_fp16([1e5, 65504.0, 65520.0, 3.0, 2e-6, 2e-8], world_size=2)
+zero_report.report_fp16([3.0, 0.1, 1e-3, 1e-5], world_size=2)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_3_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 3 (optional): error feedback
 #
-# Plain fp16 compression loses the gradient elements too small for float16 (question zero_6
-# measured which), at every step: if the gradients stay that small, the weights never move.
+# Plain fp16 compression can lose small gradient elements, and it loses them at every step:
+# if the gradients stay that small, the weights never move.
 # **Error feedback** (Seide et al. 2014; Karimireddy et al. 2019) keeps what compression
 # dropped and adds it to the next step's gradient before compressing: small gradients
 # accumulate until they are large enough to send.
