@@ -73,8 +73,9 @@ def memory() -> dict[str, list[dict[str, int]]]:
 
 def test_fsdp_2_one_unit_is_sharded_between_steps(memory) -> None:
     """With one unit on the whole model, does a rank hold 16 / N bytes per parameter between
-    steps (2 + 2 + 4 on 2 ranks, 1 + 1 + 2 on 4), as with a unit per layer (the cell's case),
-    and not 16 (a replica), 4 + 12 / N (a whole gradient) or 8 + 8 / N (ZeRO-1's count)?"""
+    steps (2 + 2 + 4 on 2 ranks, 1 + 1 + 2 on 4), as with a unit per layer, and not 16 (a
+    replica), 4 + 12 / N (a whole gradient) or 8 + 8 / N (ZeRO-1's count)? The cell prints the
+    one unit's parameters on 2 ranks only: 1/N of the model, which leaves b and d open."""
     runs = {
         (4, "layer"): memory["per layer"],
         (4, "whole"): memory["one unit"],
@@ -107,6 +108,8 @@ def test_fsdp_2_one_unit_is_sharded_between_steps(memory) -> None:
     for (n, _), rs in runs.items():
         for r in rs:
             assert r["params"] == r["grads"] == r["state"] // 2 == r["model"] // n
+    cell = runs[2, "whole"][0]  # the cell prints the parameters alone: 4 / N bytes, as b and d say
+    assert cell["params"] / (cell["model"] / 4) == 4 / 2
 
 
 @pytest.fixture(scope="module")

@@ -199,12 +199,13 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on 2 ranks with each layer a unit of its own: the bytes a rank holds after an
-# Adam step, and the model's full size.
+# **Measure it**, on 2 ranks with the whole model one unit, as in the question: the bytes of
+# parameters a rank holds after an Adam step, beside the model's full size. What its gradients
+# and Adam's state come to is the question's.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-held = fsdp.memory_on_ranks(2)[0]
-print({k: held[k] for k in ("model", "params", "grads", "state")})
+held = fsdp.memory_on_ranks(2, per_layer=False)[0]
+print({k: held[k] for k in ("model", "params")})
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fsdp_3: what a unit's size decides
@@ -400,8 +401,7 @@ check_answer(
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_5_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**, on a model of 4 layers (2 ranks), with resharding after forward: the peak of
-# unsharded parameter bytes, in layers and in bytes, and the bytes a rank holds between steps
-# (`reshard_after_forward` is the cell's to change).
+# unsharded parameter bytes, in layers and in bytes, and the bytes a rank holds between steps.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 held = fsdp.memory_on_ranks(2, reshard_after_forward=True, depth=4)[0]

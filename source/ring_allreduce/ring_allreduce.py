@@ -237,8 +237,8 @@ print("sent " + ", ".join(sent) + "\ngot  " + ", ".join(got))
 # A message of n bytes costs about alpha + n * beta: a fixed latency alpha, plus n over the
 # link's bandwidth. The figure compares four ways to all-reduce:
 #
-# * the **ring** pays alpha once per step (question ring_1) and sends only the bytes you
-#   measured in question ring_2;
+# * the **ring** pays alpha once per step (question ring_1) and sends each rank's bytes to one
+#   neighbour only, as question ring_2's cell measured;
 # * **recursive doubling** (a tree) pays alpha only log2 N times but sends the *whole* tensor
 #   at every step;
 # * the **naive** exchange sends the whole tensor to every peer;
@@ -266,7 +266,8 @@ cost.cost_figure(world_size=4, by_world_size=False)
 # ```
 #
 # On 8 gloo ranks, with a tensor of a single element, how many ranks **at the fewest** must
-# call `recv` first (the others calling `send` first) for the step to finish?
+# call `recv` first (the others calling `send` first) for the step to finish at all, on every
+# rank, however long it takes?
 #
 # * a) None: so small a message is buffered, and every `send` returns at once.
 # * b) 4: every rank that sends first needs a neighbour that receives first.
