@@ -194,13 +194,17 @@ def ring_widget(
     """The reference ring from the simulator, with world_size and numel controls;
     ``formulas=False`` leaves out the closed forms a question asks for, and
     ``resizable=False`` the size controls, for a picture of one world size only."""
+    _check_world_size(world_size)
+    numel = default_numel(world_size) if numel is None else numel
+    trace = ring_trace(world_size, numel, itemsize)
+    return RingWidget(trace, "reference ring", simulate=resizable, formulas=formulas)
+
+
+def _check_world_size(world_size: int) -> None:
     if not 2 <= world_size <= MAX_WORLD_SIZE:
         raise ValueError(
             f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, got world_size={world_size}"
         )
-    numel = default_numel(world_size) if numel is None else numel
-    trace = ring_trace(world_size, numel, itemsize)
-    return RingWidget(trace, "reference ring", simulate=resizable, formulas=formulas)
 
 
 def default_numel(world_size: int) -> int:
@@ -268,9 +272,9 @@ class HalfWidget(RingWidget):
         self.load(half_trace(self.half, *size))  # type: ignore[arg-type]
 
     def _whole(self) -> str:
-        view = self.view
         if not self.formulas:
-            return f"(the tensor: {view.trace.nbytes:,} B)"
+            return super()._whole()
+        view = self.view
         return f"(a whole {self.half}: (N-1)/N x {view.trace.nbytes:,} B = {view.formula:,.0f} B)"
 
     def _report(self, step: int) -> str:
@@ -288,10 +292,7 @@ def half_widget(
     ``formulas`` and ``resizable`` as for :func:`ring_widget`."""
     from course.ring.halves import half_trace
 
-    if not 2 <= world_size <= MAX_WORLD_SIZE:
-        raise ValueError(
-            f"the widget draws 2 to {MAX_WORLD_SIZE} ranks, got world_size={world_size}"
-        )
+    _check_world_size(world_size)
     numel = default_numel(world_size) if numel is None else numel
     trace = half_trace(half, world_size, numel, 4)  # type: ignore[arg-type]
     return HalfWidget(trace, half, "reference", simulate=resizable, formulas=formulas)
