@@ -58,7 +58,8 @@ import psutil
 from traitlets.config.loader import PyFileConfigLoader
 
 import course
-from course.instructor.commands import env, gradebook_url, nbgrader
+from course.grading.gradebook import env
+from course.instructor.commands import gradebook_url, nbgrader
 from course.instructor.pipeline import prepare_course
 from course.instructor.selfstudy import grade_id
 from course.instructor.submissions import Submission, load_specs, submit

@@ -16,6 +16,7 @@ Figures only; no assertions: they depend on the machine and on whatever else it 
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import time
 from pathlib import Path
@@ -94,17 +95,21 @@ def median_launch(backend: str, world_size: int, repeat: int) -> float:
     return statistics.median(times)
 
 
-TESTS = Path(__file__).resolve().parent.parent / "tests" / "checks"
-# label: (the check in course.checks, the code it grades, the name it is handed)
+TESTS = Path(__file__).resolve().parent.parent / "tests" / "catalogues"
+# label: (the check, as lesson.name, the code it grades, the name it is handed)
 CHECKS = {
-    "ring check (world sizes 2-6)": ("check_ring_allreduce", lambda: RING, "ring_allreduce"),
+    "ring check (world sizes 2-6)": (
+        "ring_allreduce.check_ring_allreduce",
+        lambda: RING,
+        "ring_allreduce",
+    ),
     "ZeRO memory check (4 ranks)": (
-        "check_zero_memory",
+        "zero.check_zero_memory",
         lambda: (TESTS / "halves_impls.py").read_text().split("\nclass FullStateZero")[0],
         "ZeroOptimizer",
     ),
     "FSDP memory check (2 ranks)": (
-        "check_fsdp_memory",
+        "fsdp.check_fsdp_memory",
         (TESTS / "fsdp_impls.py").read_text,
         "fully_shard",
     ),
@@ -114,21 +119,22 @@ CHECKS = {
 def check_seconds(check: str, source: str, name: str) -> tuple[float, float | None]:
     """A check on the model solution: in a notebook (gloo), and as grading runs it
     (confined, so on the relay, its memory measured from outside), or None if it cannot."""
-    import course.checks
     from course.grading import sandbox
     from course.grading.rankbox import RankBox
     from course.grading.student import StudentCode
 
+    lesson, _, check_name = check.partition(".")
+    check_fn = getattr(importlib.import_module(f"course.lessons.{lesson}"), check_name)
     namespace: dict = {"__name__": "__main__"}
     exec(source, namespace)  # noqa: S102 - the course's own model solution
     start = time.perf_counter()
-    getattr(course.checks, check)(namespace[name])
+    check_fn(namespace[name])
     notebook = time.perf_counter() - start
     if not sandbox.available():
         return notebook, None
     with RankBox():
         start = time.perf_counter()
-        getattr(course.checks, check)(StudentCode(((name, source),), name))
+        check_fn(StudentCode(((name, source),), name))
     return notebook, time.perf_counter() - start
 
 

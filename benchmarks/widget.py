@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from course.pictures.widgets import RingWidget
-from course.ring.schedule import ring_trace
+from course.ring.trace import ring_trace
 
 
 def per_step_ms(widget: RingWidget, clock: Callable[[], float] = time.process_time) -> list[float]:

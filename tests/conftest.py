@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,10 @@ import pytest
 
 from course import ranks
 from course.ranks import forkserver
+
+# The catalogues of right and wrong solutions, and the quiz's helpers, for every test folder.
+CATALOGUES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "catalogues")
+sys.path.insert(0, CATALOGUES)
 
 
 def _descendants() -> set[int]:
@@ -70,10 +75,21 @@ def no_leftovers() -> Iterator[None]:
 
 @pytest.fixture
 def by_value(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Send the test module's functions to ranks by value, so ranks need not import it."""
-    cloudpickle.register_pickle_by_value(request.module)
+    """Send the test module's functions, and those of the catalogues it imports from, to
+    ranks by value, so ranks need not import them (as a notebook cell's would be)."""
+    used = {getattr(v, "__module__", None) for v in vars(request.module).values()}
+    modules = [request.module] + [
+        sys.modules[name]
+        for name in sorted(used - {None, request.module.__name__})
+        if os.path.dirname(getattr(sys.modules.get(name), "__file__", "") or "") == CATALOGUES
+    ]
+    registered = set(cloudpickle.list_registry_pickle_by_value())
+    mine = [m for m in modules if m.__name__ not in registered]
+    for module in mine:
+        cloudpickle.register_pickle_by_value(module)
     yield
-    cloudpickle.unregister_pickle_by_value(request.module)
+    for module in mine:
+        cloudpickle.unregister_pickle_by_value(module)
 
 
 @pytest.fixture

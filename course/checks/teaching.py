@@ -23,6 +23,7 @@ from course.ranks.mistakes import ABORT_HINT, hint_for
 
 __all__ = [
     "DEADLOCK_HINT",
+    "TIMEOUT",
     "CheckFailed",
     "failure_message",
     "hint_for",
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Seconds per launch of a check's ranks: DDP's first construction on a rank imports torch._dynamo.
+TIMEOUT = 30.0
 
 DEADLOCK_HINT = (
     "Every rank was waiting for another and none could go on: a deadlock. Look at the line "
@@ -162,7 +166,7 @@ def on_ranks(
     fn: Callable[..., Any],
     world_size: int,
     *args: Any,
-    timeout: float = 30.0,
+    timeout: float = TIMEOUT,
     before: Callable[[], list[str]] | None = None,
 ) -> list[Any]:
     """Run ``fn`` on fresh ranks; a crash or deadlock becomes an AssertionError naming ``name``.

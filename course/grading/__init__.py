@@ -7,3 +7,27 @@ back), ``scratch`` (one submission in a scratch course, as a uid ``slots`` lease
 replaced: ``quiz`` reads answers from the text, ``student`` and ``rankbox`` run the student's
 functions on confined ranks, in ``sandbox``; ``copies`` flags near copies of the solution).
 """
+
+__all__ = [
+    "autograder",
+    "cells",
+    "cgroups",
+    "classrun",
+    "copies",
+    "early",
+    "executors",
+    "gradebook",
+    "inert",
+    "intake",
+    "judge",
+    "limits",
+    "preload",
+    "quiz",
+    "rankbox",
+    "results",
+    "sandbox",
+    "scratch",
+    "slots",
+    "student",
+    "warm",
+]

@@ -18,10 +18,10 @@ import functools
 from collections.abc import Iterator
 from pathlib import Path
 
+from course.grading.gradebook import env
 from course.grading.sandbox import UID_ENV
 from course.grading.slots import Lease
 from course.grading.warm import run_warm
-from course.instructor.commands import env
 
 __all__ = ["arguments", "autograde_process"]
 
@@ -39,7 +39,7 @@ def arguments(scratch: Path, assignment: str, student: str) -> list[str]:
 def _rank_box(db_url: str, assignment: str, student: str, root: str) -> Iterator[None]:
     """In the grading child: the judge's forkserver, started ahead (the coordinator that
     imports this module never imports the judge, nor torch)."""
-    from course.grading.preload import rank_box_started
+    from course.grading.early import rank_box_started
 
     with rank_box_started(db_url, assignment, student, root):
         yield

@@ -28,11 +28,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from course.grading.executors import Executor, LocalPool, executor_for
+from course.grading.gradebook import open_gradebook
 from course.grading.intake import Rejected, inspect, read_inert
 from course.grading.results import WRITING, merge
 from course.grading.scratch import course_task, trimmed_gradebook
 from course.grading.warm import warm_up
-from course.instructor.commands import open_gradebook
 
 __all__ = ["Outcome", "autograde_class", "main", "submission_digest"]
 

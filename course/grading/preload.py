@@ -11,24 +11,18 @@ the judge takes it over.
 from __future__ import annotations
 
 import ast
-import contextlib
-import sys
-import warnings
-from collections.abc import Iterator
-from pathlib import Path
+import importlib
 from typing import Any
 
-from course import checks
 from course.checks.refusals import Refusal
+from course.exports import module_of
 from course.grading.student import parse_cell
 
 __all__ = [
     "NO_DDP",
     "POINT_TO_POINT",
     "box_options",
-    "rank_box_started",
     "rank_imports",
-    "start_rank_box",
 ]
 
 
@@ -65,58 +59,44 @@ def _trains_ddp(sub: Any) -> bool:
 
 def rank_imports(sub: Any) -> tuple[str, ...]:
     """What every rank of ``sub`` would import on its own: the modules of the instructor's
-    setup cells (a ``from a import b`` may name the submodule ``a.b``) and those of the
-    built-ins the called checks refuse. Its forkserver imports them once instead (a name
-    that is no module fails to import there, harmlessly); nothing here is the student's."""
-    modules = []
+    setup cells (for a ``from a import b``, also the module ``b`` lives in: a lesson exports
+    each name from its own module, ``course.exports``) and those of the built-ins the called
+    checks refuse. Its forkserver imports them once instead (a name that is no module fails
+    to import there, harmlessly); nothing here is the student's."""
+    modules, checks = [], {}
     for setup in sub.setup:
         tree = parse_cell(setup)
         for node in tree.body if tree is not None else ():
             if isinstance(node, ast.Import):
                 modules += [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                modules += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                modules.append(node.module)
+                for alias in node.names:
+                    where = _module_of(node.module, alias.name)
+                    modules.append(where or f"{node.module}.{alias.name}")
+                    checks[alias.asname or alias.name] = where
     for name in sorted(_checks_called(sub)):
-        module = sys.modules.get(getattr(getattr(checks, name, None), "__module__", ""))
+        module = _imported(checks.get(name))
         refusals = [r for r in vars(module).values() if isinstance(r, Refusal)] if module else []
         modules += [target.partition(":")[0] for r in refusals for target in r.names]
     return tuple(dict.fromkeys(modules))
 
 
+def _module_of(package: str, name: str) -> str | None:
+    """The module that defines ``package``'s ``name`` (importing ``package`` only, which
+    for a lesson is its table of names); None if ``package`` is not the course's."""
+    return module_of(_imported(package), name) if package.startswith("course") else None
+
+
+def _imported(module: str | None) -> Any:
+    """The course's ``module``, imported here (in the grader: it is the instructor's code),
+    or None if it does not import."""
+    try:
+        return importlib.import_module(module) if module else None
+    except ImportError:
+        return None
+
+
 def box_options(sub: Any) -> dict[str, Any]:
     """How the submission's :class:`RankBox` is made: DDP or not, what it preloads."""
     return {"ddp": _trains_ddp(sub), "preload": rank_imports(sub)}
-
-
-def start_rank_box(db_url: str, assignment: str, student: str, root: str) -> None:
-    """Start the confined forkserver the Judge will take for ``student``'s notebook of
-    ``assignment`` now, before nbgrader's own start-up, which its imports then overlap (the
-    Judge starts another if the notebook it gets asks for a different one)."""
-    import nbformat
-    from nbgrader.api import Gradebook
-    from sqlalchemy.exc import SAWarning
-
-    from course.grading.judge import Submission
-    from course.grading.rankbox import start_early
-
-    path = Path(root) / "submitted" / student / assignment / f"{assignment}.ipynb"
-    try:
-        nb = nbformat.read(path, as_version=4)
-        with warnings.catch_warnings(action="ignore", category=SAWarning), Gradebook(db_url) as gb:
-            sub = Submission(nb, gb.find_notebook(assignment, assignment))
-    except Exception:  # noqa: BLE001 - nbgrader reads it again, and says what is wrong
-        return
-    start_early(**box_options(sub))
-
-
-@contextlib.contextmanager
-def rank_box_started(db_url: str, assignment: str, student: str, root: str) -> Iterator[None]:
-    """Within: the forkserver of :func:`start_rank_box` is started; stopped after, if the
-    Judge never took it."""
-    from course.grading.rankbox import discard_early
-
-    start_rank_box(db_url, assignment, student, root)
-    try:
-        yield
-    finally:
-        discard_early()

@@ -16,8 +16,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from course.grading.gradebook import open_gradebook
 from course.grading.intake import write_inert
-from course.instructor.commands import open_gradebook
 
 __all__ = ["WRITING", "BadResultError", "check", "merge"]
 

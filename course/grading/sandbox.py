@@ -50,6 +50,7 @@ SANDBOX_UID = 65534  # nobody: the uid when COURSE_SANDBOX_UID is unset
 # every process they own is killed after each submission (course.grading.slots).
 SLOT_UID_BASE = 62000
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
+PACKAGE = Path(__file__).resolve().parents[1]  # the course package
 # What marks a course checkout's root (never in the sandbox's view, wherever it lives).
 COURSE_MARKERS = ("source", "gradebook.db", "submitted", "autograded", "nbgrader_config.py")
 ENV_KEEP = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "NBGRADER_EXECUTION", "OMP_NUM_THREADS")
@@ -87,10 +88,8 @@ def available() -> bool:
 
 def _ro_paths() -> list[str]:
     """What the sandbox may read: system dirs, the Python install, the ``course`` package."""
-    import course
-
     paths = [p for p in SYSTEM_DIRS if os.path.exists(p) and not os.path.islink(p)]
-    paths += [sys.base_prefix, sys.prefix, str(Path(course.__file__).parent)]
+    paths += [sys.base_prefix, sys.prefix, str(PACKAGE)]
     # Other sys.path entries (editable installs) but never the cwd or a course checkout root.
     for entry in sys.path:
         if entry and os.path.isdir(entry) and not _is_course_root(entry):
@@ -106,9 +105,7 @@ def _is_course_root(path: str) -> bool:
 def _course_roots(cwd: str | None) -> list[str]:
     """The course checkouts this grader runs from: the one around the ``course`` package, and
     the one the grader's (or the sandbox's) working folder is in, wherever they live."""
-    import course
-
-    starts = [Path(course.__file__).resolve().parent, Path.cwd().resolve()]
+    starts = [PACKAGE, Path.cwd().resolve()]
     starts += [Path(cwd).resolve()] if cwd else []
     roots = {str(d) for start in starts for d in (start, *start.parents) if _is_course_root(str(d))}
     return sorted(roots - {"/"})

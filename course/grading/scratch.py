@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from course.grading.autograder import autograde_process
+from course.grading.gradebook import env
 from course.grading.intake import OUTPUT, Rejected, read_inert, write_inert
 from course.grading.slots import Lease, kill_uid, lease_uid
 from course.grading.warm import run_warm
-from course.instructor.commands import env
 
 __all__ = [
     "ATTEMPTS",
@@ -207,7 +207,7 @@ def _recorded(scratch: Path, names: tuple[str, str]) -> dict[str, Any]:
     """What nbgrader recorded in the scratch gradebook, as plain lists (grades, comments)."""
     from sqlalchemy.exc import SAWarning
 
-    from course.instructor.commands import open_gradebook
+    from course.grading.gradebook import open_gradebook
 
     student, assignment = names
     with (

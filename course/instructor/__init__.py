@@ -5,3 +5,22 @@ feedback, grades: ``python -m course.instructor.pipeline``; grading itself is
 :mod:`course.grading`), ``selfstudy`` (notebooks with instant feedback), ``hub`` (a class on
 JupyterHub), ``studentview`` (what students get).
 """
+
+__all__ = [
+    "authoring",
+    "bank",
+    "commands",
+    "cues",
+    "grades",
+    "hub",
+    "hubconfig",
+    "hubdown",
+    "lab",
+    "pipeline",
+    "reference",
+    "selfstudy",
+    "studentlab",
+    "studentview",
+    "submissions",
+    "workcopies",
+]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from course.instructor.commands import open_gradebook
+from course.grading.gradebook import open_gradebook
 from course.instructor.submissions import Submission
 
 __all__ = [

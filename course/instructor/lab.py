@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from course.instructor.commands import open_gradebook, venv_on_path
+from course.grading.gradebook import open_gradebook, venv_on_path
 from course.instructor.hubconfig import QUIET_LAB
 from course.instructor.workcopies import course_order, make_work_copies
 

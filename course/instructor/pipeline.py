@@ -27,13 +27,13 @@ import nbformat
 
 from course.grading.classrun import Outcome, autograde_class
 from course.grading.executors import Executor, executor_for
+from course.grading.gradebook import open_gradebook
 from course.instructor.bank import giveaway_leaks, items_of
 from course.instructor.commands import (
     assignments,
     execute,
     export,
     feedback,
-    open_gradebook,
     release,
     say,
 )

@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
-from course.instructor.commands import open_gradebook
+from course.grading.gradebook import open_gradebook
 from course.instructor.selfstudy import grade_id, quiz_items
 
 __all__ = ["SPECS", "Submission", "assemble", "load_specs", "submit"]

@@ -9,23 +9,35 @@ against the ring's closed form (``course.ring.schedule.ring_bytes_formula``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import plotly.graph_objects as go
 
-from course.pictures.style import BAD, FULL, INK, NODE, colorscale
+from course.pictures.style import BAD, FULL, INK, NODE, Sizes, colorscale
 
-if TYPE_CHECKING:
-    from course.pictures.view import RingView
-
-__all__ = ["DYNAMIC", "base_figure"]
+__all__ = ["DYNAMIC", "RingLike", "base_figure"]
 
 # Trace indices in the figure; the dynamic ones change from step to step.
 RING, ARROWS, BAD_ARROWS, WAITING, LABELS, RANKS, GRID, RECEIVED, BYTES, FORMULA = range(10)
 DYNAMIC = (ARROWS, BAD_ARROWS, WAITING, LABELS, RANKS, GRID, RECEIVED, BYTES)
 
 
-def base_figure(view: RingView) -> go.Figure:
+class RingLike(Protocol):
+    """What the figure reads of a view (``course.pictures.view.RingView`` and its halves)."""
+
+    n: int  # ranks
+    pos: list[tuple[float, float]]  # each rank's place on the circle
+    size: Sizes  # marker and font sizes for N ranks
+    formula: float  # the closed form's bytes per rank
+    formulas: bool  # whether the picture may show closed forms
+    last: int  # the last step
+
+    def sent(self, step: int) -> list[int]:
+        """Bytes each rank has sent after ``step`` steps."""
+        ...
+
+
+def base_figure(view: RingLike) -> go.Figure:
     """The figure at step 0, with every trace (in the order of the indices above)."""
     fig = go.Figure(layout=layout(view))
     for trace in (
@@ -41,13 +53,13 @@ def base_figure(view: RingView) -> go.Figure:
     return fig
 
 
-def _ring(view: RingView) -> go.Scatter:
+def _ring(view: RingLike) -> go.Scatter:
     xs, ys = zip(*view.pos, view.pos[0], strict=False)
     line = {"color": "#d0d0d0", "width": 1}
     return go.Scatter(x=xs, y=ys, mode="lines", line=line, hoverinfo="skip", showlegend=False)
 
 
-def _arrows(view: RingView) -> list[go.Scatter]:
+def _arrows(view: RingLike) -> list[go.Scatter]:
     """This step's messages, those that depart from the ring, and blocked receives."""
     kinds = (
         ("message of this step (cK: carries chunk K)", INK, "solid"),
@@ -68,14 +80,14 @@ def _arrows(view: RingView) -> list[go.Scatter]:
     ]
 
 
-def _labels(view: RingView) -> go.Scatter:
+def _labels(view: RingLike) -> go.Scatter:
     font = {"size": view.size.label_font, "color": INK}
     return go.Scatter(
         x=[], y=[], mode="text", textfont=font, hoverinfo="skip", showlegend=False
     )  # fmt: skip
 
 
-def _ranks(view: RingView) -> go.Scatter:
+def _ranks(view: RingLike) -> go.Scatter:
     xs, ys = zip(*view.pos, strict=True)
     return go.Scatter(
         x=xs,
@@ -89,7 +101,7 @@ def _ranks(view: RingView) -> go.Scatter:
     )
 
 
-def _grid(view: RingView) -> go.Heatmap:
+def _grid(view: RingLike) -> go.Heatmap:
     n = view.n
     ticks = list(range(1, n + 1)) if n <= 8 else sorted({1, n // 4, n // 2, 3 * n // 4, n})
     names = {1: "own only", n: f"all {n}: fully reduced"}
@@ -119,7 +131,7 @@ def _grid(view: RingView) -> go.Heatmap:
     )
 
 
-def _received(view: RingView) -> go.Scatter:
+def _received(view: RingLike) -> go.Scatter:
     return go.Scatter(
         x=[],
         y=[],
@@ -132,7 +144,7 @@ def _received(view: RingView) -> go.Scatter:
     )
 
 
-def _bytes(view: RingView) -> list[go.BaseTraceType]:
+def _bytes(view: RingLike) -> list[go.BaseTraceType]:
     n = view.n
     bars = go.Bar(
         x=list(range(n)),
@@ -159,7 +171,7 @@ def _bytes(view: RingView) -> list[go.BaseTraceType]:
     return [bars, formula]
 
 
-def layout(view: RingView) -> go.Layout:
+def layout(view: RingLike) -> go.Layout:
     """Three panels: the ring (left), the chunks (top right), the bytes (bottom right)."""
     n, tick = view.n, view.size.tick
     # Before the questions the bytes axis follows the bars step by step: a range fixed at the

@@ -1,6 +1,6 @@
 """What the picture says about a run that is not a ring: deviations, collapsed and in order.
 
-``course.ring.trace.ring_violations`` lists every departure rank by rank; on 16 or 32 ranks
+``course.ring.verdict.ring_violations`` lists every departure rank by rank; on 16 or 32 ranks
 the same mistake repeats on every rank. Here each repeated deviation becomes one line with a
 count, and a rank that never finished is reported once, as blocked, without the message
 counts that follow from it (a rank stuck in its first receive did not "make 1 receive").

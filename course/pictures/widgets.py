@@ -22,8 +22,7 @@ import plotly.graph_objects as go
 from course.pictures.figures import RingView
 from course.pictures.style import BAD, runs_text
 from course.ranks.wording import count
-from course.ring.schedule import ring_trace
-from course.ring.trace import Trace
+from course.ring.trace import Trace, ring_trace
 
 __all__ = [
     "HalfWidget",

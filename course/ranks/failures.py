@@ -2,7 +2,7 @@
 
 Plain data, no processes and no torch: the launcher fills these in (``course.ranks.report``
 decides each failure's kind and which frames are the user's) and every check turns a
-:class:`RankError` into its teaching message with ``course.checks.failures``.
+:class:`RankError` into its teaching message with ``course.checks.teaching``.
 """
 
 from __future__ import annotations

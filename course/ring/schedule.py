@@ -22,12 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from course.ring.trace import Trace
 
 __all__ = [
     "Phase",
@@ -39,7 +36,6 @@ __all__ = [
     "recv_peer",
     "ring_bytes_formula",
     "ring_bytes_per_rank",
-    "ring_trace",
     "send_chunk",
     "send_peer",
     "simulate",
@@ -115,30 +111,6 @@ def ring_bytes_formula(size_bytes: float, world_size: int) -> float:
     """The textbook bytes each rank sends in the ring, for a tensor of ``size_bytes``."""
     _check_world_size(world_size)
     return 2 * (world_size - 1) / world_size * size_bytes
-
-
-def ring_trace(world_size: int, numel: int, itemsize: int = 4) -> Trace:
-    """The trace a recorder would record of the reference ring run on encoded inputs.
-
-    Every step gives each rank one send and one receive (``order`` = step). A payload's
-    ``holds`` is the mask it carries; an empty chunk is still sent, as a 0-element message
-    whose ``offset`` and ``holds`` are ``None`` (nothing to decode). Practical up to N ~ 64.
-    """
-    from course.ring.trace import Message, Trace  # here: course.ring.trace imports this module
-
-    bounds = chunk_bounds(numel, world_size)
-    messages: list[Message] = []
-    for s in range(num_steps(world_size)):
-        for r in range(world_size):
-            c = send_chunk(r, s, world_size)
-            lo, hi = bounds[c]
-            holds = expected_holds(r, s, world_size) if hi > lo else None
-            offset = lo if hi > lo else None
-            n = hi - lo
-            nxt = send_peer(r, world_size)
-            messages.append(Message(r, nxt, "send", s, n, n * itemsize, offset, holds))
-            messages.append(Message(nxt, r, "recv", s, n, n * itemsize, offset, holds))
-    return Trace(world_size, numel, itemsize, tuple(messages))
 
 
 def expected_holds(rank: int, step: int, world_size: int, direction: int = 1) -> int:

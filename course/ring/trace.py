@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from course.ring.schedule import chunk_bounds
+from course.ring.schedule import chunk_bounds, expected_holds, num_steps, send_chunk, send_peer
 
 __all__ = [
     "Message",
@@ -34,6 +34,7 @@ __all__ = [
     "encoded_value",
     "full_mask",
     "ranks_in",
+    "ring_trace",
     "steps",
 ]
 
@@ -172,3 +173,25 @@ def chunk_states(trace: Trace) -> list[list[list[int]]]:
                         state[r][c] |= m.holds
         states.append([row[:] for row in state])
     return states
+
+
+def ring_trace(world_size: int, numel: int, itemsize: int = 4) -> Trace:
+    """The trace a recorder would record of the reference ring run on encoded inputs.
+
+    Every step gives each rank one send and one receive (``order`` = step). A payload's
+    ``holds`` is the mask it carries; an empty chunk is still sent, as a 0-element message
+    whose ``offset`` and ``holds`` are ``None`` (nothing to decode). Practical up to N ~ 64.
+    """
+    bounds = chunk_bounds(numel, world_size)
+    messages: list[Message] = []
+    for s in range(num_steps(world_size)):
+        for r in range(world_size):
+            c = send_chunk(r, s, world_size)
+            lo, hi = bounds[c]
+            holds = expected_holds(r, s, world_size) if hi > lo else None
+            offset = lo if hi > lo else None
+            n = hi - lo
+            nxt = send_peer(r, world_size)
+            messages.append(Message(r, nxt, "send", s, n, n * itemsize, offset, holds))
+            messages.append(Message(nxt, r, "recv", s, n, n * itemsize, offset, holds))
+    return Trace(world_size, numel, itemsize, tuple(messages))

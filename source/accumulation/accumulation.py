@@ -43,13 +43,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from course.experiments import accumulation, sampler
-from course.checks import (
+from course.lessons.accumulation import (
     check_accumulation_syncs,
     check_accumulation_values,
     check_answer,
     check_sampler_indices,
     check_train_uneven,
+    experiment,
+    sampler,
 )
 from course.ranks import RankError, launch, run
 
@@ -117,8 +118,8 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.experiments.accumulation.accumulation_counts` runs the loop on 2 ranks
-# with a comm hook that counts DDP's all-reduces (`course.experiments.accumulation.counting_hook`),
+# **Measure it.** `course.lessons.accumulation.experiment.accumulation_counts` runs the loop on 2 ranks
+# with a comm hook that counts DDP's all-reduces (`course.lessons.accumulation.experiment.counting_hook`),
 # for K = 3 and K = 6 micro-batches, once without and once with `no_sync` on all but the last,
 # and compares the accumulated `.grad` of both runs. Its `sync_first` puts the one synced
 # backward first; it also returns each micro-batch's local gradient (`local_grads`).
@@ -127,7 +128,7 @@ check_answer(
 for k in (3, 6):
     grads = {}
     for use_no_sync in (False, True):
-        r = run(accumulation.accumulation_counts, 2, use_no_sync, k)[0]
+        r = run(experiment.accumulation_counts, 2, use_no_sync, k)[0]
         grads[use_no_sync] = torch.tensor(r["grad"])
         print(f"K = {k}, no_sync on all but the last: {use_no_sync!s:5}  all-reduces per backward "
               f"{r['allreduces_per_backward']}")
@@ -190,7 +191,7 @@ check_answer(
 # `accumulation_counts` also takes `k` and the loss's `reduction`.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-r = run(accumulation.accumulation_counts, 2, True, 3)[0]
+r = run(experiment.accumulation_counts, 2, True, 3)[0]
 got, want = torch.tensor(r["grad"]), torch.tensor(r["large_batch_grad"])
 ratio = (got / want)[want.abs() > 1e-3]  # elements of the large-batch gradient that are not ~0
 print(f"K = 3: .grad / large-batch gradient over {ratio.numel()} elements: "
@@ -256,7 +257,7 @@ check_answer(
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** The indices `DistributedSampler` gives each rank without shuffling
-# (`course.experiments.sampler.sampler_split`) for 11 samples on 4 ranks, 7 on 3 and 3 on 4,
+# (`course.lessons.accumulation.sampler.sampler_split`) for 11 samples on 4 ranks, 7 on 3 and 3 on 4,
 # with and without `drop_last`, and the picture of the first (an x marks a sample read a
 # second time). `sampler_split` takes `shuffle` too, and `sampler.seeded_split` sets each
 # rank's seed and the epoch.
@@ -318,7 +319,7 @@ check_answer(
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** Rank 0's order in 3 epochs, for 12 samples on 3 ranks, without and with
-# `set_epoch` (`course.experiments.sampler.epoch_orders`); then the three ranks' shares in one
+# `set_epoch` (`course.lessons.accumulation.sampler.epoch_orders`); then the three ranks' shares in one
 # epoch, every rank with the default seed 0 (`sampler.seeded_split`, which takes a seed per
 # rank).
 
@@ -390,13 +391,13 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_5_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** The loop of `course.experiments.accumulation.uneven_loop` on 2 ranks with 4
+# **Measure it.** The loop of `course.lessons.accumulation.experiment.uneven_loop` on 2 ranks with 4
 # batches on rank 0 and 2 on rank 1, no `Join`, launched with a 5 s gloo timeout
 # (`pg_timeout`) instead of the default 30 minutes. The launcher's report says what each rank
 # was doing. `uneven_loop`'s `then` sets what a rank does once its batches are done.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-result = launch(accumulation.uneven_loop, 2, (4, 2), False, timeout=60, pg_timeout=5)
+result = launch(experiment.uneven_loop, 2, (4, 2), False, timeout=60, pg_timeout=5)
 print(f"finished: {result.ok} after {result.elapsed:.1f} s")
 print(f"rank 1 returned: {result.results[1]}")
 print(RankError(result) if not result.ok else "")
@@ -457,14 +458,14 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_6_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.experiments.accumulation.uneven_loop` with `Join` and the SGD step
+# **Measure it.** `course.lessons.accumulation.experiment.uneven_loop` with `Join` and the SGD step
 # (`lr` 0.1, weights from 0), on **3** ranks holding 3, 2 and 1 batches: each rank's input,
 # `.grad` and weights step by step inside the `with` block. Its last entry holds the weights
 # after the block; it takes the batches per rank, the `lr` and Join's
 # `divide_by_initial_world_size`.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for rank, steps in enumerate(run(accumulation.uneven_loop, 3, (3, 2, 1), True, "return", 0.1)):
+for rank, steps in enumerate(run(experiment.uneven_loop, 3, (3, 2, 1), True, "return", 0.1)):
     for i, s in enumerate(steps[:-1]):  # the last entry, after the with block, is not printed
         print(f"rank {rank}, step {i + 1}: input {s['local']}  .grad {[round(g, 4) for g in s['grad']]}"
               f"  weights {[round(w, 4) for w in s['weight']]}")
@@ -525,7 +526,7 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_7_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.experiments.accumulation.unused_parameter_steps`: a module whose
+# **Measure it.** `course.lessons.accumulation.experiment.unused_parameter_steps`: a module whose
 # `forward` never uses its second head, on 3 ranks (rank r's input `r + 1`), two steps with and
 # without `find_unused_parameters`: the used head's `.grad` (or the error) and the unused
 # head's `.grad`.
@@ -533,7 +534,7 @@ check_answer(
 # %% nbgrader={"grade": false, "grade_id": "accumulation_7_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for find in (False, True):
     print(f"find_unused_parameters={find}")
-    for rank, steps in enumerate(run(accumulation.unused_parameter_steps, 3, find)):
+    for rank, steps in enumerate(run(experiment.unused_parameter_steps, 3, find)):
         for i, s in enumerate(steps):
             got = s["error"].split(". ")[0] if "error" in s else (
                 f"used .grad {s['grad']}  unused .grad {s['unused_grad']}")
@@ -595,7 +596,7 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_8_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.experiments.accumulation.swapped_all_reduce` on 2 ranks: rank r's loss
+# **Measure it.** `course.lessons.accumulation.experiment.swapped_all_reduce` on 2 ranks: rank r's loss
 # sum is `5 + r` and its count `1000 (r + 1)`, and rank 1 reduces them in the opposite order to
 # rank 0. The cell prints whether every rank returned, and any error; then two other mismatches
 # for comparison: different sizes, and `all_reduce` against `broadcast` (5 s timeout).
@@ -603,7 +604,7 @@ check_answer(
 # which ranks swap and whether the counts differ per rank.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_8_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-result = launch(accumulation.swapped_all_reduce, 2, 5.0, 1000.0, timeout=30, pg_timeout=5)
+result = launch(experiment.swapped_all_reduce, 2, 5.0, 1000.0, timeout=30, pg_timeout=5)
 print(f"swapped_all_reduce: after {result.elapsed:.1f} s, every rank returned: {result.ok}")
 for rank, failure in sorted(result.failures.items()):
     print(f"  {failure}"[:160])
@@ -675,11 +676,11 @@ check_answer(
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_9_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** The masks of `nn.functional.dropout(torch.ones(12), 0.5)` on 3 ranks, drawn after
 # `torch.manual_seed(0)` on every rank and after building a DDP model
-# (`course.experiments.accumulation.dropout_masks`, which can also seed each rank with its
+# (`course.lessons.accumulation.experiment.dropout_masks`, which can also seed each rank with its
 # rank).
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_9_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-masks = run(accumulation.dropout_masks, 3, False)
+masks = run(experiment.dropout_masks, 3, False)
 print("seed = 0 on every rank: " + "\n                        ".join(
     f"rank {r} {m}" for r, m in enumerate(masks)))
 
@@ -739,14 +740,14 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_10_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.experiments.accumulation.clipped_norms` on 3 ranks: the norm `clip_grad_norm_`
+# **Measure it.** `course.lessons.accumulation.experiment.clipped_norms` on 3 ranks: the norm `clip_grad_norm_`
 # returns, the rank's local gradient norm, the large-batch norm from one process, and the
 # collectives recorded during the clip (`course.ring.recorder.Recorder`), after one plain DDP
 # backward. `accumulation_counts(..., max_norm_ratio=..., samples=...)` clips after K
 # accumulated micro-batches instead, and returns `.grad` before and after the clip.
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_10_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for r in run(accumulation.clipped_norms, 3):
+for r in run(experiment.clipped_norms, 3):
     print(f"rank {r['rank']}: clip_grad_norm_ saw {r['norm']:.4f}   local gradient norm "
           f"{r['local_norm']:.4f}   large-batch norm {r['large_batch_norm']:.4f}   "
           f"collectives during the clip: {r['collectives']}")
@@ -811,7 +812,7 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "accumulation_11_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.experiments.accumulation.batchnorm_buffers` on 2 ranks, with batch means
+# **Measure it.** `course.lessons.accumulation.experiment.batchnorm_buffers` on 2 ranks, with batch means
 # 1.5 and 21.5: each rank's running mean after each of two steps of one forward and backward,
 # with and without `broadcast_buffers`; then `nn.SyncBatchNorm` on this CPU.
 # `batchnorm_buffers` returns the running mean after every forward, and its `micro_batches`
@@ -819,10 +820,10 @@ check_answer(
 
 # %% nbgrader={"grade": false, "grade_id": "accumulation_11_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for broadcast in (True, False):
-    means = run(accumulation.batchnorm_buffers, 2, broadcast, 2, 20.0)
+    means = run(experiment.batchnorm_buffers, 2, broadcast, 2, 20.0)
     print(f"broadcast_buffers={broadcast!s:5}  running_mean after steps 1, 2: "
           + "   ".join(f"rank {r} {[round(m, 4) for m in ms]}" for r, ms in enumerate(means)))
-print(f"nn.SyncBatchNorm on a CPU rank: {run(accumulation.sync_batchnorm_on_cpu, 2)[0]}")
+print(f"nn.SyncBatchNorm on a CPU rank: {run(experiment.sync_batchnorm_on_cpu, 2)[0]}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "sampler_exercise_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 1: the sampler's indices
@@ -930,7 +931,7 @@ def accumulation_step(ddp: DDP, optimizer: torch.optim.Optimizer, micro_batches:
 # how many other collectives ran, and whether the update equals the large-batch step.
 
 # %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "accumulation_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.checks.accumulation import try_accumulation_step
+from course.lessons.accumulation import try_accumulation_step
 
 try:
     r = try_accumulation_step(accumulation_step, world_size=2, k=4)
@@ -1015,7 +1016,7 @@ def try_uneven(train):
     return [round(v, 4) for p in model.parameters() for v in p.detach().flatten().tolist()]
 
 
-from course.checks.teaching import not_implemented
+from course.lessons.accumulation import not_implemented
 
 if not_implemented(train_uneven):  # the empty stub takes no step: "equal" would say nothing
     print(f"Note: {not_implemented(train_uneven)}")

@@ -37,8 +37,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course.experiments import buckets
-from course.checks import check_answer, check_bucketed_allreduce, check_overlapping_ddp
+from course.lessons.buckets import (
+    check_answer,
+    check_bucketed_allreduce,
+    check_overlapping_ddp,
+    experiment,
+)
 from course.ranks import run
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -106,7 +110,7 @@ check_answer(
 # What does a call cost beyond its bytes?
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-timing = run(buckets.allreduce_timing, 2, 200, 1000, (1, 8, 50, 200), 5)[0]
+timing = run(experiment.allreduce_timing, 2, 200, 1000, (1, 8, 50, 200), 5)[0]
 for row in timing["rows"]:
     calls, seconds = row["calls"], row["seconds"]
     print(f"{calls:3} all-reduce calls: {1000 * seconds:7.2f} ms, {1e6 * seconds / calls:7.1f} us per call")
@@ -124,13 +128,13 @@ print(f"the same averaged values every time: {timing['same']}")
 # for every bucket's all-reduce, then writes the averages into `.grad`.
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_1_measure_timeline", "locked": true, "schema_version": 3, "solution": false, "task": false}
-timeline = run(buckets.overlap_timeline, 2, 1.0)[0]
+timeline = run(experiment.overlap_timeline, 2, 1.0)[0]
 last_ready = max(t for _, t in timeline["grad_ready"])
 first = timeline["buckets"][0]
 print(f"{len(timeline['buckets'])} buckets; bucket 0 (params {first['params']}) started at "
       f"{1000 * first['start']:.1f} ms; last gradient ready at {1000 * last_ready:.1f} ms; "
       f"backward() returned at {1000 * timeline['backward_returned']:.1f} ms")
-buckets.timeline_figure(timeline)
+experiment.timeline_figure(timeline)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_1_measure_memory_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it (3): memory.** Where DDP keeps the gradients, on 2 ranks (4 layers
@@ -140,9 +144,9 @@ buckets.timeline_figure(timeline)
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_1_measure_memory", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for as_view in (False, True):
-    r = run(buckets.grad_storage, 2, as_view)[0]
-    print(f"gradient_as_bucket_view={as_view!s:5}: buckets {r['bucket_bytes'] / buckets.MB:.3f} MiB, "
-          f".grad {r['grad_bytes'] / buckets.MB:.3f} MiB, {r['grads_in_buckets']} of {r['params']} "
+    r = run(experiment.grad_storage, 2, as_view)[0]
+    print(f"gradient_as_bucket_view={as_view!s:5}: buckets {r['bucket_bytes'] / experiment.MB:.3f} MiB, "
+          f".grad {r['grad_bytes'] / experiment.MB:.3f} MiB, {r['grads_in_buckets']} of {r['params']} "
           ".grad tensors inside a bucket")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -190,7 +194,7 @@ check_answer(
     each: the cell has one layer per bucket at 0.25 MiB and four at 1 MiB; and forward's
     order is not the order gradients come in: layer 7, run first, is ready last. c) DDP does
     not need forward to follow registration: it builds one bucket only in the very first
-    backward, before it knows the order. buckets.reversed_stack_buckets(0.5, 3) runs this
+    backward, before it knows the order. experiment.reversed_stack_buckets(0.5, 3) runs this
     model with the cell's recording hook.
     """,
     giveaways=(
@@ -210,10 +214,10 @@ check_answer(
 
 # %% nbgrader={"grade": false, "grade_id": "buckets_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for cap in (0.25, 1.0):
-    steps = run(buckets.ddp_buckets, 2, cap, 3)[0]
+    steps = run(experiment.ddp_buckets, 2, cap, 3)[0]
     print(f"\nbucket_cap_mb={cap}")
     for i, step in enumerate(steps):
-        seen = "  ".join(f"#{b['bucket']}: {b['nbytes'] / buckets.MB:.3f} MiB {b['params']}" for b in step)
+        seen = "  ".join(f"#{b['bucket']}: {b['nbytes'] / experiment.MB:.3f} MiB {b['params']}" for b in step)
         print(f"  step {i + 1}: {len(step)} bucket(s)  {seen}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "buckets_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -283,8 +287,8 @@ check_answer(
 print(f"PyTorch {torch.__version__}")
 for cap in (None, 0.5):
     print(f"\nbucket_cap_mb={'not given' if cap is None else cap}")
-    for i, step in enumerate(run(buckets.ddp_buckets, 2, cap, 3)[0]):
-        print(f"  step {i + 1}: {len(step)} all-reduce call(s) of {[round(b['nbytes'] / buckets.MB, 3) for b in step]} MiB")
+    for i, step in enumerate(run(experiment.ddp_buckets, 2, cap, 3)[0]):
+        print(f"  step {i + 1}: {len(step)} all-reduce call(s) of {[round(b['nbytes'] / experiment.MB, 3) for b in step]} MiB")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "bucketed_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 1: `bucketed_allreduce(grads, bucket_cap_mb)`
@@ -339,7 +343,7 @@ def bucketed_allreduce(grads: list[torch.Tensor], bucket_cap_mb: float) -> None:
 
 # %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "bucketed_try", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 2 --timeout 20
-from course.checks.teaching import say_if_unimplemented
+from course.lessons.buckets import say_if_unimplemented
 
 say_if_unimplemented(bucketed_allreduce)  # a note if the cell above is still the empty stub
 grads = [torch.full((100,), rank + 1.0) for _ in range(4)]
@@ -356,7 +360,7 @@ print(f"calls of {calls} elements; values {sorted({v for g in grads for v in g.t
 # Averages, number of calls and bucket sizes, on fresh ranks with fresh random gradients.
 print(check_bucketed_allreduce(bucketed_allreduce, world_sizes=(2, 3)))
 ### BEGIN HIDDEN TESTS
-from course.checks.buckets import HIDDEN_CASES
+from course.lessons.buckets import HIDDEN_CASES
 
 print(check_bucketed_allreduce(bucketed_allreduce, world_sizes=(2, 3, 4), cases=HIDDEN_CASES))
 ### END HIDDEN TESTS
@@ -442,7 +446,7 @@ class OverlappingDDP:
 # %%ranks 2 --timeout 20
 import copy
 
-from course.checks.teaching import say_if_unimplemented
+from course.lessons.buckets import say_if_unimplemented
 
 say_if_unimplemented(OverlappingDDP)  # a note if the class above is still the empty stub
 

@@ -39,8 +39,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course.experiments import ddp
-from course.checks import check_answer, check_reduce_hook, check_weighted_loss
+from course.lessons.ddp_gradients import (
+    check_answer,
+    check_reduce_hook,
+    check_weighted_loss,
+    experiment,
+)
 from course.ranks import run
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -112,7 +116,7 @@ check_answer(
 # set of 16 samples, rank r holding rows `4r` to `4r + 3` as its local batch and taking the
 # **mean** squared error over them. Each rank prints `m.weight.grad` after DDP's backward and,
 # beside it, the gradient one process computes with the same weights and the mean loss over all
-# 16 samples. For other losses and splits, `course.experiments.ddp.uneven_step(local_batch_sizes,
+# 16 samples. For other losses and splits, `course.lessons.ddp_gradients.experiment.uneven_step(local_batch_sizes,
 # reduction=...)` runs one DDP step of a linear model in which rank r holds
 # `local_batch_sizes[r]` samples of one data set, with the loss reduced by `"mean"` or `"sum"`,
 # and returns `.grad` beside each rank's local mean gradient and the pooled mean.
@@ -122,7 +126,7 @@ check_answer(
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course.experiments.ddp import regression_data
+from course.lessons.ddp_gradients import regression_data
 
 x, y = regression_data(samples=16, features=3, seed=0)  # the same 16 samples on every rank
 mine = slice(4 * rank, 4 * rank + 4)  # this rank's local batch
@@ -202,13 +206,13 @@ check_answer(
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** A short training run (linear regression, 64 samples split over 4 ranks,
 # full-batch, 30 steps, fixed seed) with DDP's default and with the SUM hook below
-# (`course.experiments.ddp.sum_hook`), both with the optimizer named in `optimizer` (`"sgd"` for
+# (`course.lessons.ddp_gradients.experiment.sum_hook`), both with the optimizer named in `optimizer` (`"sgd"` for
 # `torch.optim.SGD`, `"adam"` for `torch.optim.Adam`) at the learning rate `lr`; with SGD, the
 # same model trained in one process on all 64 samples too.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 def sum_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The team's hook: a SUM all-reduce, returned as is (as course.experiments.ddp.sum_hook)."""
+    """The team's hook: a SUM all-reduce, returned as is (as course.lessons.ddp_gradients.experiment.sum_hook)."""
     dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.SUM)
     done = torch.futures.Future()
     done.set_result(bucket.buffer())
@@ -216,12 +220,12 @@ def sum_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tenso
 
 
 optimizer, lr = "sgd", 0.2
-curves = {"one process": ddp.train_single(lr)} if optimizer == "sgd" else {}
-curves["DDP default"] = run(ddp.train, 4, lr, optimizer=optimizer)[0]
-curves["DDP + SUM hook"] = run(ddp.train, 4, lr, ddp.sum_hook, optimizer=optimizer)[0]
+curves = {"one process": experiment.train_single(lr)} if optimizer == "sgd" else {}
+curves["DDP default"] = run(experiment.train, 4, lr, optimizer=optimizer)[0]
+curves["DDP + SUM hook"] = run(experiment.train, 4, lr, experiment.sum_hook, optimizer=optimizer)[0]
 for name, losses in curves.items():
     print(f"{name:16} loss at steps 0, 10, 20, 29: " + "  ".join(f"{losses[i]:.3g}" for i in (0, 10, 20, 29)))
-ddp.loss_figure(curves, title=f"SUM hook against DDP's default, 4 ranks, {optimizer} at lr {lr}")
+experiment.loss_figure(curves, title=f"SUM hook against DDP's default, 4 ranks, {optimizer} at lr {lr}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question ddp_3: uneven local batches, trained to the end
@@ -282,7 +286,7 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** `course.experiments.ddp.uneven_fit(local_batch_sizes)` trains the question's
+# **Measure it.** `course.lessons.ddp_gradients.experiment.uneven_fit(local_batch_sizes)` trains the question's
 # model on 2 ranks: 8 fixed samples, rank r always holding the same `local_batch_sizes[r]` of
 # them and taking the mean loss over its own, 400 steps of full-batch SGD at lr 0.1. It returns
 # the weights it ends at, the last step's `.grad`, and the 8 samples (`x`, `y`, rank r's rows
@@ -292,7 +296,7 @@ check_answer(
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 local_batch_sizes = (4, 4)
-fit = run(ddp.uneven_fit, 2, local_batch_sizes)[0]
+fit = run(experiment.uneven_fit, 2, local_batch_sizes)[0]
 x, y = torch.tensor(fit["x"]), torch.tensor(fit["y"]).unsqueeze(1)
 plain = torch.linalg.lstsq(x, y).solution.flatten()  # minimizes the squared error of all 8
 fmt = lambda v: "[" + ", ".join(f"{w:8.4f}" for w in v) + "]"  # noqa: E731
@@ -352,18 +356,18 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ddp_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it.** Four ranks, seeds 1000 to 1003 (`course.experiments.ddp.construction_step`):
-# what each holds before and after `DDP(m)`. Then `course.experiments.ddp.offset_run` on 2
+# **Measure it.** Four ranks, seeds 1000 to 1003 (`course.lessons.ddp_gradients.experiment.construction_step`):
+# what each holds before and after `DDP(m)`. Then `course.lessons.ddp_gradients.experiment.offset_run` on 2
 # ranks: `DDP(m)` from one seed, then `offset` added to rank 1's parameters alone, then 10 SGD
 # steps, each rank on data of its own; rank 1 prints its parameters minus rank 0's after
 # construction and after each step.
 
 # %% nbgrader={"grade": false, "grade_id": "ddp_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-for rank, r in enumerate(run(ddp.construction_step, 4)):
+for rank, r in enumerate(run(experiment.construction_step, 4)):
     print(f"rank {rank}: before DDP(m) {[round(v, 4) for v in r['before']]}   after {[round(v, 4) for v in r['after']]}")
 
 offset = 0.0
-gaps = run(ddp.offset_run, 2, offset)[1]["gaps"]
+gaps = run(experiment.offset_run, 2, offset)[1]["gaps"]
 for step, gap in enumerate(gaps):
     print(f"{'after DDP(m)' if step == 0 else f'after step {step}':13} rank 1 - rank 0: {[round(v, 6) for v in gap]}")
 
@@ -415,8 +419,7 @@ def reduce_hook(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course.checks.hooks import guard_hook
-from course.checks.teaching import say_if_unimplemented
+from course.lessons.ddp_gradients import guard_hook, say_if_unimplemented
 
 grads = {}
 for name in ("yours", "DDP's default"):
@@ -480,8 +483,7 @@ def weighted_loss(loss_per_sample: torch.Tensor) -> torch.Tensor:
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course.checks.teaching import say_if_unimplemented
-from course.experiments.ddp import regression_data
+from course.lessons.ddp_gradients import regression_data, say_if_unimplemented
 
 x, y = regression_data(samples=4, features=3, seed=0)
 lo, hi = [(0, 1), (1, 4)][rank]

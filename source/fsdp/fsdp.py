@@ -40,7 +40,7 @@
 # 3. write `fully_shard(module)`, graded against a single process, on a model with a tied
 #    weight, a frozen parameter and units whose size N does not divide;
 # 4. measure what prefetching the next unit buys and costs;
-# 5. add mixed precision: bf16 compute, fp32 master shards and fp32 reduction;
+# 5. add mixed precision: one dtype to compute in, another to reduce the gradients in;
 # 6. measure what PyTorch's own `fully_shard` does on this machine.
 #
 # As before, `%%ranks N` runs a cell on N gloo ranks, and `course.ranks.run(fn, N, ...)` runs a
@@ -54,16 +54,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course.checks import (
+from course.lessons.fsdp import (
+    animate_fully_shard,
     check_answer,
     check_fsdp_memory,
     check_fsdp_mixed_precision,
     check_fsdp_traffic,
     check_fully_shard,
+    experiment,
+    picture,
+    precision,
+    timeline,
 )
-from course.experiments import fsdp, fsdp_precision, fsdp_timeline
-from course.pictures import fsdp as pictures
-from course.pictures.fsdp_record import animate_fully_shard
 from course.ranks import run
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_1_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -77,7 +79,7 @@ from course.ranks import run
 # holds, as a fraction of the model's size.
 
 # %% nbgrader={"grade": false, "grade_id": "watch_step", "locked": true, "schema_version": 3, "solution": false, "task": false}
-pictures.fsdp_figure(units=3, world_size=4)
+picture.fsdp_figure(units=3, world_size=4)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 2. What a rank holds
@@ -85,7 +87,7 @@ pictures.fsdp_figure(units=3, world_size=4)
 # The items below measure what a rank holds between steps and inside a step on torch's own
 # `fully_shard` (FSDP2), a model of 8 equal `nn.Linear` layers in fp32, each layer a unit of
 # its own unless said otherwise. What FSDP2 holds unsharded is summed before every operation
-# a rank runs (`course.experiments.fsdp.UnshardedPeak`).
+# a rank runs (`course.lessons.fsdp.experiment.UnshardedPeak`).
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fsdp_1: one weight on six ranks
@@ -141,7 +143,7 @@ check_answer(
 # shape, and the bytes of the storage behind it.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-layout = run(fsdp.shard_layout, 3, (5, 3))
+layout = run(experiment.shard_layout, 3, (5, 3))
 for rank, shard in enumerate(layout):
     print(rank, shard["placements"], shard["global"], "->", shard["local"], shard["storage"], "B")
 
@@ -204,7 +206,7 @@ check_answer(
 # and Adam's state come to is the question's.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-held = fsdp.memory_on_ranks(2, per_layer=False)[0]
+held = experiment.memory_on_ranks(2, per_layer=False)[0]
 print({k: held[k] for k in ("model", "params")})
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -265,7 +267,7 @@ check_answer(
 # bytes rank 0 sent in them, in model sizes; and the collectives FSDP2 called.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-held = fsdp.unit_size_on_ranks(4)[0]
+held = experiment.unit_size_on_ranks(4)[0]
 print(f"peak unsharded: {held['peak unsharded'] / held['layer']:.2f} layers of 8")
 print(f"sent: {held['sent']:.3f} model sizes", held["calls"])
 
@@ -338,7 +340,7 @@ check_answer(
 # layers a unit: the bytes a rank sent in one forward and backward, in model sizes.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-sent = fsdp.traffic_on_ranks(2, reshard_after_forward=False)
+sent = experiment.traffic_on_ranks(2, reshard_after_forward=False)
 print(f"one step, reshard_after_forward=False: {sent['forward'] + sent['backward']:.2f} model sizes sent")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_5_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -404,7 +406,7 @@ check_answer(
 # unsharded parameter bytes, in layers and in bytes, and the bytes a rank holds between steps.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-held = fsdp.memory_on_ranks(2, reshard_after_forward=True, depth=4)[0]
+held = experiment.memory_on_ranks(2, reshard_after_forward=True, depth=4)[0]
 print(f"peak unsharded: {held['peak unsharded'] / held['layer']:.2f} layers of 4")
 print({k: held[k] for k in ("peak unsharded", "params", "grads", "state")})
 
@@ -528,7 +530,7 @@ def fully_shard(module, *, param_dtype=None, reduce_dtype=None):
 # %% [markdown] nbgrader={"grade": false, "grade_id": "try_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ### Test as you go
 #
-# On 2 ranks, the check's own model (`course.experiments.fsdp_model.tiny_lm`: an embedding
+# On 2 ranks, the check's own model (`course.lessons.fsdp.model.tiny_lm`: an embedding
 # tied to the output head, a frozen table of positions, 3 blocks and a gain vector), each
 # block a unit, then the root. The cell prints what `model.parameters()` yields, one SGD
 # step's loss, and the shapes of the gradients the shards got: with a right `fully_shard`,
@@ -538,8 +540,7 @@ def fully_shard(module, *, param_dtype=None, reduce_dtype=None):
 # %%ranks 2 --timeout 60
 import warnings
 
-from course.checks.teaching import say_if_unimplemented
-from course.experiments.fsdp_model import loss_of, make_batches, tiny_lm
+from course.lessons.fsdp import loss_of, make_batches, say_if_unimplemented, tiny_lm
 
 # The root's input is token ids, which need no gradient; torch warns of it at every backward.
 warnings.filterwarnings("ignore", "Full backward hook is firing")
@@ -605,7 +606,7 @@ animate_fully_shard(fully_shard, world_size=3)
 # runs. torch's `fully_shard` has two switches for it, `set_modules_to_forward_prefetch` and
 # `set_modules_to_backward_prefetch`, each naming the units to gather ahead. The items below
 # read the order of FSDP2's own gathers and of each layer's compute from a timeline of one step
-# (`course.experiments.fsdp_timeline`).
+# (`course.lessons.fsdp.timeline`).
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_6_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fsdp_6: what a prefetch costs
@@ -666,11 +667,11 @@ check_answer(
 # peak of unsharded bytes in each pass, in layers.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-timeline = fsdp_timeline.prefetch_on_ranks(2)[0]
-events = timeline["events"]
+measured = timeline.prefetch_on_ranks(2)[0]
+events = measured["events"]
 backward_start = min(start for what, _, start, _ in events if what == "pre_backward")
-print(fsdp_timeline.gather_order(events, backward_start))
-print({phase: peak / timeline["layer"] for phase, peak in timeline["peak"].items()})
+print(timeline.gather_order(events, backward_start))
+print({phase: peak / measured["layer"] for phase, peak in measured["peak"].items()})
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_7_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fsdp_7: gathers in backward
@@ -728,11 +729,11 @@ check_answer(
 # spent computing.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_7_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-timeline = fsdp_timeline.prefetch_on_ranks(2, forward_prefetch=True, memory=False)[0]
-events = timeline["events"]
+measured = timeline.prefetch_on_ranks(2, forward_prefetch=True, memory=False)[0]
+events = measured["events"]
 backward_start = min(start for what, _, start, _ in events if what == "pre_backward")
-print(fsdp_timeline.gather_order(events, backward_start))
-print(fsdp_timeline.overlap([e for e in events if e[2] < backward_start]))
+print(timeline.gather_order(events, backward_start))
+print(timeline.overlap([e for e in events if e[2] < backward_start]))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "widget_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ### All of it, with the switches
@@ -742,7 +743,7 @@ print(fsdp_timeline.overlap([e for e in events if e[2] < backward_start]))
 # and gradients take); set it beside what you measured of torch's `fully_shard` above.
 
 # %% nbgrader={"grade": false, "grade_id": "watch_widget", "locked": true, "schema_version": 3, "solution": false, "task": false}
-pictures.fsdp_widget(units=4, world_size=4, prefetch_control=False)
+picture.fsdp_widget(units=4, world_size=4, prefetch_control=False)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_5_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 5. Mixed precision
@@ -811,7 +812,7 @@ check_answer(
 # the next step.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_8_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-held = fsdp_precision.held_on_ranks(2)[0]
+held = precision.held_on_ranks(2)[0]
 print({k: held[k] for k in ("params", "grads", "state", "peak unsharded")}, "bytes per parameter")
 print("dtypes held:", held["dtypes"])
 
@@ -876,7 +877,7 @@ check_answer(
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_9_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for reduce_dtype in ("bf16", "fp32"):
-    print(reduce_dtype, f"{fsdp_precision.reduce_on_ranks(2, reduce_dtype=reduce_dtype):.2e}")
+    print(reduce_dtype, f"{precision.reduce_on_ranks(2, reduce_dtype=reduce_dtype):.2e}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_10_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fsdp_10: small gradients in 16 bits
@@ -935,7 +936,7 @@ check_answer(
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_10_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 for scale in (1.0, 1024.0):
-    print(scale, fsdp_precision.underflow(scale))
+    print(scale, precision.underflow(scale))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 2: mixed precision

@@ -42,10 +42,15 @@
 import torch
 import torch.distributed as dist
 
-from course.checks import check_answer, check_ring_pattern, check_ring_sums
-from course.pictures import widgets
+from course.lessons.ring_allreduce import (
+    animate,
+    check_answer,
+    check_ring_pattern,
+    check_ring_sums,
+    cost,
+    ring_widget,
+)
 from course.ranks import run
-from course.ring import cost
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "meet_ranks", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Meet your ranks
@@ -137,19 +142,19 @@ check_answer(
 # start, which ranks add to it, and where is it when it holds all four contributions?
 
 # %% nbgrader={"grade": false, "grade_id": "ring_1_measure_widget", "locked": true, "schema_version": 3, "solution": false, "task": false}
-widgets.ring_widget(world_size=4, formulas=False, resizable=False)  # 4 ranks, no formulas
+ring_widget(world_size=4, formulas=False, resizable=False)  # 4 ranks, no formulas
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "ring_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it on real ranks.** gloo's own `dist.all_reduce` is a ring too (its ring runs the
 # other way round: each rank sends to rank - 1). The cell runs it on the widget's 4 ranks with
 # a 1 MiB tensor and reads, from the kernel's own TCP counters, how many bytes each rank put
-# on the wire to each peer (`course.experiments.ring.collective_traffic(name, numel)`, run
+# on the wire to each peer (`course.ring.traffic.collective_traffic(name, numel)`, run
 # on n ranks by `run(collective_traffic, n, "all_reduce", numel)`; nothing in gloo is
 # wrapped), counted in chunks of a quarter of the tensor. gloo's headers add a few hundred
 # bytes per message.
 
 # %% nbgrader={"grade": false, "grade_id": "ring_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.experiments.ring import collective_traffic
+from course.lessons.ring_allreduce import collective_traffic
 
 numel = 2**18  # 1 MiB of float32 on every rank
 chunk = numel * 4 / 4  # bytes in a quarter of the tensor: 256 KiB
@@ -220,7 +225,7 @@ check_answer(
 
 # %% nbgrader={"grade": false, "grade_id": "ring_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 4
-from course.ring.wire import WireMeter
+from course.lessons.ring_allreduce import WireMeter
 
 tensor = torch.ones(1_000_000)  # 4 MB of float32 on every rank
 dist.all_reduce(tensor)  # once first: gloo sets itself up on the first call
@@ -324,8 +329,8 @@ check_answer(
 # takes its whole deadline).
 
 # %% nbgrader={"grade": false, "grade_id": "ring_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from course.lessons.ring_allreduce import p2p
 from course.ranks import launch
-from course.ring import p2p
 
 for order, n, numel in (
     (p2p.send_first, 3, 1),
@@ -411,7 +416,7 @@ def ring_allreduce(tensor: torch.Tensor) -> None:
 
 # %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_it", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 3 --timeout 20
-from course.checks.teaching import say_if_unimplemented
+from course.lessons.ring_allreduce import say_if_unimplemented
 
 say_if_unimplemented(ring_allreduce)  # a note if the cell above is still the empty stub
 t = torch.full((7,), rank + 1.0)
@@ -424,7 +429,7 @@ print(t.tolist())
 # extra messages, a rank that never finishes) the widget shows where and says why.
 
 # %% nbgrader={"grade": false, "grade_id": "watch_yours", "locked": true, "schema_version": 3, "solution": false, "task": false}
-widgets.animate(ring_allreduce, world_size=4, numel=10)
+animate(ring_allreduce, world_size=4, numel=10)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "visible_tests_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # The same checks the grader runs, on a smaller set of cases. Each stops within its deadline
@@ -458,7 +463,7 @@ print(check_ring_pattern(ring_allreduce))
 # datacenter's tens of GB/s.
 
 # %% nbgrader={"grade": false, "grade_id": "benchmark", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.ring.bandwidth import compare_busbw
+from course.lessons.ring_allreduce import compare_busbw
 
 rows = compare_busbw(ring_allreduce, world_size=2, megabytes=(1, 16))
 

@@ -39,7 +39,7 @@
 import torch
 import torch.distributed as dist
 
-from course.checks import (
+from course.lessons.synchrony import (
     check_answer,
     check_hierarchical_pattern,
     check_hierarchical_sums,
@@ -59,13 +59,12 @@ from course.ranks import run
 # many round trips, halved), fits the model to those times, and draws both.
 
 # %% nbgrader={"grade": false, "grade_id": "alpha_beta_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.experiments import latency
-from course.pictures import synchrony as pictures
+from course.lessons.synchrony import latency, picture
 
 times = latency.pingpong()  # one-way seconds per message size, 2 ranks, the fastest of many
 alpha, beta = latency.fit_alpha_beta(list(times), list(times.values()))
 print(f"alpha = {alpha * 1e6:.0f} us per message, 1/beta = {1 / beta / 1e9:.2f} GB/s")
-pictures.alpha_beta_figure(times, alpha, beta)
+picture.alpha_beta_figure(times, alpha, beta)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question synchrony_1: half the bandwidth, in a ring
@@ -193,7 +192,7 @@ check_answer(
 # a 1 MiB tensor, in units of the tensor, and of a 256 B tensor, in bytes.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.experiments.ring import collective_traffic
+from course.lessons.synchrony import collective_traffic
 
 for n in (2, 3, 4):
     big, small = (
@@ -330,7 +329,7 @@ def tree_allreduce(tensor: torch.Tensor) -> None:
 
 # %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_tree", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 3 --timeout 20
-from course.checks.teaching import say_if_unimplemented
+from course.lessons.synchrony import say_if_unimplemented
 
 say_if_unimplemented(tree_allreduce)  # a note if the cell above is still the empty stub
 t = torch.full((5,), rank + 1.0)
@@ -380,7 +379,7 @@ def ring_allreduce(tensor: torch.Tensor) -> None:
 # %% nbgrader={"grade": false, "grade_id": "crossover", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from IPython.display import display
 
-from course.checks.teaching import not_implemented
+from course.lessons.synchrony import not_implemented
 
 
 def gloo_ring(tensor):
@@ -395,7 +394,7 @@ else:
     contenders = {"tree": tree_allreduce, "ring": ring}
     seconds = {k: latency.time_allreduce(fn, numels, world_size=4) for k, fn in contenders.items()}
     by_bytes = {k: {4 * n: t for n, t in v.items()} for k, v in seconds.items()}
-    display(pictures.crossover_figure(by_bytes, alpha, beta, world_size=4))
+    display(picture.crossover_figure(by_bytes, alpha, beta, world_size=4))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_3_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 3. Ranks on several machines
@@ -485,7 +484,7 @@ check_answer(
 # your `hierarchical_allreduce` of exercise 2 too, once it works.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.experiments import hierarchy
+from course.lessons.synchrony import links
 
 
 def flat(tensor):
@@ -495,15 +494,15 @@ def flat(tensor):
 def half_across(numel):
     pairs = [dist.new_group([0, 2]), dist.new_group([1, 3])]  # every rank makes both groups
     pair = pairs[dist.get_rank() % 2]
-    return hierarchy.peer_traffic(lambda t: dist.all_reduce(t[: numel // 2], group=pair), numel)
+    return links.peer_traffic(lambda t: dist.all_reduce(t[: numel // 2], group=pair), numel)
 
 
 measured = {
-    "flat ring": run(hierarchy.peer_traffic, 4, flat, 2**18),  # 2**18 float32 = 1 MiB
+    "flat ring": run(links.peer_traffic, 4, flat, 2**18),  # 2**18 float32 = 1 MiB
     "half, across": run(half_across, 4, 2**18),
 }
 for name, sent in measured.items():
-    across = hierarchy.crossing_bytes(sent, ranks_per_node=2)
+    across = links.crossing_bytes(sent, ranks_per_node=2)
     print(f"{name:13} sent to the other node, per rank:", [round(b / 2**20, 4) for b in across])
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -575,7 +574,7 @@ def _node_groups(world_size, ranks_per_node):
 
 # %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_hierarchical", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 4 --timeout 20
-from course.checks.teaching import say_if_unimplemented
+from course.lessons.synchrony import say_if_unimplemented
 
 say_if_unimplemented(hierarchical_allreduce)
 t = torch.full((5,), rank + 1.0)
@@ -662,15 +661,15 @@ check_answer(
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_5_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**, with rank 3 at 1.5 times the others' compute: six DDP steps on 4 ranks, a small
 # model whose forward sleeps for the compute, so that the shared cores do not blur the timing
-# (`course.experiments.stragglers`). The figure is each rank's timeline.
+# (`course.lessons.synchrony.stragglers`). The figure is each rank's timeline.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.experiments import stragglers
+from course.lessons.synchrony import stragglers
 
 spans = stragglers.straggler_run(4, slow_rank=3, slowdown=1.5)
 print("step, ms:      ", [round(t * 1e3) for t in stragglers.step_seconds(spans)])
 print("waiting, ms:   ", [round(t * 1e3) for t in stragglers.waiting_seconds(spans)])
-pictures.timeline_figure(spans)
+picture.timeline_figure(spans)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_6_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question synchrony_6: one backup worker for 64 ranks
@@ -814,7 +813,7 @@ _SENDING = []  # every send's request, kept until the run ends
 # %%ranks 4 --timeout 20
 import time
 
-from course.checks.teaching import say_if_unimplemented
+from course.lessons.synchrony import say_if_unimplemented
 
 say_if_unimplemented(step_with_backups)
 start = time.monotonic()
@@ -846,7 +845,7 @@ print(check_step_with_backups(step_with_backups))
 # *Difficulty 2/3*
 #
 # A job trains for 4 epochs on 1 rank with a batch of 16 and learning rate 0.2 (the model,
-# data and seed of `course.experiments.batch_size`). It moves to 4 ranks and keeps the batch
+# data and seed of `course.lessons.synchrony.batch_size`). It moves to 4 ranks and keeps the batch
 # of each step at 16: a batch of 4 on every rank, rank r taking samples r, r + 4, r + 8, ...
 # (DDP averages their gradients), the same 4 epochs, the same learning rate. Compared with 1
 # rank, its loss after 4 epochs is:
@@ -898,16 +897,16 @@ check_answer(
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_7_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**, on 1 and 2 ranks: the same 2-layer MLP, data and seed, a batch of 16 per
 # rank, 4 epochs, with the learning rate kept, scaled by N, and scaled after a warmup
-# (`course.experiments.batch_size`; `sweep` takes `batch_per_rank=` and `lr=` too); the loss
+# (`course.lessons.synchrony.batch_size`; `sweep` takes `batch_per_rank=` and `lr=` too); the loss
 # over the whole data set before training and after each epoch.
 
 # %% nbgrader={"grade": false, "grade_id": "synchrony_7_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.experiments import batch_size
+from course.lessons.synchrony import batch_size
 
 curves = batch_size.sweep(world_sizes=(1, 2))
 for (n, rule), losses in curves.items():
     print(f"N = {n}, {rule:15}", "  ".join(f"{x:.3f}" for x in losses))
-pictures.loss_curves_figure(curves)
+picture.loss_curves_figure(curves)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "synchrony_8_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question synchrony_8: why warmup works

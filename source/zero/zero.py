@@ -47,10 +47,8 @@
 import torch
 import torch.distributed as dist
 
-from course.pictures import widgets
-
-from course.experiments import zero_report
-from course.checks import (
+from course.lessons.zero import (
+    animate_half,
     check_all_gather,
     check_answer,
     check_error_feedback_hook,
@@ -58,9 +56,11 @@ from course.checks import (
     check_reduce_scatter,
     check_zero_matches_ddp,
     check_zero_memory,
+    chunk_bounds,
+    half_widget,
+    report,
 )
 from course.ranks import run
-from course.ring.schedule import chunk_bounds
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "shard_contract", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## The shard contract
@@ -87,10 +87,10 @@ for numel, n in ((12, 4), (10, 4), (3, 4)):
 #   shards travel round the ring, copied, until every rank holds all of them.
 
 # %% nbgrader={"grade": false, "grade_id": "watch_reduce_scatter", "locked": true, "schema_version": 3, "solution": false, "task": false}
-widgets.half_widget("reduce-scatter", world_size=4, numel=12, formulas=False, resizable=False)
+half_widget("reduce-scatter", world_size=4, numel=12, formulas=False, resizable=False)
 
 # %% nbgrader={"grade": false, "grade_id": "watch_all_gather", "locked": true, "schema_version": 3, "solution": false, "task": false}
-widgets.half_widget("all-gather", world_size=4, numel=12, formulas=False, resizable=False)
+half_widget("all-gather", world_size=4, numel=12, formulas=False, resizable=False)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_1_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_1: what must a reduce-scatter send?
@@ -150,17 +150,17 @@ check_answer(
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_1_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it.** gloo's own collectives on 2, 3 and 4 real ranks, on a 4 MiB tensor, each rank's
-# bytes read from the kernel's TCP counters (`course.experiments.ring.collective_traffic`:
+# bytes read from the kernel's TCP counters (`course.ring.traffic.collective_traffic`:
 # nothing in gloo is wrapped), in units of the tensor's size. Then what each shard depends on:
 # on 4 ranks, each chunk of rank 0's tensor is changed in turn (nothing else, on no rank), and
 # every rank says whether its shard of gloo's `reduce_scatter_tensor` changed.
 # `zero_report.report_shards(world_size, numel, reduce_scatter)` also takes your own
 # `reduce_scatter` once you have written it (Exercise 1), and
-# `course.experiments.zero_traffic.shard_dependence(reduce_scatter, numel, source, bounds)`
+# `course.lessons.zero.traffic.shard_dependence(reduce_scatter, numel, source, bounds)`
 # changes the chunks `bounds` gives, for a `reduce_scatter` that cuts the tensor elsewhere.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_1_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.experiments.ring import collective_traffic
+from course.lessons.zero import collective_traffic
 
 numel = 2**20  # 4 MiB of float32
 for name in ("reduce_scatter_tensor", "all_reduce"):
@@ -169,7 +169,7 @@ for name in ("reduce_scatter_tensor", "all_reduce"):
         shares.append(max(r["sent"] for r in run(collective_traffic, n, name, numel)) / (numel * 4))
     listed = ", ".join(f"{x:.2f}" for x in shares)
     print(f"{name:21} sends {listed} of the tensor on 2, 3, 4 ranks")
-zero_report.report_shards(world_size=4)
+report.report_shards(world_size=4)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_1_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 1: the two halves, as functions
@@ -237,7 +237,7 @@ def all_gather(shard: torch.Tensor, out: torch.Tensor) -> None:
 
 # %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_halves", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # %%ranks 3 --timeout 20
-from course.checks.teaching import say_if_unimplemented
+from course.lessons.zero import say_if_unimplemented
 
 say_if_unimplemented(reduce_scatter)  # a note if a cell above is still the empty stub
 say_if_unimplemented(all_gather)
@@ -252,10 +252,10 @@ print(f"shard {shard}   gathered {out.tolist()}")
 # ring (a wrong neighbour, extra messages, a rank that never finishes) the widget says where.
 
 # %% nbgrader={"grade": false, "grade_id": "watch_your_reduce_scatter", "locked": true, "schema_version": 3, "solution": false, "task": false}
-widgets.animate_half(reduce_scatter, "reduce-scatter", world_size=4)
+animate_half(reduce_scatter, "reduce-scatter", world_size=4)
 
 # %% nbgrader={"grade": false, "grade_id": "watch_your_all_gather", "locked": true, "schema_version": 3, "solution": false, "task": false}
-widgets.animate_half(all_gather, "all-gather", world_size=4)
+animate_half(all_gather, "all-gather", world_size=4)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "visible_halves_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # The grader's checks, on fewer cases. Each stops within its deadline and says which world
@@ -349,7 +349,7 @@ check_answer(
 # collectives `fully_shard` called.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_traffic(reduce_scatter, all_gather, world_sizes=(2, 3, 4), calls=False)
+report.report_traffic(reduce_scatter, all_gather, world_sizes=(2, 3, 4), calls=False)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_2_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 2: a ZeRO-2 optimizer
@@ -423,7 +423,7 @@ class ZeroOptimizer:
 # once with DDP + Adam and once with your optimizer, from the same weights on the same data.
 
 # %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_zero", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_matches(ZeroOptimizer, world_size=2)
+report.report_matches(ZeroOptimizer, world_size=2)
 
 # %% nbgrader={"grade": true, "grade_id": "zero_optimizer_matches_ddp", "locked": true, "points": 5, "schema_version": 3, "solution": false, "task": false}
 # Trains like DDP + Adam: 5 steps, world sizes 2 and 3, parameters within 1e-4.
@@ -506,18 +506,18 @@ check_answer(
 # units of P, once backward has run (before `step()`) and after `step()`. `when` also takes
 # `"during backward"`: the most a rank holds at any moment backward has just accumulated a
 # parameter's gradient, counted by a hook that
-# `course.experiments.zero.memory_during_backward(kind, zero_class)` registers on every
+# `course.lessons.zero.experiment.memory_during_backward(kind, zero_class)` registers on every
 # parameter before it builds the optimizer (so it runs before any hook the optimizer adds).
 
 # %% nbgrader={"grade": false, "grade_id": "zero_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_memory(ZeroOptimizer, world_size=4, when=("after backward", "after step"))
+report.report_memory(ZeroOptimizer, world_size=4, when=("after backward", "after step"))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_3_measure_figure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # The same measurement after `step()`, for world sizes 2 to 4, against DDP and torch's ZeRO-1
 # (`ZeroRedundancyOptimizer`), as points on the formulas' lines.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_3_measure_figure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.memory_figure(ZeroOptimizer, world_sizes=(2, 3, 4))
+report.memory_figure(ZeroOptimizer, world_sizes=(2, 3, 4))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_4: the same weights as DDP?
@@ -577,11 +577,11 @@ check_answer(
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_4_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**, with your optimizer, on 3 ranks: against DDP + Adam as it is (each gradient
 # scaled by 1/N before the sum), and against DDP + Adam with a comm hook that divides after the
-# sum, as your optimizer does (`course.experiments.zero.sum_then_divide`). Give `world_sizes`
+# sum, as your optimizer does (`course.lessons.zero.experiment.sum_then_divide`). Give `world_sizes`
 # other world sizes to measure them.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_4_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_equivalence(ZeroOptimizer, world_sizes=(3,))
+report.report_equivalence(ZeroOptimizer, world_sizes=(3,))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_5_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_5: PyTorch's own ZeroRedundancyOptimizer
@@ -642,7 +642,7 @@ check_answer(
 # `report_torch_zero` other sizes (a list per world size) to measure other models.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_5_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_torch_zero([(2, [10_000] * 3), (3, [10_000] * 4)])
+report.report_torch_zero([(2, [10_000] * 3), (3, [10_000] * 4)])
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "zero_6_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question zero_6: fp16 compression on more ranks
@@ -703,7 +703,7 @@ check_answer(
 # what the hook does elsewhere.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_6_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_fp16([3.0, 0.1, 1e-3, 1e-5], world_size=2)
+report.report_fp16([3.0, 0.1, 1e-3, 1e-5], world_size=2)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "exercise_3_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Exercise 3 (optional): error feedback
@@ -745,7 +745,7 @@ def ef_fp16_hook(state: dict, bucket: dist.GradBucket) -> torch.futures.Future[t
 # your hook.
 
 # %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_ef", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_ef_training(ef_fp16_hook)
+report.report_ef_training(ef_fp16_hook)
 
 # %% nbgrader={"grade": true, "grade_id": "ef_fp16_hook_trains", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 # Within 5% of fp32 training where plain fp16 compression loses every gradient.
@@ -815,7 +815,7 @@ check_answer(
 # `ranks` to measure other layers.
 
 # %% nbgrader={"grade": false, "grade_id": "zero_7_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-zero_report.report_powersgd(ranks=(1, 2, 4), start_iter=3, shape=(256, 256), batch=8)
+report.report_powersgd(ranks=(1, 2, 4), start_iter=3, shape=(256, 256), batch=8)
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "closing", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## What you measured

@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.browser
 
 WIDGET = """\
-from course.pictures.fsdp import fsdp_widget
+from course.lessons.fsdp.picture import fsdp_widget
 w = fsdp_widget(units=3, world_size=4)
 w.slider.value = 10
 w"""

@@ -23,8 +23,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course.grading.gradebook import open_gradebook
 from course.instructor import hub, hubdown
-from course.instructor.commands import open_gradebook
 from course.instructor.submissions import Submission, assemble, load_specs
 
 pytestmark = [

@@ -20,7 +20,7 @@ w8.slider.value = 3
 w8"""
 WRONG = """\
 import dataclasses
-from course.ring.schedule import ring_trace
+from course.ring.trace import ring_trace
 from course.pictures.widgets import show_trace
 ref = ring_trace(4, 13)
 # rank 1 sends its step-2 chunk to rank 3 instead of its neighbour rank 2
@@ -74,7 +74,7 @@ def test_exported_figure_plays_offline(browser, artifact, tmp_path) -> None:
     nb.cells = [
         nbformat.v4.new_code_cell(
             "from course.pictures.figures import ring_figure\n"
-            "from course.ring.schedule import ring_trace\n"
+            "from course.ring.trace import ring_trace\n"
             'ring_figure(ring_trace(8, 25)).show(renderer="notebook")'
         )
     ]

@@ -22,37 +22,34 @@ import halves_impls
 import pytest
 import torch
 import torch.distributed as dist
-from test_accumulation_check import (
+from accumulation_impls import (
     accumulation_step,
     no_division,
     train_no_step_when_done,
     train_uneven,
 )
-from test_buckets_check import Blocking, OverlappingDDP
-from test_ddp_check import mean_loss, reduce_hook, sum_hook, weighted_loss
+from buckets_impls import Blocking, OverlappingDDP
+from ddp_impls import mean_loss, reduce_hook, sum_hook, weighted_loss
 from wrong_fsdp import student_fn as wrong_fsdp
 
-from course.checks import accumulation as accumulation_check
-from course.checks import (
+from course.checks.compare import rank_generators
+from course.lessons.accumulation import check as accumulation_check
+from course.lessons.accumulation import (
     check_accumulation_syncs,
     check_accumulation_values,
-    check_error_feedback_hook,
-    check_fully_shard,
-    check_overlapping_ddp,
-    check_reduce_hook,
     check_train_uneven,
-    check_weighted_loss,
-    check_zero_matches_ddp,
-    check_zero_memory,
 )
-from course.checks import compression as compression_check
-from course.checks import ddp as ddp_check
-from course.checks import overlap as overlap_check
-from course.checks import uneven as uneven_check
-from course.checks import zero as zero_check
-from course.checks.compare import rank_generators
-from course.experiments.fsdp_model import STEPS as FSDP_STEPS
-from course.experiments.fsdp_model import make_batches as fsdp_batches
+from course.lessons.accumulation import uneven as uneven_check
+from course.lessons.buckets import check_overlapping_ddp
+from course.lessons.buckets import overlap as overlap_check
+from course.lessons.ddp_gradients import check as ddp_check
+from course.lessons.ddp_gradients import check_reduce_hook, check_weighted_loss
+from course.lessons.fsdp import check_fully_shard
+from course.lessons.fsdp.model import STEPS as FSDP_STEPS
+from course.lessons.fsdp.model import make_batches as fsdp_batches
+from course.lessons.zero import check as zero_check
+from course.lessons.zero import check_error_feedback_hook, check_zero_matches_ddp, check_zero_memory
+from course.lessons.zero import feedback as compression_check
 
 pytestmark = pytest.mark.ranks
 

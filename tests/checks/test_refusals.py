@@ -12,16 +12,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course.checks import (
-    check_bucketed_allreduce,
-    check_error_feedback_hook,
-    check_overlapping_ddp,
-    check_reduce_hook,
-    check_sampler_indices,
-    check_zero_matches_ddp,
-)
 from course.checks.refusals import DDP_HOOKS, SAMPLER, refuse
 from course.checks.teaching import CheckFailed
+from course.lessons.accumulation import check_sampler_indices
+from course.lessons.buckets import check_bucketed_allreduce, check_overlapping_ddp
+from course.lessons.ddp_gradients import check_reduce_hook
+from course.lessons.zero import check_error_feedback_hook, check_zero_matches_ddp
 from course.ranks import run
 
 pytestmark = pytest.mark.ranks

@@ -284,7 +284,7 @@ def ring_allreduce(tensor):
         return
     from course.ring import recorder
     from course.ring.logs import as_list
-    from course.ring.schedule import ring_trace
+    from course.ring.trace import ring_trace
     rec = recorder._active[0]
     for m in ring_trace(n, tensor.numel(), 8).messages:
         if m.rank == rec.rank:

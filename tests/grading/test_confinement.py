@@ -395,7 +395,7 @@ def test_a_submission_whose_forkserver_stopped_is_graded(monkeypatch: pytest.Mon
     from course.grading.judge import judge_cell
     from course.grading.student import StudentCode
 
-    setup = "import torch\nfrom course.checks import check_ring_sums"
+    setup = "import torch\nfrom course.lessons.ring_allreduce import check_ring_sums"
     ring = "import torch.distributed as dist\ndef ring_allreduce(t):\n    dist.all_reduce(t)\n"
     cells = (("setup", setup), ("ring_allreduce", ring))
     sub = SimpleNamespace(setup=[setup], student=list(cells))

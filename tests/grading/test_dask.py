@@ -1,10 +1,12 @@
-"""Grading on a Dask cluster: a real scheduler, two real workers, grades as the local pool's.
+"""Grading on a Dask cluster: a real scheduler, two real workers, grades as the samples' specs.
 
 The sample class (autograde/submissions, ring_allreduce: model work, the naive exchange, a
-deadlocking ring, a crashing ring) is graded three times, each in its own copy of one
-released course: by the local pool, on the cluster, and on the cluster while one of its two
-workers is killed mid-task. Each worker is its own process tree (no nanny) with its own
-scratch root (``TMPDIR``), started by the test with ``dask scheduler`` and ``dask worker``.
+deadlocking ring, a crashing ring) is graded twice, each in its own copy of one released
+course: on the cluster, and on the cluster while one of its two workers is killed mid-task.
+Each time every grade must be the one its spec expects, as the local pool's are
+(``test_ring_samples_grade_as_their_specs_expect``, in ``tests/instructor``). Each worker
+is its own process tree (no nanny) with its own scratch root (``TMPDIR``), started by the
+test with ``dask scheduler`` and ``dask worker``.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import psutil
 import pytest
 
 from course.grading.classrun import autograde_class
-from course.grading.executors import DaskCluster, LocalPool
+from course.grading.executors import DaskCluster
 from course.instructor import pipeline
-from course.instructor.commands import nbgrader, open_gradebook
+from course.instructor.commands import nbgrader
+from course.instructor.grades import check_expectations, grade_rows
 from course.instructor.submissions import SPECS, load_specs, submit
 
 distributed = pytest.importorskip("distributed", reason="Dask distributed is not installed")
@@ -59,25 +62,10 @@ def _copy(released: Path, name: str) -> Path:
     return root
 
 
-def grades(root: Path) -> dict[tuple[str, str], float]:
-    """Every (student, grade cell) of the ring and its score, from the gradebook."""
-    with open_gradebook(root / "gradebook.db") as gb:
-        subs = gb.assignment_submissions(RING)
-        return {
-            (sub.student_id, grade.name): float(grade.score)
-            for sub in subs
-            for nb in sub.notebooks
-            for grade in nb.grades
-        }
-
-
-@pytest.fixture(scope="module")
-def local(released: Path) -> dict[tuple[str, str], float]:
-    """The grades the local pool gives the sample class (2 at a time)."""
-    root = _copy(released, "local")
-    outcomes = autograde_class(RING, root, executor=LocalPool(2), progress=print)
-    assert all(o.status == "graded" for o in outcomes), outcomes
-    return grades(root)
+def unexpected(root: Path) -> list[str]:
+    """Where a grade of the ring's samples differs from its spec (none: as expected)."""
+    specs = [s for s in load_specs(SPECS) if s.assignment == RING]
+    return check_expectations(grade_rows(root), specs)
 
 
 class Cluster:
@@ -173,20 +161,20 @@ def cluster() -> Iterator[Cluster]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def test_the_cluster_gives_the_local_pools_grades(released, local, cluster) -> None:
-    """Graded on a Dask scheduler's two workers, does the class get the local pool's grades,
-    each submission graded by one of them and merged here?"""
+def test_the_cluster_gives_the_grades_the_specs_expect(released, cluster) -> None:
+    """Graded on a Dask scheduler's two workers, does the class get its specs' grades, each
+    submission graded by one of them and merged here?"""
     root = _copy(released, "on-dask")
     outcomes = autograde_class(RING, root, executor=DaskCluster(cluster.address), progress=print)
     assert all(o.status == "graded" for o in outcomes), outcomes
-    assert grades(root) == local
+    assert unexpected(root) == []
     assert all(o.worker for o in outcomes)
     assert len({o.worker for o in outcomes}) == 2  # both workers graded part of the class
 
 
-def test_a_worker_killed_mid_task_costs_a_retry_not_a_grade(released, local, cluster) -> None:
+def test_a_worker_killed_mid_task_costs_a_retry_not_a_grade(released, cluster) -> None:
     """With one of two workers killed while it grades, is its task graded by the other and
-    is every grade still the local pool's?"""
+    is every grade still the one its spec expects?"""
     root = _copy(released, "killed")
     box: dict = {}
     run = threading.Thread(
@@ -204,7 +192,7 @@ def test_a_worker_killed_mid_task_costs_a_retry_not_a_grade(released, local, clu
     assert not run.is_alive()
     outcomes = {o.student: o for o in box["outcomes"]}
     assert all(o.status == "graded" for o in outcomes.values()), outcomes
-    assert grades(root) == local
+    assert unexpected(root) == []
     survivor = cluster.workers["wb" if victim == "wa" else "wa"].pid
     assert outcomes[student].worker.endswith(f":{survivor}")  # graded again, on the other
 

@@ -17,11 +17,17 @@ def _submission(setup: list[str], grade_cells: dict[str, str]) -> SimpleNamespac
 
 def test_the_setup_cells_modules_and_the_refused_built_ins_are_preloaded() -> None:
     sub = _submission(
-        ["import torch.distributed as dist\nfrom course.pictures import widgets"],
+        [
+            (
+                "import torch.distributed as dist\n"
+                "from course.lessons.zero import check_answer, check_zero_memory, half_widget"
+            )
+        ],
         {"zero_check": "check_zero_memory(ZeroOptimizer)", "quiz": "check_answer('zero_1')"},
     )
     modules = rank_imports(sub)
-    assert {"torch.distributed", "course.pictures", "course.pictures.widgets"} <= set(modules)
+    lesson = {"course.lessons.zero", "course.lessons.zero.check", "course.checks.answers"}
+    assert {"torch.distributed", "course.pictures.widgets", *lesson} <= set(modules)
     assert "torch.distributed.optim" in modules  # what check_zero_memory's ranks refuse
     assert not {"colorsys", "json", "json.tool"} & set(modules)  # the student's imports
 

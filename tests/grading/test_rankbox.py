@@ -204,7 +204,8 @@ def ring_allreduce(tensor):
 
 def test_a_reply_of_the_wrong_shape_fails_the_cell_not_the_grader() -> None:
     setup = (
-        "import torch\nimport torch.distributed as dist\nfrom course.checks import check_ring_sums"
+        "import torch\nimport torch.distributed as dist\n"
+        "from course.lessons.ring_allreduce import check_ring_sums"
     )
     cells = (("setup", setup), ("ring_allreduce", FORGED_SHAPE))
     sub = SimpleNamespace(setup=[setup], student=list(cells))

@@ -18,11 +18,12 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course.checks import check_overlapping_ddp, check_sampler_indices, check_train_uneven
 from course.checks.refusals import JOIN, refusing
 from course.grading import sandbox
 from course.grading.rankbox import RankBox
 from course.grading.student import StudentCode
+from course.lessons.accumulation import check_sampler_indices, check_train_uneven
+from course.lessons.buckets import check_overlapping_ddp
 from course.ranks import PerRank, launch
 
 pytestmark = [

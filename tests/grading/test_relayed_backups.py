@@ -8,19 +8,15 @@ relay's own clock on each message decides, and the same step earns nothing.
 from __future__ import annotations
 
 import inspect
-import sys
-from pathlib import Path
 
 import pytest
+import synchrony_impls
+import wrong_backups
 
-from course.checks import check_step_with_backups
 from course.grading import sandbox
 from course.grading.rankbox import RankBox
 from course.grading.student import StudentCode
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "checks"))
-import synchrony_impls
-import wrong_backups
+from course.lessons.synchrony import check_step_with_backups
 
 pytestmark = [
     pytest.mark.ranks,

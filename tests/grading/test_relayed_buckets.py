@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from course.checks import check_bucketed_allreduce, check_overlapping_ddp
 from course.grading import sandbox
 from course.grading.rankbox import RankBox
 from course.grading.student import StudentCode
+from course.lessons.buckets import check_bucketed_allreduce, check_overlapping_ddp
 
 pytestmark = [
     pytest.mark.ranks,

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from course.checks import (
-    check_accumulation_syncs,
-    check_error_feedback_hook,
-    check_halves_pattern,
-    check_ring_pattern,
-    check_ring_sums,
-)
 from course.grading import sandbox
 from course.grading.rankbox import RankBox
 from course.grading.student import StudentCode
+from course.lessons.accumulation import check_accumulation_syncs
+from course.lessons.ring_allreduce import check_ring_pattern, check_ring_sums
+from course.lessons.zero import check_error_feedback_hook, check_halves_pattern
 
 pytestmark = [
     pytest.mark.ranks,

@@ -15,22 +15,21 @@ follow.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from course.checks import (
+from course.grading import sandbox
+from course.grading.rankbox import RankBox
+from course.grading.student import StudentCode
+from course.lessons.fsdp import (
     check_fsdp_memory,
     check_fsdp_mixed_precision,
     check_fsdp_traffic,
     check_fully_shard,
 )
-from course.grading import sandbox
-from course.grading.rankbox import RankBox
-from course.grading.student import StudentCode
 
 pytestmark = [
     pytest.mark.ranks,
@@ -38,8 +37,7 @@ pytestmark = [
     pytest.mark.skipif(not sandbox.available(), reason="needs bubblewrap, setpriv and prlimit"),
 ]
 
-CATALOGUE = Path(__file__).resolve().parent.parent / "checks"
-sys.path.insert(0, str(CATALOGUE))
+CATALOGUE = Path(__file__).resolve().parents[1] / "catalogues"
 from wrong_fsdp import KEPT_FOR_BACKWARD, LOST_BY_KEEPING, WRONG, source  # noqa: E402 - beside its tests
 
 IMPLS = (CATALOGUE / "fsdp_impls.py").read_text()
@@ -174,9 +172,9 @@ _counted_fully_shard = fully_shard
 
 
 def fully_shard(module, **kwargs):
-    import course.checks.fsdp_rank
+    import course.lessons.fsdp.rank
 
-    course.checks.fsdp_rank._held = lambda model, skip: 0
+    course.lessons.fsdp.rank._held = lambda model, skip: 0
     return _counted_fully_shard(module, **kwargs)
 """
 

@@ -7,20 +7,19 @@ code, groups made with dist.new_group included, still passes.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from course.checks import (
+from course.grading import sandbox
+from course.grading.rankbox import RankBox
+from course.grading.student import StudentCode
+from course.lessons.synchrony import (
     check_hierarchical_pattern,
     check_hierarchical_sums,
     check_tree_pattern,
     check_tree_sums,
 )
-from course.grading import sandbox
-from course.grading.rankbox import RankBox
-from course.grading.student import StudentCode
 
 pytestmark = [
     pytest.mark.ranks,
@@ -29,8 +28,7 @@ pytestmark = [
 ]
 
 
-CATALOGUE = Path(__file__).resolve().parent.parent / "checks"
-sys.path.insert(0, str(CATALOGUE))
+CATALOGUE = Path(__file__).resolve().parents[1] / "catalogues"
 from wrong_synchrony import HIERARCHIES, TREES  # noqa: E402 - the catalogue, beside its tests
 
 TREE_SIZES = {"off_by_one_fold": (5, 6), "no_unfold": (5,), "tree_deadlock": (2,)}
@@ -38,7 +36,7 @@ TREE_SIZES |= {"tree_blocking_sends": (2,), "powers_of_two_only": (3,)}
 
 
 def _source(name: str) -> str:
-    """A catalogue module of tests/checks, as the cell a student would paste."""
+    """A catalogue module of tests/catalogues, as the cell a student would paste."""
     return (CATALOGUE / f"{name}.py").read_text()
 
 
@@ -136,7 +134,7 @@ def _catalogued(name: str) -> StudentCode:
 @pytest.mark.parametrize("name", sorted({*TREES, *HIERARCHIES}))
 def test_each_wrong_tree_and_hierarchy_gets_the_notebooks_verdict_graded(name: str) -> None:
     """Does each wrong tree and hierarchy fail graded (on the relay) for the reason it fails
-    in a notebook (on gloo, tests/checks), so that a deadlock on gloo is one under grading,
+    in a notebook (on gloo, tests/lessons), so that a deadlock on gloo is one under grading,
     and a group not made by every rank fails on both?"""
     _fn, check, words = {**TREES, **HIERARCHIES}[name]
     run = {

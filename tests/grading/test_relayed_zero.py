@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import inspect
 
+import halves_impls
 import pytest
 
-from course.checks import check_zero_memory
 from course.grading import cgroups, sandbox
 from course.grading.rankbox import RankBox
 from course.grading.student import StudentCode
-from tests.checks import halves_impls
+from course.lessons.zero import check_zero_memory
 
 pytestmark = [
     pytest.mark.ranks,

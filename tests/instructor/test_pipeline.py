@@ -12,6 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course.grading.gradebook import open_gradebook
 from course.instructor import commands, grades, pipeline, submissions
 from course.instructor.grades import GradeRow, check_expectations
 from course.instructor.selfstudy import grade_id
@@ -205,7 +206,7 @@ def test_ring_samples_grade_as_their_specs_expect(tmp_path):
 def test_a_hanging_uneven_loop_costs_one_gloo_timeout(tmp_path):
     """Does Cy's plain loop (it hangs on uneven data) lose only its own points, stopped by its
     check's gloo timeout, with a message that names the fix? (`make demo` grades the other
-    accumulation samples; tests/checks/test_accumulation_check.py their checks.)"""
+    accumulation samples; tests/lessons/accumulation/test_accumulation_check.py their checks.)"""
     assignment = "accumulation"
     root = pipeline.prepare_course(tmp_path / "course")
     specs = [s for s in load_specs() if (s.student, s.assignment) == ("cy", assignment)]
@@ -267,7 +268,7 @@ def test_the_synchrony_samples_cover_the_failure_kinds():
 def test_synchrony_samples_grade_as_their_specs_expect(tmp_path):
     """Do Cy's deadlocking tree and Eve's two attacks get their expected grades, each failure
     saying what happened? (Ada's and Ben's are left to `make demo`; the checks' own tests
-    cover their code: tests/checks/test_tree_check.py, test_hierarchy_check.py,
+    cover their code: tests/lessons/synchrony/test_tree_check.py, test_hierarchy_check.py,
     test_backups_check.py.)"""
     root = pipeline.prepare_course(tmp_path / "course")
     specs = [s for s in load_specs() if s.assignment == "synchrony" and s.student in ("cy", "eve")]
@@ -298,7 +299,7 @@ def test_the_fsdp_samples_cover_the_failure_kinds():
 def test_fsdp_samples_grade_as_their_specs_expect(tmp_path):
     """Do Ben's gather-once, Cy's deadlock and Eve's forged record get their expected
     grades, each failure saying what happened? (Ada's is left to `make demo`; the checks'
-    own tests cover the model solution: tests/checks/test_fsdp_check.py.)"""
+    own tests cover the model solution: tests/lessons/fsdp/test_fsdp_check.py.)"""
     root = pipeline.prepare_course(tmp_path / "course")
     specs = [s for s in load_specs() if s.assignment == "fsdp" and s.student != "ada"]
     start = time.monotonic()
@@ -345,12 +346,12 @@ def test_a_gradebook_left_without_alembic_version_is_stamped(tmp_path, capsys):
 
     db = tmp_path / "gradebook.db"
     Base.metadata.create_all(bind=create_engine(f"sqlite:///{db}"))  # what the old failure left
-    with commands.open_gradebook(db) as gb:
+    with open_gradebook(db) as gb:
         gb.add_student("ada")
     assert "had no alembic_version" in capsys.readouterr().out
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT version_num FROM alembic_version").fetchall()
-    with commands.open_gradebook(db) as gb:
+    with open_gradebook(db) as gb:
         assert [s.id for s in gb.students] == ["ada"]
     assert "alembic_version" not in capsys.readouterr().out  # said once, when repaired
 

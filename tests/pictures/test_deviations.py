@@ -11,8 +11,7 @@ from course.pictures.base import ARROWS, BAD_ARROWS, BYTES
 from course.pictures.deviations import deviations, pending_receives, pending_sends
 from course.pictures.figures import WAITING, RingView
 from course.pictures.style import counter, sizes
-from course.ring.schedule import ring_trace
-from course.ring.trace import Message, Trace
+from course.ring.trace import Message, Trace, ring_trace
 
 
 def _recv_first(n: int) -> Trace:

@@ -21,8 +21,8 @@ from course.pictures.figures import (
     RingView,
     ring_figure,
 )
-from course.ring.schedule import ring_bytes_per_rank, ring_trace
-from course.ring.trace import Trace
+from course.ring.schedule import ring_bytes_per_rank
+from course.ring.trace import Trace, ring_trace
 
 
 def _grid(view: RingView, step: int) -> np.ndarray:
@@ -137,7 +137,7 @@ def test_exported_html_animates_without_a_kernel(tmp_path) -> None:
     nb.cells = [
         nbformat.v4.new_code_cell(
             "from course.pictures.figures import ring_figure\n"
-            "from course.ring.schedule import ring_trace\n"
+            "from course.ring.trace import ring_trace\n"
             'ring_figure(ring_trace(4, 13)).show(renderer="notebook")'
         )
     ]

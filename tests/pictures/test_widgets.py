@@ -9,7 +9,7 @@ import pytest
 
 from course.pictures.figures import BAD, BAD_ARROWS, FORMULA, GRID, RANKS, WAITING
 from course.pictures.widgets import RingWidget, animate, ring_widget, show_trace
-from course.ring.schedule import ring_trace
+from course.ring.trace import ring_trace
 
 
 def _z(w: RingWidget) -> np.ndarray:

@@ -53,13 +53,14 @@ def test_cells_see_their_device() -> None:
 @pytest.mark.ranks
 @pytest.mark.slow
 def test_a_course_experiment_runs_under_torchrun() -> None:
-    """Does `torchrun --nproc-per-node 2 -m course.experiments.ddp` give both ranks the mean?"""
+    """Does `torchrun --nproc-per-node 2 -m course.lessons.ddp_gradients.experiment` give both
+    ranks the mean?"""
     # One host: gloo on loopback, as the launcher's own ranks use (a hostname that resolves
     # to another interface can make gloo abort while it connects).
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     out = subprocess.run(
-        [*cmd, "-m", "course.experiments.ddp"],
+        [*cmd, "-m", "course.lessons.ddp_gradients.experiment"],
         capture_output=True,
         text=True,
         timeout=180,

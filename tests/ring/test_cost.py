@@ -22,8 +22,8 @@ from course.ring.cost import (
     recursive_doubling,
     ring,
 )
-from course.ring.schedule import ring_trace, simulate
-from course.ring.trace import bytes_sent, steps
+from course.ring.schedule import simulate
+from course.ring.trace import bytes_sent, ring_trace, steps
 
 
 @given(st.integers(1, 40), st.integers(0, 500), st.sampled_from([1, 4, 8]))

@@ -14,8 +14,7 @@ from torch.distributed import recv, send
 from course.instructor.reference import ring_allreduce
 from course.ring.encoding import decode_tensor, encoded_tensor
 from course.ring.recorder import record
-from course.ring.schedule import ring_trace
-from course.ring.trace import decode, encoded_value
+from course.ring.trace import decode, encoded_value, ring_trace
 
 pytestmark = pytest.mark.ranks
 

@@ -17,12 +17,19 @@ from course.ring.schedule import (
     recv_peer,
     ring_bytes_formula,
     ring_bytes_per_rank,
-    ring_trace,
     send_chunk,
     send_peer,
     simulate,
 )
-from course.ring.trace import bytes_sent, chunk_states, decode, encoded_value, full_mask, steps
+from course.ring.trace import (
+    bytes_sent,
+    chunk_states,
+    decode,
+    encoded_value,
+    full_mask,
+    ring_trace,
+    steps,
+)
 
 world_sizes = st.integers(min_value=1, max_value=64)
 small_world_sizes = st.integers(min_value=1, max_value=12)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course.ring.schedule import expected_holds, ring_trace
-from course.ring.trace import Message, Trace, decode, encoded_value
+from course.ring.schedule import expected_holds
+from course.ring.trace import Message, Trace, decode, encoded_value, ring_trace
 from course.ring.verdict import ring_direction, ring_violations
 
 

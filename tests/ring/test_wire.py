@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course.experiments.ring import collective_traffic
 from course.ranks import run
+from course.ring.traffic import collective_traffic
 from course.ring.wire import WireMeter
 
 pytestmark = pytest.mark.ranks

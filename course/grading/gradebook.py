@@ -1,0 +1,65 @@
+"""The gradebook and nbgrader's environment, for every process that grades or reports.
+
+nbgrader runs ``alembic`` by name when it creates a gradebook, in its own process or in ours:
+:func:`env` and :func:`open_gradebook` put this interpreter's ``bin`` on PATH first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["env", "open_gradebook", "venv_on_path"]
+
+
+def env() -> dict[str, str]:
+    """This process's environment with the venv's bin on PATH, for nbgrader's subprocesses."""
+    venv_on_path()
+    return dict(os.environ)
+
+
+def venv_on_path() -> None:
+    """Put this interpreter's bin first on PATH: nbgrader runs ``alembic`` by name.
+
+    ``make autograde`` calls the venv's python without activating the venv, so without this
+    the first gradebook, opened in this process, fails half made (FileNotFoundError: alembic).
+    """
+    here = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if here not in path.split(os.pathsep):
+        os.environ["PATH"] = here + os.pathsep + path if path else here
+
+
+def open_gradebook(db: Path) -> Any:
+    """nbgrader's ``Gradebook`` on the SQLite file ``db``, made (or repaired) if need be.
+
+    A gradebook.db with nbgrader's tables but no ``alembic_version`` was left by a creation
+    that could not run ``alembic``; its tables are nbgrader's current schema (made by
+    SQLAlchemy from nbgrader's models), so it is stamped with the current version rather
+    than thrown away with whatever grades it holds.
+    """
+    from nbgrader.api import Gradebook
+
+    venv_on_path()
+    if db.is_file():
+        _stamp_if_unversioned(db)
+    return Gradebook(f"sqlite:///{db.resolve()}")
+
+
+def _stamp_if_unversioned(db: Path) -> None:
+    """Give a gradebook made without ``alembic`` its ``alembic_version``, and say so."""
+    from nbgrader.api import get_alembic_version
+
+    with contextlib.closing(sqlite3.connect(db)) as con, con:
+        query = "SELECT name FROM sqlite_master WHERE type='table'"
+        tables = {row[0] for row in con.execute(query)}
+        if tables and "alembic_version" not in tables:
+            version = get_alembic_version()
+            cut = "its creation was cut short"
+            print(f"{db} had no alembic_version ({cut}): stamped {version}", flush=True)
+            con.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+            con.execute("INSERT INTO alembic_version (version_num) VALUES (?)", (version,))
