@@ -148,66 +148,69 @@ for rank, shard in enumerate(layout):
     print(rank, shard["placements"], shard["global"], "->", shard["local"], shard["storage"], "B")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_2_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# ## Question fsdp_2: units and what a rank holds
+# ## Question fsdp_2: what a unit covers
 #
-# *Difficulty 1/3*
+# *Difficulty 2/3*
 #
-# A model of 8 equal fp32 layers trains with Adam on 64 ranks under torch's `fully_shard`,
-# called once, on the whole model: a single unit. Between two steps, what do a rank's
+# A model of 8 equal fp32 layers (an `nn.Sequential`, no biases) trains with Adam on 64 ranks,
+# each rank on its own batch. `fully_shard` is called on layers 0 to 3, one unit each, and on
+# nothing else: not on layers 4 to 7, not on the model. Between two steps, what do a rank's
 # parameters, gradients and Adam state come to, per parameter of the model?
 #
-# * a) 16 bytes: one unit is gathered once and kept whole, as in DDP.
-# * b) 4.19 bytes: the gradient stays whole, parameters and moments not.
-# * c) 8.12 bytes: only Adam's moments are cut up, as in ZeRO stage 1.
-# * d) 0.25 bytes: a shard of each of the three, 1/64 of Adam's 16.
+# * a) 0.25 bytes: every layer is cut into shards, as with one unit on the model.
+# * b) 8.13 bytes: layers 4 to 7 are whole on each rank, the other four are shards.
+# * c) 2.22 bytes: layers 4 to 7 keep whole weights, with gradients and state in shards.
+# * d) 16 bytes: without a call on the model itself, no layer is cut into shards.
 #
 # Set `answer_fsdp_2` to your letter and run the cell below it.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_2_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 answer_fsdp_2 = ""  # your answer: one letter, "a" to "d"
 ### BEGIN SOLUTION
-answer_fsdp_2 = "d"
+answer_fsdp_2 = "b"
 ### END SOLUTION
 
-# %% nbgrader={"grade": true, "grade_id": "fsdp_2_check", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": true, "grade_id": "fsdp_2_check", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 check_answer("answer_fsdp_2", answer_fsdp_2, choices="abcd")
 ### BEGIN HIDDEN TESTS
 check_answer(
     "answer_fsdp_2",
     answer_fsdp_2,
     choices="abcd",
-    key="d",
+    key="b",
     explanation="""
-    Measured on 2 and 4 ranks with one unit on the whole model: 2 + 2 + 4 bytes per parameter
-    on 2 ranks, 1 + 1 + 2 on 4 (parameters, gradients, Adam's two moments), 16 / N of fp32
-    Adam's 16 bytes, the same as with a unit per layer: 16 / 64 = 0.25 on 64 ranks. Every
-    parameter of a unit is sharded, whatever the unit's size; FSDP2 frees the gathered
-    parameters after the unit's backward, the single unit's too, and reduce-scatters the
-    unit's gradient into a shard of the parameter's shard size; Adam then keeps its moments
-    for the shards it steps. What the units change is the peak of gathered parameters during
-    the step (question fsdp_3), not what stays between steps. a) mistakes one unit for no
-    sharding: the whole model is gathered inside the step only. b) keeps the whole gradient,
-    4 + 12 / 64 = 4.19 bytes: the gradient does exist in full during backward, but the
-    reduce-scatter leaves only the shard. c) keeps parameters and gradient whole, 4 + 4 + 8 /
-    64 = 8.12 bytes, ZeRO stage 1's count. The same holds on GPUs; there the caching allocator
-    may also keep freed blocks reserved.
+    Measured on 2 and 4 ranks: 12 and 10 bytes per parameter of the model, 8 + 8 / N. Each of
+    layers 0 to 3 is a unit and holds 16 / N (shards of its weight, its gradient and Adam's two
+    moments); each of layers 4 to 7 is in no unit and holds 16, as on one process: 8 + 0.125 =
+    8.13 bytes on 64 ranks. fully_shard acts on the module it is given and what that module
+    contains, never on the model around it, and needs no call on the model to shard what it
+    was given: each of layers 0 to 3 is a unit of its own. A parameter no unit manages stays a
+    plain tensor, and so do its gradient and Adam's moments. Nothing averages those gradients
+    either: with each rank's own batch, the ranks' copies of layers 4 to 7 differ after one
+    step, while the sharded layers agree. a) takes a call on some layers to shard them all.
+    c) shards the gradient and state of weights FSDP never saw. d) takes the call on the model
+    for what switches sharding on. The same holds on GPUs with NCCL.
     """,
     giveaways=(
-        r"16 / 64 = 0\.25",
-        r"the same as with a unit per\s+layer",
-        r"not what stays between steps",
+        r"8 \+ 0\.125",
+        r"in no unit",
+        r"never on the model around it",
     ),
 )
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on 2 ranks with the whole model one unit, as in the question: the bytes of
-# parameters a rank holds after an Adam step, beside the model's full size. What its gradients
-# and Adam's state come to is the question's.
+# **Measure it**, on 2 ranks, with this model: `fully_shard` on layers 0 to 3, one unit each,
+# and nothing else; each rank on its own batch. After one Adam step, each layer's weight as a
+# rank has it (a `DTensor` with its placement, or a plain tensor), the part of it rank 0 holds,
+# and whether the two ranks' copies of the whole weight are equal.
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-held = experiment.memory_on_ranks(2, per_layer=False)[0]
-print({k: held[k] for k in ("model", "params")})
+ranks = experiment.partly_sharded_on_ranks(2)
+for i, (mine, other) in enumerate(zip(ranks[0]["layers"], ranks[1]["layers"])):
+    kind = " ".join([mine["type"], *mine["placements"]])
+    print(f"layer {i}: {kind:<22} rank 0 holds {mine['held']} of {mine['shape']}, "
+          f"equal on both ranks: {mine['sum'] == other['sum']}")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fsdp_3: what a unit's size decides

@@ -26,6 +26,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,12 +170,14 @@ def _wait_until_up(lab: Lab, proc: subprocess.Popen, log: Path) -> None:
 
 
 def _stop(lab: Lab, proc: subprocess.Popen) -> None:
-    """Shut down every kernel, then the server; kill whatever of ours is left, by pid."""
+    """Shut down every kernel (all at once: each shutdown waits for its kernel), then the
+    server; kill whatever of ours is left, by pid."""
     family = []
     try:
         family = psutil.Process(proc.pid).children(recursive=True)
-        for kernel in lab.api("api/kernels"):
-            lab.api(f"api/kernels/{kernel['id']}", method="DELETE")
+        kernels = [f"api/kernels/{kernel['id']}" for kernel in lab.api("api/kernels")]
+        with ThreadPoolExecutor(max_workers=max(len(kernels), 1)) as pool:
+            list(pool.map(lambda url: lab.api(url, method="DELETE"), kernels))
     except (OSError, psutil.Error):
         pass
     proc.send_signal(signal.SIGINT)  # jupyter's own clean shutdown (asks twice on a tty)
@@ -268,10 +271,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
     return report
 
 
-@pytest.fixture
-def page(browser: object, request: pytest.FixtureRequest) -> Iterator[object]:
-    """A fresh page (own context, 1280 x 1000) for one test; a failing test leaves a
-    screenshot in ``test-artifacts/failed-<test>.png``."""
+@contextlib.contextmanager
+def _fresh_page(browser: object, request: pytest.FixtureRequest, name: str) -> Iterator[object]:
+    """A page of its own context, 1280 x 1000; a screenshot of it if the test failed."""
     context = browser.new_context(viewport={"width": 1280, "height": 1000})
     context.set_default_timeout(30_000)
     new_page = context.new_page()
@@ -279,8 +281,23 @@ def page(browser: object, request: pytest.FixtureRequest) -> Iterator[object]:
     report = getattr(request.node, "report_call", None)
     if report is not None and report.failed:
         with contextlib.suppress(Exception):
-            new_page.screenshot(path=artifact(f"failed-{request.node.name}.png"), full_page=True)
+            new_page.screenshot(path=artifact(f"failed-{name}.png"), full_page=True)
     context.close()
+
+
+@pytest.fixture
+def page(browser: object, request: pytest.FixtureRequest) -> Iterator[object]:
+    """A fresh page (own context, 1280 x 1000) for one test; a failing test leaves a
+    screenshot in ``test-artifacts/failed-<test>.png``."""
+    with _fresh_page(browser, request, request.node.name) as new_page:
+        yield new_page
+
+
+@pytest.fixture
+def second_page(browser: object, request: pytest.FixtureRequest) -> Iterator[object]:
+    """Another fresh page, for a test that runs two notebooks at a time (one per core)."""
+    with _fresh_page(browser, request, f"{request.node.name}-second") as new_page:
+        yield new_page
 
 
 @pytest.fixture(scope="session")
@@ -326,6 +343,12 @@ def _kernel_idle(lab: Lab, path: str) -> bool:
 def run_all(page: object, timeout_s: float = 45.0) -> None:
     """Run > Run All Cells, then wait until the kernel is idle and every code cell has run
     (or one raised: the rest stay unrun, as in JupyterLab)."""
+    start_run_all(page)
+    wait_for_idle(page, timeout_s, all_run=True)
+
+
+def start_run_all(page: object) -> None:
+    """Run > Run All Cells, until a cell shows it is queued or running (not waiting for it)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for _attempt in range(3):  # a click landing while Lab is still settling can be lost
@@ -341,7 +364,6 @@ def run_all(page: object, timeout_s: float = 45.0) -> None:
             break
         except PlaywrightTimeout:
             continue  # nothing started: open the menu again
-    wait_for_idle(page, timeout_s, all_run=True)
 
 
 def wait_for_idle(page: object, timeout_s: float = 45.0, all_run: bool = False) -> None:

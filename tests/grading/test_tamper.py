@@ -5,23 +5,33 @@ course grades (``classrun``: one ``nbgrader autograde`` per submission with the 
 ``nbgrader_config.py``, so ``course.grading.judge``): an honest right and an honest wrong
 submission, and one hostile submission per attack in ``attacks.py``, each the honest wrong one
 plus its attack. The honest right one is graded at the same time as the fork bomb.
+
+Beside it, on the same machine, a second course (another checkout's, as a second instructor
+would run it) grades the course's sample class of the ring with ``make autograde``'s command:
+its honest grades must be those its specs expect, as on a quiet machine, and none FAILED,
+while the fork bomb starves the machine and the daemon hunts for forkservers to kill.
 """
 
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from pathlib import Path
 
 import attacks
 import nbformat
 import pytest
+from autograded import autograded_errors
 from marks import CONFINED
 
 from course.grading import classrun
 from course.instructor.commands import nbgrader
-from course.instructor.grades import format_grades, grade_rows, near_copies
+from course.instructor.grades import check_expectations, format_grades, grade_rows, near_copies
 from course.instructor.pipeline import prepare_course
-from course.instructor.submissions import Submission, submit
+from course.instructor.submissions import Submission, load_specs, submit
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.nbgrader,
@@ -135,14 +145,30 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
         _restructure(root, name, change)
     _restructure(root, "no_setup", _delete, grades=("setup",))
     before = _fingerprint(root)
+    beside_root = tmp_path_factory.mktemp("beside") / "course"
+    beside = _sample_class(beside_root)
     lines: list[str] = []
     outcomes = classrun.autograde_class(A, root, workers=2, progress=lines.append)
+    beside_out = beside.communicate(timeout=900)[0]
     scores: dict[str, dict[str, float]] = {}
     for row in grade_rows(root):
         scores.setdefault(row.student, {})[row.grade_id] = row.score
     table = format_grades(grade_rows(root), near_copies(root))
     return {"root": root, "outcomes": {o.student: o for o in outcomes}, "scores": scores,
-            "before": before, "table": table}  # fmt: skip
+            "before": before, "table": table,
+            "beside": (beside_root, beside.returncode, beside_out)}  # fmt: skip
+
+
+def _sample_class(root: Path) -> subprocess.Popen:
+    """The ring's sample class in a course of its own, graded by ``make autograde``'s command
+    in a process of its own; started, not waited for."""
+    prepare_course(root)
+    nbgrader(root, "generate_assignment", A, "--force")
+    submit(root, [s for s in load_specs() if s.assignment == A])
+    cmd = [sys.executable, "-m", "course.instructor.pipeline", "autograde", "--root", str(root)]
+    return subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def _outputs(root: Path, student: str, grade_id: str) -> str:
@@ -160,6 +186,24 @@ def test_every_submission_is_graded_and_the_honest_ones_score_as_they_should(gra
     assert "nbgrader cannot grade this notebook" in graded["outcomes"]["rename_grades"].error
     assert sum(graded["scores"][HONEST].values()) == 16
     assert sum(graded["scores"]["honest_wrong"].values()) == 0
+
+
+def test_a_class_graded_beside_the_attacks_gets_its_quiet_grades(graded: dict) -> None:
+    """Graded beside the fork bomb and the forkserver-killing daemon, in another course on the
+    same machine, does every sample of the ring get the grade its spec expects, none FAILED?"""
+    root, returncode, out = graded["beside"]
+    assert returncode == 0, out
+    assert "FAILED" not in out, out
+    specs = [s for s in load_specs() if s.assignment == A]
+    assert check_expectations(grade_rows(root), specs) == [], out
+    # The deadlocking and crashing rings are stopped by the checks' own deadlines, never by
+    # nbgrader's cell timeout, and their failures teach: the deadlock is named as one, the
+    # crash shows the student's own error.
+    for sub in specs:
+        errors = autograded_errors(root, sub.student, A)
+        assert not [e for e in errors.values() if e.startswith("CellTimeoutError")], sub.student
+    assert "deadlock" in autograded_errors(root, "cy", A)["ring_allreduce_sums"].lower()
+    assert "IndexError" in autograded_errors(root, "dee", A)["ring_allreduce_sums"]
 
 
 @pytest.mark.parametrize("attack", [*ATTACKS, *STRUCTURE, DAEMON, FORK_BOMB])

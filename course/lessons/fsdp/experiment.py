@@ -32,6 +32,8 @@ __all__ = [
     "layout_on_ranks",
     "memory_on_ranks",
     "memory_per_rank",
+    "partly_sharded_on_ranks",
+    "partly_sharded_step",
     "shard",
     "shard_layout",
     "traffic_on_ranks",
@@ -134,6 +136,49 @@ def memory_on_ranks(world_size: int = 4, **options: Any) -> list[dict[str, int]]
     from course.ranks import run
 
     return run(memory_per_rank, world_size, timeout=60, **options)
+
+
+def partly_sharded_step(wrapped: int = 4, width: int = 128, depth: int = 8) -> dict[str, Any]:
+    """Rank side: torch's ``fully_shard`` on the first ``wrapped`` layers, one unit each, and
+    on nothing else (not the model), then one Adam step on this rank's own batch. Per layer:
+    its weight's type and placements, the part of it this rank holds, and a sum of the whole
+    weight (gathered, for a sharded one) to compare across ranks; and the bytes held."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    model = toy_model(width=width, depth=depth)
+    for layer in units(model)[:wrapped]:
+        fully_shard(layer)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x = torch.randn(16, width, generator=torch.Generator().manual_seed(7 + dist.get_rank()))
+    nn.functional.mse_loss(model(x), x).backward()
+    optimizer.step()
+    layers = []
+    for layer in units(model):
+        weight = layer.weight
+        whole = weight.full_tensor() if hasattr(weight, "full_tensor") else weight.detach()
+        layers.append({
+            "type": type(weight).__name__,
+            "placements": [str(p) for p in getattr(weight, "placements", ())],
+            "held": tuple(getattr(weight, "_local_tensor", weight).shape),
+            "shape": tuple(weight.shape),
+            "sum": float(whole.double().sum()),
+        })  # fmt: skip
+    state = [v for s in optimizer.state.values() for v in s.values() if v.dim() > 0]
+    return {
+        "layers": layers,
+        "model": sum(p.numel() * 4 for p in model.parameters()),
+        "params": _local_bytes(model.parameters()),
+        "grads": _local_bytes(p.grad for p in model.parameters()),
+        "state": _local_bytes(state),
+    }
+
+
+def partly_sharded_on_ranks(world_size: int = 2, **options: Any) -> list[dict[str, Any]]:
+    """:func:`partly_sharded_step` on fresh ranks, one dict per rank."""
+    from course.ranks import run
+
+    return run(partly_sharded_step, world_size, timeout=60, **options)
 
 
 class LowRank(nn.Module):

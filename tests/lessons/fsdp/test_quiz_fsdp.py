@@ -64,54 +64,47 @@ def test_fsdp_1_rows_of_an_uneven_weight(run_ranks) -> None:
 
 @pytest.fixture(scope="module")
 def memory() -> dict[str, list[dict[str, int]]]:
-    """What a rank of 4 holds and gathers: a unit per layer, one unit, no resharding (every
+    """What a rank of 4 holds and gathers: a unit per layer, with and without resharding (every
     unit, the root too, sharded with ``reshard_after_forward=True`` unless said otherwise)."""
     return {
         "per layer": fsdp.memory_on_ranks(4, per_layer=True),
-        "one unit": fsdp.memory_on_ranks(4, per_layer=False),
         "kept": fsdp.memory_on_ranks(4, per_layer=True, reshard_after_forward=False),
     }
 
 
-def test_fsdp_2_one_unit_is_sharded_between_steps(memory) -> None:
-    """With one unit on the whole model, does a rank hold 16 / N bytes per parameter between
-    steps (2 + 2 + 4 on 2 ranks, 1 + 1 + 2 on 4), as with a unit per layer, and not 16 (a
-    replica), 4 + 12 / N (a whole gradient) or 8 + 8 / N (ZeRO-1's count)? The cell prints the
-    one unit's parameters on 2 ranks only: 1/N of the model, which leaves b and d open."""
-    runs = {
-        (4, "layer"): memory["per layer"],
-        (4, "whole"): memory["one unit"],
-        (2, "layer"): fsdp.memory_on_ranks(2, per_layer=True),
-        (2, "whole"): fsdp.memory_on_ranks(2, per_layer=False),
-    }
+def test_fsdp_2_a_layer_in_no_unit_stays_whole() -> None:
+    """With fully_shard on layers 0 to 3 of 8 and nothing else, does a rank hold 8 + 8 / N
+    bytes per parameter between steps (12 on 2 ranks, 10 on 4): the four units sharded, the
+    four layers in no unit whole, and not 16 / N (all sharded), 2 + 14 / N (whole weights,
+    sharded gradients and state) or 16 (nothing sharded)? Do the ranks' copies of the layers in
+    no unit differ after a step on each rank's own batch, and the sharded ones agree?"""
+    runs = {n: fsdp.partly_sharded_on_ranks(n) for n in (2, 4)}
 
-    def per_param(r: dict[str, int]) -> float:
+    def per_param(r: dict) -> float:
         return (r["params"] + r["grads"] + r["state"]) / (r["model"] / 4)
 
     laws = {
-        "a": lambda _: 16.0,
-        "b": lambda n: 4 + 12 / n,
-        "c": lambda n: 8 + 8 / n,
-        "d": lambda n: 16 / n,
+        "a": lambda n: 16 / n,
+        "b": lambda n: 8 + 8 / n,
+        "c": lambda n: 2 + 14 / n,
+        "d": lambda _: 16.0,
     }
     claims = {
-        k: all(
-            _near(per_param(r), law(n))
-            for (n, kind), rs in runs.items()
-            if kind == "whole"
-            for r in rs
-        )
+        k: all(_near(per_param(r), law(n)) for n, rs in runs.items() for r in rs)
         for k, law in laws.items()
     }
     assert supported(claims) == KEYS["fsdp_2"]
-    options = {"a": 16, "b": 4.19, "c": 8.12, "d": 0.25}  # the laws on 64 ranks
+    options = {"a": 0.25, "b": 8.13, "c": 2.22, "d": 16}  # the laws on 64 ranks
     assert all(_near(law(64), options[k], 0.01) for k, law in laws.items())
-    assert all(_near(per_param(r), 16 / n) for (n, _), rs in runs.items() for r in rs)
-    for (n, _), rs in runs.items():
-        for r in rs:
-            assert r["params"] == r["grads"] == r["state"] // 2 == r["model"] // n
-    cell = runs[2, "whole"][0]  # the cell prints the parameters alone: 4 / N bytes, as b and d say
-    assert cell["params"] / (cell["model"] / 4) == 4 / 2
+    for n, rs in runs.items():
+        layers = [r["layers"] for r in rs]
+        for i in range(8):
+            sharded = i < 4
+            mine = layers[0][i]
+            assert (mine["type"] == "DTensor") == sharded
+            assert mine["held"] == ((128 // n, 128) if sharded else (128, 128))
+            agree = len({ls[i]["sum"] for ls in layers}) == 1
+            assert agree == sharded, (n, i)  # the explanation: in no unit, nothing averages
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,98 @@
+"""The model sample submissions in a real JupyterLab and Chromium, two notebooks at a time (one
+per core): does Run All run every cell of a finished notebook, and do the widgets play the
+student's own runs?"""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+RING = "ring_allreduce"
+
+
+def _widget_rendered(page) -> None:
+    page.wait_for_selector(".ring-step", timeout=30_000)
+    page.wait_for_selector(".js-plotly-plot", timeout=30_000)
+
+
+def test_finished_notebooks_run_all_cells_in_the_browser(lab, page, second_page, artifact, helpers):
+    """Filled in as the model sample submissions, the ring's and accumulation's (two at a time):
+    does every cell run, no error, no hang, the ring's widget showing its run, and are the
+    accumulation notebook's hangs cut short?"""
+    ring, accumulation = page, second_page
+    for each, name in ((ring, RING), (accumulation, "accumulation")):
+        helpers.open_notebook(each, lab, helpers.write_finished(lab.root_dir, name))
+        helpers.start_run_all(each)
+    helpers.wait_for_idle(ring, timeout_s=240, all_run=True)
+    _finished_ring(ring, artifact, helpers)
+    helpers.wait_for_idle(accumulation, timeout_s=240, all_run=True)
+    _finished_accumulation(accumulation, lab, artifact)
+
+
+def _finished_ring(page: object, artifact: object, helpers: object) -> None:
+    _widget_rendered(page)
+    tracebacks = helpers.stderr_errors(page)
+    assert not tracebacks, tracebacks[0][:800]
+    page.screenshot(path=artifact("release-finished.png"), full_page=False)
+    bytes_cell = page.locator(".jp-CodeCell", has_text="with WireMeter() as wire:")
+    measured = bytes_cell.locator(".jp-OutputArea-output").first
+    measured.scroll_into_view_if_needed()
+    assert "6.00 MB to rank" in measured.text_content()  # gloo's ring: 2 (N-1)/N of 4 MB, N = 4
+    page.wait_for_timeout(500)
+    bytes_cell.screenshot(path=artifact("release-ring-bytes.png"))
+
+
+def _finished_accumulation(page: object, lab: object, artifact: object) -> None:
+    page.wait_for_selector(".js-plotly-plot", timeout=30_000)
+    page.locator(".jp-Notebook").first.click()
+    page.keyboard.press("Control+s")  # the saved file has every output, rendered or not
+    page.wait_for_timeout(2000)
+    saved = nbformat.read(lab.root_dir / "accumulation-finished.ipynb", as_version=4)
+    outputs = [o for c in saved.cells if c.cell_type == "code" for o in c.outputs]
+    errors = [f"{o.ename}: {o.evalue}" for o in outputs if o.output_type == "error"]
+    assert not errors, errors[0][:800]
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "train_uneven finishes on [2] ranks" in text, text[-800:]
+    page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()
+    page.wait_for_timeout(1000)
+    page.screenshot(path=artifact("accumulation-finished.png"), full_page=False)
+
+
+def _finished_zero(page: object, artifact: object, helpers: object) -> None:
+    tracebacks = helpers.stderr_errors(page)
+    assert not tracebacks, tracebacks[0][:800]
+    assert page.locator(".ring-step").count() == 4  # two reference halves, then yours
+    page.screenshot(path=artifact("zero-finished.png"), full_page=False)
+    figure = page.locator(".js-plotly-plot", has_text="Bytes per rank")
+    figure.scroll_into_view_if_needed()
+    page.wait_for_timeout(1000)
+    page.screenshot(path=artifact("zero-memory-figure.png"), full_page=False)
+
+
+def _finished_fsdp(page: object, artifact: object, helpers: object) -> None:
+    tracebacks = helpers.stderr_errors(page)
+    assert not tracebacks, tracebacks[0][:800]
+    headings = page.locator(".ring-heading").all_text_contents()
+    assert any("your run" in h for h in headings), headings
+    yours = page.locator(".jp-CodeCell", has_text="animate_fully_shard(fully_shard")
+    assert "fit no unit" not in yours.inner_text()
+    yours.scroll_into_view_if_needed()
+    page.wait_for_timeout(1500)  # let plotly draw
+    yours.screenshot(path=artifact("fsdp-your-step.png"))
+
+
+def test_finished_zero_and_fsdp_notebooks_run_all_cells(lab, page, second_page, artifact, helpers):
+    """Filled in as the model sample submissions, zero's and fsdp's (two at a time): does every
+    cell run with no error, zero's widgets showing the student's halves after the two
+    reference ones, and fsdp's widget playing the student's own step, every call matched to a
+    unit?"""
+    zero, fsdp = page, second_page
+    for each, name in ((zero, "zero"), (fsdp, "fsdp")):
+        helpers.open_notebook(each, lab, helpers.write_finished(lab.root_dir, name))
+        helpers.start_run_all(each)
+    helpers.wait_for_idle(zero, timeout_s=300, all_run=True)
+    _finished_zero(zero, artifact, helpers)
+    helpers.wait_for_idle(fsdp, timeout_s=300, all_run=True)
+    _finished_fsdp(fsdp, artifact, helpers)
