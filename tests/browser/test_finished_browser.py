@@ -21,14 +21,21 @@ def test_finished_notebooks_run_all_cells_in_the_browser(lab, page, second_page,
     """Filled in as the model sample submissions, the ring's and accumulation's (two at a time):
     does every cell run, no error, no hang, the ring's widget showing its run, and are the
     accumulation notebook's hangs cut short?"""
-    ring, accumulation = page, second_page
-    for each, name in ((ring, RING), (accumulation, "accumulation")):
-        helpers.open_notebook(each, lab, helpers.write_finished(lab.root_dir, name))
-        helpers.start_run_all(each)
-    helpers.wait_for_idle(ring, timeout_s=240, all_run=True)
-    _finished_ring(ring, artifact, helpers)
-    helpers.wait_for_idle(accumulation, timeout_s=240, all_run=True)
-    _finished_accumulation(accumulation, lab, artifact)
+    _run_finished(lab, helpers, 240, [
+        (page, RING, lambda ring: _finished_ring(ring, artifact, helpers)),
+        (second_page, "accumulation", lambda acc: _finished_accumulation(acc, lab, artifact)),
+    ])  # fmt: skip
+
+
+def _run_finished(lab: object, helpers: object, timeout_s: float, runs: list) -> None:
+    """Open each (page, notebook, check)'s notebook filled in as the model sample, start Run All
+    in every page, then wait for each in turn and check it."""
+    for page, name, _check in runs:
+        helpers.open_notebook(page, lab, helpers.write_finished(lab.root_dir, name))
+        helpers.start_run_all(page)
+    for page, _name, check in runs:
+        helpers.wait_for_idle(page, timeout_s=timeout_s, all_run=True)
+        check(page)
 
 
 def _finished_ring(page: object, artifact: object, helpers: object) -> None:
@@ -88,11 +95,7 @@ def test_finished_zero_and_fsdp_notebooks_run_all_cells(lab, page, second_page, 
     cell run with no error, zero's widgets showing the student's halves after the two
     reference ones, and fsdp's widget playing the student's own step, every call matched to a
     unit?"""
-    zero, fsdp = page, second_page
-    for each, name in ((zero, "zero"), (fsdp, "fsdp")):
-        helpers.open_notebook(each, lab, helpers.write_finished(lab.root_dir, name))
-        helpers.start_run_all(each)
-    helpers.wait_for_idle(zero, timeout_s=300, all_run=True)
-    _finished_zero(zero, artifact, helpers)
-    helpers.wait_for_idle(fsdp, timeout_s=300, all_run=True)
-    _finished_fsdp(fsdp, artifact, helpers)
+    _run_finished(lab, helpers, 300, [
+        (page, "zero", lambda zero: _finished_zero(zero, artifact, helpers)),
+        (second_page, "fsdp", lambda fsdp: _finished_fsdp(fsdp, artifact, helpers)),
+    ])  # fmt: skip
