@@ -200,17 +200,18 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, on 2 ranks, with this model: `fully_shard` on layers 0 to 3, one unit each,
-# and nothing else; each rank on its own batch. After one Adam step, each layer's weight as a
-# rank has it (a `DTensor` with its placement, or a plain tensor), the part of it rank 0 holds,
-# and whether the two ranks' copies of the whole weight are equal.
+# **Measure it**, on 2 ranks, with this model and `fully_shard` called two other ways: on the
+# model alone (one unit), and on every layer and then the model. After one Adam step on each
+# rank's own batch: each layer's weight as rank 0 has it (a `DTensor` with its placement, or a
+# plain tensor) and the part of it rank 0 holds, and what a rank holds per parameter of the
+# model (its parameters, gradients and Adam state).
 
 # %% nbgrader={"grade": false, "grade_id": "fsdp_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-ranks = experiment.partly_sharded_on_ranks(2)
-for i, (mine, other) in enumerate(zip(ranks[0]["layers"], ranks[1]["layers"])):
-    kind = " ".join([mine["type"], *mine["placements"]])
-    print(f"layer {i}: {kind:<22} rank 0 holds {mine['held']} of {mine['shape']}, "
-          f"equal on both ranks: {mine['sum'] == other['sum']}")
+for called, options in (("the model", {"wrapped": 0}), ("every layer, then the model", {"wrapped": 8})):
+    held = experiment.partly_sharded_on_ranks(2, root=True, **options)[0]
+    kinds = {(" ".join([layer["type"], *layer["placements"]]), layer["held"]) for layer in held["layers"]}
+    per_parameter = (held["params"] + held["grads"] + held["state"]) / (held["model"] / 4)
+    print(f"fully_shard on {called}: layers {sorted(kinds)}; {per_parameter:.2f} bytes per parameter")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fsdp_3_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fsdp_3: what a unit's size decides

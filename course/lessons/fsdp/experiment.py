@@ -138,17 +138,21 @@ def memory_on_ranks(world_size: int = 4, **options: Any) -> list[dict[str, int]]
     return run(memory_per_rank, world_size, timeout=60, **options)
 
 
-def partly_sharded_step(wrapped: int = 4, width: int = 128, depth: int = 8) -> dict[str, Any]:
-    """Rank side: torch's ``fully_shard`` on the first ``wrapped`` layers, one unit each, and
-    on nothing else (not the model), then one Adam step on this rank's own batch. Per layer:
-    its weight's type and placements, the part of it this rank holds, and a sum of the whole
-    weight (gathered, for a sharded one) to compare across ranks; and the bytes held."""
+def partly_sharded_step(
+    wrapped: int = 4, root: bool = False, width: int = 128, depth: int = 8
+) -> dict[str, Any]:
+    """Rank side: torch's ``fully_shard`` on the first ``wrapped`` layers, one unit each, and on
+    the model if ``root``, then one Adam step on this rank's own batch. Per layer: its weight's
+    type and placements, the part of it this rank holds, and a sum of the whole weight
+    (gathered, for a sharded one) to compare across ranks; and the bytes held."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
     model = toy_model(width=width, depth=depth)
     for layer in units(model)[:wrapped]:
         fully_shard(layer)
+    if root:
+        fully_shard(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     x = torch.randn(16, width, generator=torch.Generator().manual_seed(7 + dist.get_rank()))
     nn.functional.mse_loss(model(x), x).backward()

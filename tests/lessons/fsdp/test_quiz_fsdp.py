@@ -105,6 +105,12 @@ def test_fsdp_2_a_layer_in_no_unit_stays_whole() -> None:
             assert mine["held"] == ((128 // n, 128) if sharded else (128, 128))
             agree = len({ls[i]["sum"] for ls in layers}) == 1
             assert agree == sharded, (n, i)  # the explanation: in no unit, nothing averages
+    # the cell's two other calls, on the model alone and on every layer then the model: every
+    # layer sharded, 16 / N bytes per parameter (what the question's case needs, it shows not)
+    for wrapped in (0, 8):
+        for r in fsdp.partly_sharded_on_ranks(2, wrapped=wrapped, root=True):
+            assert {layer["type"] for layer in r["layers"]} == {"DTensor"}
+            assert _near(per_param(r), 16 / 2)
 
 
 @pytest.fixture(scope="module")
