@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import glob
 import os
-import tempfile
 
 import pytest
 import torch
@@ -12,6 +10,7 @@ import torch.distributed as dist
 from torch.distributed import recv, send
 
 from course.instructor.reference import ring_allreduce
+from course.ring import recorder
 from course.ring.encoding import decode_tensor, encoded_tensor
 from course.ring.recorder import record
 from course.ring.trace import decode, encoded_value, ring_trace
@@ -94,9 +93,13 @@ def receive_first(tensor: torch.Tensor) -> None:
     dist.recv(tensor, 1 - r)
 
 
-def test_a_deadlocked_run_leaves_a_partial_trace(by_value) -> None:
-    """Does a deadlock still give the messages so far, unfinished ranks and where they hung?"""
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "course-trace-*")))
+def test_a_deadlocked_run_leaves_a_partial_trace(by_value, monkeypatch) -> None:
+    """Does a deadlock still give the messages so far, unfinished ranks and where they hung,
+    and is the folder the ranks wrote it in gone after? (Only this run's folder is looked at:
+    another test process may be recording at the same time.)"""
+    made: list[str] = []
+    real = recorder.rank_dir
+    monkeypatch.setattr(recorder, "rank_dir", lambda prefix: made.append(real(prefix)) or made[-1])
     trace = record(receive_first, 2, numel=3, timeout=4)
     assert trace.unfinished == (0, 1)
     assert all("dist.recv" in trace.blocked[r] for r in (0, 1))
@@ -104,7 +107,7 @@ def test_a_deadlocked_run_leaves_a_partial_trace(by_value) -> None:
     assert trace.of(0, "recv")[0].holds == 0b10  # completed before the hang
     assert trace.of(0, "recv")[1].holds is None  # posted, never completed
     assert trace.of(1, "recv")[0].holds is None
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "course-trace-*"))) == before
+    assert len(made) == 1 and not os.path.exists(made[0])
 
 
 @pytest.mark.parametrize("world_size", [2, 5])
