@@ -30,12 +30,15 @@ sys.path.insert(0, CATALOGUES)
 
 
 def _descendants() -> set[int]:
-    """Live processes below this one, except the launcher's long-lived forkserver."""
+    """Live processes below this one, except the launcher's long-lived forkserver and the
+    browser tests' Chromium, which lives as long as the session and starts helper processes
+    of its own whenever it likes."""
     helpers = {forkserver.SERVER.pid()}
     alive = set()
     for proc in psutil.Process().children(recursive=True):
         try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.pid not in helpers:
+            browser = os.path.basename((proc.cmdline() or [""])[0]).startswith("chromium")
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.pid not in helpers and not browser:
                 alive.add(proc.pid)
         except psutil.NoSuchProcess:
             pass

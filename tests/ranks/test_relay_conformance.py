@@ -301,8 +301,15 @@ def _run_case(backend: str, name: str) -> None:
 @pytest.mark.timeout(DEADLINE + 30)
 @pytest.mark.parametrize("name", CASES)
 def test_the_case_passes_on_gloo(name: str, no_leftovers: None) -> None:
-    """Does torch's own case pass on gloo, forked ranks and all, so that it may judge the relay?"""
-    _run_case("gloo", name)
+    """Does torch's own case pass on gloo, forked ranks and all, so that it may judge the relay?
+    (Once more if gloo's own TCP mesh could not form: on a machine busy with other test runs,
+    a rank's connection was once closed before the case started, which says nothing of it.)"""
+    try:
+        _run_case("gloo", name)
+    except RuntimeError as err:
+        if "connectFullMesh failed" not in str(err):
+            raise
+        _run_case("gloo", name)
 
 
 @pytest.mark.timeout(DEADLINE + 30)
