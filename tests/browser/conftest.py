@@ -127,6 +127,15 @@ def stderr_errors(page: object) -> list[str]:
     return [t for t in page.locator(STDERR).all_text_contents() if "Error" in t]
 
 
+def saved_notebook(page: object, lab: Lab, path: str) -> nbformat.NotebookNode:
+    """Save the notebook open in ``page`` (Ctrl+S) and read the file back: it holds every
+    output, rendered on the page or not."""
+    page.locator(".jp-Notebook").first.click()
+    page.keyboard.press("Control+s")
+    page.wait_for_timeout(2000)
+    return nbformat.read(lab.root_dir / path, as_version=4)
+
+
 def write_notebook(root: Path, name: str, cells: list[str]) -> str:
     """Write a notebook of code cells under the lab's root; return its path relative to it."""
     nb = nbformat.v4.new_notebook()

@@ -4,7 +4,6 @@ student's own runs?"""
 
 from __future__ import annotations
 
-import nbformat
 import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -23,7 +22,8 @@ def test_finished_notebooks_run_all_cells_in_the_browser(lab, page, second_page,
     accumulation notebook's hangs cut short?"""
     _run_finished(lab, helpers, 240, [
         (page, RING, lambda ring: _finished_ring(ring, artifact, helpers)),
-        (second_page, "accumulation", lambda acc: _finished_accumulation(acc, lab, artifact)),
+        (second_page, "accumulation",
+         lambda acc: _finished_accumulation(acc, lab, artifact, helpers)),
     ])  # fmt: skip
 
 
@@ -51,12 +51,9 @@ def _finished_ring(page: object, artifact: object, helpers: object) -> None:
     bytes_cell.screenshot(path=artifact("release-ring-bytes.png"))
 
 
-def _finished_accumulation(page: object, lab: object, artifact: object) -> None:
+def _finished_accumulation(page: object, lab: object, artifact: object, helpers: object) -> None:
     page.wait_for_selector(".js-plotly-plot", timeout=30_000)
-    page.locator(".jp-Notebook").first.click()
-    page.keyboard.press("Control+s")  # the saved file has every output, rendered or not
-    page.wait_for_timeout(2000)
-    saved = nbformat.read(lab.root_dir / "accumulation-finished.ipynb", as_version=4)
+    saved = helpers.saved_notebook(page, lab, "accumulation-finished.ipynb")
     outputs = [o for c in saved.cells if c.cell_type == "code" for o in c.outputs]
     errors = [f"{o.ename}: {o.evalue}" for o in outputs if o.output_type == "error"]
     assert not errors, errors[0][:800]

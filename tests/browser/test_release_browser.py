@@ -35,10 +35,7 @@ def _check_release(page: object, lab: object, helpers: object, name: str, artifa
     helpers.wait_for_idle(page, timeout_s=400, all_run=True)
     prompts = page.locator(".jp-CodeCell .jp-InputPrompt").all_text_contents()
     assert prompts and all(re.search(r"\[\d+\]", p) for p in prompts), prompts
-    page.locator(".jp-Notebook").first.click()
-    page.keyboard.press("Control+s")  # the saved file holds every output, rendered or not
-    page.wait_for_timeout(2000)
-    saved = nbformat.read(lab.root_dir / f"{name}.ipynb", as_version=4)
+    saved = helpers.saved_notebook(page, lab, f"{name}.ipynb")
     outputs = [o for c in saved.cells if c.cell_type == "code" for o in c.outputs]
     assert not [f"{o.ename}: {o.evalue}" for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs)
@@ -122,10 +119,7 @@ def test_run_all_goes_on_past_a_failing_try_cell(lab, page, artifact, helpers):
     helpers.open_notebook(page, lab, "wrong-ring.ipynb")
     helpers.run_all(page, timeout_s=240)
     helpers.wait_for_idle(page, timeout_s=240)
-    page.locator(".jp-Notebook").first.click()
-    page.keyboard.press("Control+s")
-    page.wait_for_timeout(2000)
-    saved = {c.get("id"): c for c in nbformat.read(lab.root_dir / "wrong-ring.ipynb", 4).cells}
+    saved = {c.get("id"): c for c in helpers.saved_notebook(page, lab, "wrong-ring.ipynb").cells}
     tried = saved["try_it"]
     errors = [o for o in tried.outputs if o.output_type == "error"]
     assert errors, tried.outputs

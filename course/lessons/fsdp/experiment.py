@@ -105,6 +105,18 @@ def _local_bytes(tensors: Any) -> int:
     return sum(getattr(t, "_local_tensor", t).nbytes for t in tensors if t is not None)
 
 
+def _held(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of the full fp32 model, and of this rank's parameters, gradients and Adam state
+    (the local shards, for what FSDP sharded)."""
+    state = [v for s in optimizer.state.values() for v in s.values() if v.dim() > 0]
+    return {
+        "model": sum(p.numel() * 4 for p in model.parameters()),
+        "params": _local_bytes(model.parameters()),
+        "grads": _local_bytes(p.grad for p in model.parameters()),
+        "state": _local_bytes(state),
+    }
+
+
 def memory_per_rank(
     per_layer: bool = True, reshard_after_forward: bool = True, width: int = 128, depth: int = 8
 ) -> dict[str, int]:
@@ -120,15 +132,7 @@ def memory_per_rank(
     optimizer.step()
     with UnshardedPeak(model) as peak:
         nn.functional.mse_loss(model(x), x).backward()
-    state = [v for s in optimizer.state.values() for v in s.values() if v.dim() > 0]
-    return {
-        "model": sum(p.numel() * 4 for p in model.parameters()),  # the full fp32 model
-        "params": _local_bytes(model.parameters()),
-        "grads": _local_bytes(p.grad for p in model.parameters()),
-        "state": _local_bytes(state),
-        "peak unsharded": peak.peak,
-        "layer": width * width * 4,
-    }
+    return {**_held(model, optimizer), "peak unsharded": peak.peak, "layer": width * width * 4}
 
 
 def memory_on_ranks(world_size: int = 4, **options: Any) -> list[dict[str, int]]:
@@ -168,14 +172,7 @@ def partly_sharded_step(
             "shape": tuple(weight.shape),
             "sum": float(whole.double().sum()),
         })  # fmt: skip
-    state = [v for s in optimizer.state.values() for v in s.values() if v.dim() > 0]
-    return {
-        "layers": layers,
-        "model": sum(p.numel() * 4 for p in model.parameters()),
-        "params": _local_bytes(model.parameters()),
-        "grads": _local_bytes(p.grad for p in model.parameters()),
-        "state": _local_bytes(state),
-    }
+    return {"layers": layers, **_held(model, optimizer)}
 
 
 def partly_sharded_on_ranks(world_size: int = 2, **options: Any) -> list[dict[str, Any]]:
