@@ -34,6 +34,7 @@ COURSE_ORDER = (
     "zero",
     "fsdp",
     "synchrony",
+    "fault_tolerance",
 )
 
 

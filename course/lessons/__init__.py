@@ -10,6 +10,7 @@ __all__ = [
     "accumulation",
     "buckets",
     "ddp_gradients",
+    "fault_tolerance",
     "fsdp",
     "ring_allreduce",
     "synchrony",

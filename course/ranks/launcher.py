@@ -34,7 +34,7 @@ How it works, and the trade-offs:
 * Each rank leads its own process group; the caller SIGKILLs those groups when the
   run ends, fails, times out or is interrupted, so children a rank started die too
   (unless they made a new session themselves). A rank whose caller dies kills itself.
-* After the first failure the other ranks get ``ABORT_GRACE`` seconds to finish or
+* After the first failure the other ranks get ``grace`` seconds (``ABORT_GRACE``) to finish or
   fail on their own, then they are stopped and reported with where they were.
   A rank that was merely slow is reported as aborted, not waited for.
 * A rank that has returned or raised stays up, idle, until the run ends: exiting
@@ -65,7 +65,7 @@ from course.ranks.forkserver import SERVER
 from course.ranks.holds import Hold
 from course.ranks.pickling import dumps
 from course.ranks.rescale import Rescale
-from course.ranks.supervisor import Supervisor
+from course.ranks.supervisor import ABORT_GRACE, Supervisor
 
 __all__ = [
     "PerRank",
@@ -139,6 +139,7 @@ def launch(
     measured: bool = False,
     holds: Sequence[Hold] = (),
     rescale: Rescale | None = None,
+    grace: float = ABORT_GRACE,
     **kwargs: Any,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)``, or cell text with ``variables`` defined; report, never raise.
@@ -149,7 +150,9 @@ def launch(
     rank's memory is read at that point too (a snapshot tagged ``relay.BASELINE``), so that
     what the job's code holds from its first line on counts in what it grew by. ``holds``:
     on the relay, the stragglers it makes (:mod:`course.ranks.holds`), told to no rank;
-    ``rescale``: on the relay, the all-gathers it scales (:mod:`course.ranks.rescale`)."""
+    ``rescale``: on the relay, the all-gathers it scales (:mod:`course.ranks.rescale`);
+    ``grace``: the seconds the other ranks get after one fails (an experiment on failures
+    gives them gloo's timeout, to see how each ends on its own)."""
     _check_world_size(world_size)
     _check_backend(backend, world_size)
     timeout, pg_timeout = _check_timeouts(timeout, pg_timeout)
@@ -169,6 +172,7 @@ def launch(
         measured,
         tuple(holds),
         rescale,
+        grace,
     )
     return supervisor.execute()
 

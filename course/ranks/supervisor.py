@@ -101,9 +101,10 @@ class Supervisor:
         measured: bool = False,
         holds: tuple[Hold, ...] = (),
         rescale: Rescale | None = None,
+        grace: float = ABORT_GRACE,
     ) -> None:
         self.world_size, self.payloads, self.before = world_size, payloads, before
-        self.measured = measured
+        self.measured, self.grace = measured, grace
         self.timeout, self.pg_timeout, self.backend = timeout, pg_timeout, backend
         self.ranks: list[_Rank] = []
         self.box = confined.current()
@@ -214,7 +215,7 @@ class Supervisor:
             # raised between Python bytecodes, so never block for long in wait().
             self._poll(live, 0.1 if abort_at is None else min(abort_at - now, 0.1))
             if abort_at is None and any(r.outcome and r.outcome[0] != "ok" for r in self.ranks):
-                abort_at = time.monotonic() + ABORT_GRACE
+                abort_at = time.monotonic() + self.grace
 
     def _poll(self, live: list[_Rank], timeout: float) -> None:
         """Handle whatever the live ranks sent or how they ended, waiting up to timeout."""

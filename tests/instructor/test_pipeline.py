@@ -247,6 +247,37 @@ def test_synchrony_samples_grade_as_their_specs_expect(tmp_path):
     assert "waited for the straggler" in eve["step_with_backups_check"]
 
 
+def test_the_fault_tolerance_samples_cover_the_failure_kinds():
+    """Do the fault_tolerance samples include right work, wrong answers, an outer step that
+    deadlocks and one with heavy-ball momentum for Nesterov's?"""
+    subs = {s.student: s for s in load_specs() if s.assignment == "fault_tolerance"}
+    assert {"ada", "ben", "cy", "eve"} <= set(subs)
+    assert subs["ben"].answers == {"*": "wrong"}
+    texts = {k: " ".join(s.cells.values()) for k, s in subs.items() if isinstance(s.cells, dict)}
+    assert "if dist.get_rank() != 0:" in texts["cy"]
+    assert "g.sub_(outer_lr * m)" in texts["eve"]
+
+
+@pytest.mark.nbgrader
+@pytest.mark.ranks
+@pytest.mark.slow
+def test_fault_tolerance_samples_grade_as_their_specs_expect(tmp_path):
+    """Do Cy's deadlocking outer step and Eve's heavy-ball one get their expected grades, each
+    failure saying what happened? (Ada's and Ben's are left to `make demo`; the check's own
+    tests cover its code: tests/lessons/fault_tolerance/test_outer_check.py.)"""
+    root = pipeline.prepare_course(tmp_path / "course")
+    specs = [
+        s for s in load_specs() if s.assignment == "fault_tolerance" and s.student in ("cy", "eve")
+    ]
+    start = time.monotonic()
+    seconds = _run(root, specs, "fault_tolerance")
+    print(f"autograde fault_tolerance: {seconds} ({time.monotonic() - start:.0f} s in all)")
+    assert check_expectations(grades.grade_rows(root), specs) == []
+    cy, eve = (autograded_errors(root, s, "fault_tolerance") for s in ("cy", "eve"))
+    assert "failed on 2 ranks" in cy["diloco_outer_step_check"]
+    assert "plain momentum" in eve["diloco_outer_step_check"]
+
+
 def test_the_fsdp_samples_cover_the_failure_kinds():
     """Do the fsdp samples include right work, wrong answers with weights that train but
     gather once, a deadlock, and an all-reduce its own record calls a reduce-scatter?"""

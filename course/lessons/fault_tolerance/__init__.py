@@ -1,0 +1,51 @@
+"""When a rank fails: ``peers`` measures what a gloo collective does when a peer dies or hangs,
+``elastic`` what torchrun's agent restarts, ``checkpoint`` what each rank writes and reads with
+torch.distributed.checkpoint, ``quorum`` torchft's per-step quorum and live recovery,
+``failures``, ``timeline`` and ``widget`` a job's failures over time and its checkpoint
+interval, ``local_sgd`` what synchronising less often costs; ``outer`` grades the student's
+DiLoCo outer step.
+"""
+
+from course.exports import Exports
+
+EXPORTS = Exports(
+    __name__,
+    {
+        "check_answer": "course.checks.answers",
+        "check_diloco_outer_step": "course.lessons.fault_tolerance.outer",
+        "checkpoint_run": "course.lessons.fault_tolerance.failures",
+        "elastic": "course.lessons.fault_tolerance.elastic",
+        "fail_and_recover": "course.lessons.fault_tolerance.quorum",
+        "failure_free_fraction": "course.lessons.fault_tolerance.failures",
+        "failures_widget": "course.lessons.fault_tolerance.widget",
+        "Job": "course.lessons.fault_tolerance.failures",
+        "not_implemented": "course.checks.teaching",
+        "local_sgd": "course.lessons.fault_tolerance.local_sgd",
+        "peers": "course.lessons.fault_tolerance.peers",
+        "recovery_report": "course.lessons.fault_tolerance.quorum",
+        "reshard": "course.lessons.fault_tolerance.checkpoint",
+        "save_state": "course.lessons.fault_tolerance.checkpoint",
+        "steps_table": "course.lessons.fault_tolerance.quorum",
+        "say_if_unimplemented": "course.checks.teaching",
+    },
+)
+__all__ = [
+    "Job",
+    "check_answer",
+    "check_diloco_outer_step",
+    "checkpoint_run",
+    "elastic",
+    "fail_and_recover",
+    "failure_free_fraction",
+    "failures_widget",
+    "local_sgd",
+    "not_implemented",
+    "peers",
+    "recovery_report",
+    "reshard",
+    "save_state",
+    "say_if_unimplemented",
+    "steps_table",
+]
+__getattr__ = EXPORTS.getattr
+__dir__ = EXPORTS.dir()
