@@ -24,10 +24,12 @@ def _conda_specs() -> dict[str, str]:
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     specs = {}
     for dep in env["dependencies"]:
-        if isinstance(dep, str):
-            requirement = dep.split("#")[0].strip()
+        # conda's packages, and pip's (a package conda-forge lacks) but the project itself
+        pip = dep.get("pip", []) if isinstance(dep, dict) else []
+        for entry in [dep] if isinstance(dep, str) else [p for p in pip if p[0] != "-"]:
+            requirement = entry.split("#")[0].strip()
             name, spec = re.fullmatch(r"([A-Za-z0-9_.-]+)(.*)", requirement).groups()
-            specs[name.lower()] = spec
+            specs[name.lower()] = spec.replace("==", "=", 1) if spec.startswith("==") else spec
     return specs
 
 

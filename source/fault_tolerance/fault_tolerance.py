@@ -93,21 +93,21 @@ check_answer(
     key="c",
     explanation="""
     gloo's all-reduce runs as a ring, and in it each rank waits only on its two neighbours.
-    Measured on 8 gloo ranks, gloo's timeout 3 s, tensors of 64 K and 4 M floats, rank 7
-    killed before the others' second all-reduce: ranks 0 and 6, its neighbours, raised
-    "Connection closed by peer" (or "reset") within a tenth of a second; ranks 1 to 5 raised
-    when the timeout was up, "Timed out waiting 3000ms" (or, on a loaded machine, a closed
-    connection from a neighbour whose own timeout closed it); on every survivor, each later
-    call on the group failed at once. The kernel does close all seven of rank 7's connections (each rank holds
-    one to every other), but a closed connection is found only by a rank that waits on it:
+    Measured on 8 gloo ranks, gloo's timeout 3 s, tensors of 64 K and 4 M floats, rank 7 killed
+    before the others' second all-reduce: ranks 0 and 6, its neighbours, raised "Connection
+    closed by peer" (or "reset") within a tenth of a second; ranks 1 to 5 raised when the
+    timeout was up, "Timed out waiting 3000ms" (or, on a loaded machine, a closed connection
+    from a neighbour whose own timeout closed it); on every survivor, each later call on the
+    group failed at once. The kernel does close all seven of rank 7's connections (each rank
+    holds one to every other), but a closed connection is found only by a rank that waits on it:
     rank 6 sends to rank 7, rank 0 receives from it, and ranks 1 to 5 wait on live neighbours
-    who will never send again. a) is what a silent rank does (the cell's 3 ranks): a killed
-    one is found at once by those that talk to it. b) the connections close everywhere, but
-    ranks 1 to 5 are not reading them. d) a group's ranks are fixed when it is made: without
-    rank 7's share the sum cannot end, and the group is of no more use. So a job must stop
-    its survivors from outside (torchrun's agent does, part 2), or it waits the whole timeout.
-    On GPUs, NCCL behaves otherwise (its watchdog aborts a collective that outlives the
-    timeout); that is not measured here.
+    who will never send again. a) is what a silent rank does (the cell's 3 ranks): a killed one
+    is found at once by those that talk to it. b) the connections close everywhere, but ranks 1
+    to 5 are not reading them. d) a group's ranks are fixed when it is made: without rank 7's
+    share the sum cannot end, and the group is of no more use. So a job must stop its survivors
+    from outside (torchrun's agent does, part 2), or it waits the whole timeout. On GPUs, NCCL
+    behaves otherwise (its watchdog aborts a collective that outlives the timeout); that is not
+    measured here.
     """,
     giveaways=(
         r"ranks 0 and 6, its neighbours",
@@ -130,8 +130,8 @@ print(peers.report("hangs", 3, pg_timeout=2.0))
 # ## 2. Restarting the job
 #
 # `torchrun` starts each worker of a job as a process, and its **elastic agent** watches
-# them (https://pytorch.org/docs/stable/elastic/run.html). With `--max-restarts K` it may
-# start the job's workers again up to K times; each worker reads
+# them (https://pytorch.org/docs/stable/elastic/run.html). `--max-restarts K` says how many
+# failures it may recover from before it gives up, and a worker reads
 # `TORCHELASTIC_RESTART_COUNT` to know which attempt it is in. The job below,
 # `python -m torch.distributed.run --standalone --nproc-per-node 4 --max-restarts 0
 # -m course.lessons.fault_tolerance.elastic ...`, trains a small model by SGD for 12 steps;
@@ -178,8 +178,10 @@ check_answer(
     raising in step 8: attempt 1 ran 3 new processes (none kept its process id), each started
     from step 5's checkpoint and finished steps 6 to 12, with the same losses in steps 6 and 7
     as the first attempt, bit for bit; torchrun exited with 0. With --max-restarts 0 on 4
-    workers (the cell), the three others were ended by SIGTERM. In the question: eight new
-    workers load step 200, and steps 201 to 249 are done twice. a) and c) a new rank 5 alone
+    workers (the cell), rank 2 raising, the agent ended rank 0 by SIGTERM (its neighbours 1 and
+    3 may raise first on their own, from the closed connection, as in part 1). In the
+    question: eight new workers load step 200, and steps 201 to 249 are done twice. a) and c)
+    a new rank 5 alone
     could not join the others' group (its ranks and connections are fixed when it is made),
     and torchrun restarts the group; c) is what torchft does (part 5), not torchrun. d) any
     worker's non-zero exit counts as a failure, as the cell's exit codes show; with restarts
@@ -262,16 +264,16 @@ check_answer(
     explanation="""
     The report's rate per GPU is 419 failures in 54 x 24 x 16,384 GPU-hours: one GPU fails on
     average every 50,677 h, 5.8 years. A synchronous job has a clean day only if every one of
-    its GPUs does, so the chance is one GPU's exp(-24 / 50,677) = 0.99953 raised to the
-    1,024th power, exp(-1,024 x 24 / 50,677) = exp(-0.485) = 0.616. Drawn with every GPU its
-    own exponential clock, 61.6% of 40,000 days on 1,024 GPUs had no failure. a) 1 - 0.485 =
-    51.5% is the first term of that exponential: it subtracts the expected count of failures,
-    so a day with two failures is taken off twice; it holds only while N t / MTBF is small
-    (at 16,384 GPUs it would give 1 - 7.76, below zero). c) 99.95% is one GPU's clean day (99.957% of 200,000 drawn days);
-    the job needs all 1,024 of them. b) 0.04% is the clean day of the report's 16,384 GPUs
-    (2 of 4,000 drawn days): the job's MTBF is the GPU's over N, 3.1 h on 16,384 GPUs but
-    49.5 h on 1,024. The same law is why a job of 16,384 GPUs that each fail once in
-    5.8 years stops every 3 hours.
+    its GPUs does, so the chance is one GPU's exp(-24 / 50,677) = 0.99953 raised to the 1,024th
+    power, exp(-1,024 x 24 / 50,677) = exp(-0.485) = 0.616. Drawn with every GPU its own
+    exponential clock, 61.6% of 40,000 days on 1,024 GPUs had no failure. a) 1 - 0.485 = 51.5%
+    is the first term of that exponential: it subtracts the expected count of failures, so a day
+    with two failures is taken off twice; it holds only while N t / MTBF is small (at 16,384
+    GPUs it would give 1 - 7.76, below zero). c) 99.95% is one GPU's clean day (99.957% of
+    200,000 drawn days); the job needs all 1,024 of them. b) 0.04% is the clean day of the
+    report's 16,384 GPUs (2 of 4,000 drawn days): the job's MTBF is the GPU's over N, 3.1 h on
+    16,384 GPUs but 49.5 h on 1,024. The same law is why a job of 16,384 GPUs that each fail
+    once in 5.8 years stops every 3 hours.
     """,
     giveaways=(
         r"exp\(-0\.485\)",
@@ -283,19 +285,21 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fault_tolerance_3_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**, at the report's rate per GPU: every GPU its own exponential clock, and the
-# share of 4,000 drawn days in which none of 16, 64 or 256 GPUs failed.
-# `failure_free_fraction(n, mtbf_h, hours, trials)` draws any other case.
+# **Measure it**, at the report's rate per GPU: every GPU its own exponential clock, and how
+# long 16, 64 and 256 GPUs run, on average, until the first of them fails.
+# `first_failures(n, mtbf_h, trials)` draws those times for any other case, and
+# `failure_free_fraction(n, mtbf_h, hours, trials)` the share of windows with none.
 
 # %% nbgrader={"grade": false, "grade_id": "fault_tolerance_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
-from course.lessons.fault_tolerance import failure_free_fraction
+from course.lessons.fault_tolerance import first_failures
 
 mtbf_h = 54 * 24 * 16_384 / 419  # one GPU's mean time between failures, from the report
 print(f"one GPU: a failure every {mtbf_h:,.0f} h on average ({mtbf_h / 24 / 365:.1f} years)")
-days = 4_000
+jobs = 4_000
 for n in (16, 64, 256):
-    clean = failure_free_fraction(n, mtbf_h, hours=24, trials=days, seed=0)
-    print(f"{n:>6,} GPUs: {clean * days:4.0f} of {days:,} drawn days with no failure ({clean:.2%})")
+    first = first_failures(n, mtbf_h, trials=jobs, seed=0)  # hours to each job's first failure
+    print(f"{n:>4} GPUs: the first failure after {first.mean():6,.0f} h on average "
+          f"({jobs:,} drawn jobs)")
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fault_tolerance_4_question", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Question fault_tolerance_4: how often to checkpoint
@@ -455,22 +459,22 @@ check_answer(
     key="b",
     explanation="""
     To DCP a plain tensor is a replicated one: every rank's plan holds an item under the same
-    key and index ("exp_avg", offset 0), and the coordinator keeps each such item in one
-    rank's plan only (the one with the least planned so far) before anyone writes. It compares
-    neither values nor shapes. Measured on 4 gloo ranks, a flat exp_avg of 4096 floats in
-    quarters of 1024: no rank raised; .metadata lists one chunk of exp_avg, 1024 floats at
-    offset 0, in __0_0.distcp (5,673 B), and the files of ranks 1 to 3 are empty (0 B); read
-    back, it is rank 0's quarter bit for bit. With a sharded weight before it in the state
-    dict, rank 1's quarter was the one kept (its file 19,538 B, the others 13,865 B); with
-    unequal pieces (10 floats on 3 ranks: 4, 4 and 2) one chunk of 4 floats, rank 0's. A
-    bias the same on every rank (save_state's bias=) is that case with equal values, where dropping copies is right: one item,
-    in rank 1's file. a) is what a DTensor gets: the cell's weight, with Shard(0), is one
-    chunk per rank, each in its own rank's file; a plain tensor says nothing of where it lies
-    in a whole, so the four items look alike. c) nothing checks that the copies agree: three
+    key and index ("exp_avg", offset 0), and the coordinator keeps each such item in one rank's
+    plan only (the one with the least planned so far) before anyone writes. It compares neither
+    values nor shapes. Measured on 4 gloo ranks, a flat exp_avg of 4096 floats in quarters of
+    1024: no rank raised; .metadata lists one chunk of exp_avg, 1024 floats at offset 0, in
+    __0_0.distcp (5,673 B), and the files of ranks 1 to 3 are empty (0 B); read back, it is rank
+    0's quarter bit for bit. With a sharded weight before it in the state dict, rank 1's quarter
+    was the one kept (its file 19,538 B, the others 13,865 B); with unequal pieces (10 floats on
+    3 ranks: 4, 4 and 2) one chunk of 4 floats, rank 0's. A bias the same on every rank
+    (save_state's bias=) is that case with equal values, where dropping copies is right: one
+    item, in rank 1's file. a) is what a DTensor gets: the cell's weight, with Shard(0), is one
+    chunk per rank, each in its own rank's file; a plain tensor says nothing of where it lies in
+    a whole, so the four items look alike. c) nothing checks that the copies agree: three
     quarters are lost in silence, and a restart gives every rank the kept one. d) no rank
-    gathers: each rank writes its own items to its own file, and rank 0 adds the .metadata
-    (856 B here). A sharded optimizer state goes to DCP as DTensors (or under one key per
-    rank, which ties the checkpoint to that number of ranks).
+    gathers: each rank writes its own items to its own file, and rank 0 adds the .metadata (856
+    B here). A sharded optimizer state goes to DCP as DTensors (or under one key per rank, which
+    ties the checkpoint to that number of ranks).
     """,
     giveaways=(
         r"other three for copies",
@@ -588,7 +592,7 @@ print(reshard(rows=12, cols=1024, saved_on=4, loaded_on=2))
 # gradients, and closes its connections before the all-reduce, as a process that dies does.
 # With `back_at`, it comes back, with a freshly initialised model, once the others have
 # committed `back_at` steps. It returns what each group saw. `steps_table(record)` prints
-# every try of every step on every group: the quorum's id, `num_participants()`, what
+# each step of each group: the quorum's id, `num_participants()`, what
 # `should_commit()` returned, and the largest difference between the group's parameters and one
 # process taking an SGD step on the batches of the groups in that quorum, put together.
 # `recovery_report(record)` prints what the group that came back received, and how it compares
@@ -724,13 +728,13 @@ check_answer(
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fault_tolerance_8_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # **Measure it**, on 3 replica groups with SGD: group 2 leaves before step 2 and comes back,
-# with a freshly initialised model, for step 4. `optimizer="adam"`, `leave_at` and `back_at`
+# with a freshly initialised model, for step 3. `optimizer="adam"`, `leave_at` and `back_at`
 # change the run.
 
 # %% nbgrader={"grade": false, "grade_id": "fault_tolerance_8_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.lessons.fault_tolerance import fail_and_recover, recovery_report, steps_table
 
-record = fail_and_recover(replicas=3, steps=6, leave_at=2, back_at=4, optimizer="sgd")
+record = fail_and_recover(replicas=3, steps=6, leave_at=2, back_at=3, optimizer="sgd")
 print(steps_table(record))
 print(recovery_report(record))
 
@@ -839,8 +843,8 @@ print(check_diloco_outer_step(diloco_outer_step))
 # The same 64 steps on 2 ranks, synchronising every 4 and every 16 steps: LocalSGD's average
 # against your outer step, with the paper's outer learning rate and momentum. Which does better
 # here, at which H, and why might the paper's settings (tuned for H = 500 on language models)
-# not carry to 64 steps of a small regression? Try `local_sgd.OUTER_LR` and `OUTER_MU` of your
-# own in `local_sgd.train`'s call to find out.
+# not carry to 64 steps of a small regression? Pass `outer_lr=` and `mu=` of your own to
+# `local_sgd.train` to find out.
 
 # %% nbgrader={"grade": false, "grade_id": "diloco_race", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.lessons.fault_tolerance import not_implemented

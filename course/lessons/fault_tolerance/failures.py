@@ -44,6 +44,7 @@ __all__ = [
     "daly_interval",
     "expected_goodput",
     "failure_free_fraction",
+    "first_failures",
     "goodput_curve",
     "quorum_goodput",
     "quorum_run",
@@ -210,19 +211,23 @@ def goodput_curve(
     return out
 
 
+def first_failures(ranks: int, mtbf_h: float, trials: int, seed: int = 0) -> np.ndarray:
+    """When the first of N ranks fails, in hours, in each of ``trials`` drawn jobs: each rank
+    its own exponential clock (drawn, not computed from the closed form)."""
+    rng, out = np.random.default_rng(seed), []
+    chunk = max(1, (1 << 20) // ranks)  # about 8 MB of clocks at a time
+    for start in range(0, trials, chunk):
+        n = min(chunk, trials - start)
+        out.append(rng.exponential(mtbf_h, size=(n, ranks)).min(axis=1))
+    return np.concatenate(out) if out else np.empty(0)
+
+
 def failure_free_fraction(
     ranks: int, mtbf_h: float, hours: float, trials: int, seed: int = 0
 ) -> float:
     """The share of ``trials`` drawn windows of ``hours`` in which none of N ranks failed, each
     rank its own exponential clock (counted, not computed from the closed form)."""
-    rng, clean, left = np.random.default_rng(seed), 0, trials
-    chunk = max(1, (1 << 20) // ranks)  # about 8 MB of clocks at a time
-    while left:
-        n = min(chunk, left)
-        first = rng.exponential(mtbf_h, size=(n, ranks)).min(axis=1)  # each window's first failure
-        clean += int((first > hours).sum())
-        left -= n
-    return clean / trials
+    return float((first_failures(ranks, mtbf_h, trials, seed) > hours).mean())
 
 
 def quorum_run(

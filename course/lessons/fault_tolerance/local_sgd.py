@@ -8,8 +8,8 @@ with AdamW (lr 1e-2). ``ddp`` all-reduces the gradients every step (their mean);
 ``local_sgd`` steps alone and averages the parameters every ``every`` steps (Stich 2019,
 "Local SGD Converges Fast and Communicates Little"); ``diloco`` steps alone and every
 ``every`` steps calls ``outer_step(params, global_params, momentum, outer_lr, mu)``, the
-outer step of DiLoCo (Douillard et al. 2023, arXiv:2311.08105), with the paper's outer
-learning rate 0.7 and Nesterov momentum 0.9. Each rank's record: the loss over all ranks'
+outer step of DiLoCo (Douillard et al. 2023, arXiv:2311.08105), by default with the paper's
+outer learning rate 0.7 and Nesterov momentum 0.9. Each rank's record: the loss over all ranks'
 data after each synchronisation, and the bytes it put into collectives, counted by the
 course's recorder. Runs under torchrun too:
 
@@ -56,10 +56,16 @@ def _loss_everywhere(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> fl
 
 
 def train(
-    method: str, steps: int = 64, every: int = 8, outer_step: Callable[..., Any] | None = None
+    method: str,
+    steps: int = 64,
+    every: int = 8,
+    outer_step: Callable[..., Any] | None = None,
+    outer_lr: float = OUTER_LR,
+    mu: float = OUTER_MU,
 ) -> dict[str, Any]:
     """On every rank: ``steps`` inner steps of ``method``; the loss over all the data after
-    each synchronisation (every step for ``ddp``), and the bytes put into collectives."""
+    each synchronisation (every step for ``ddp``), and the bytes put into collectives.
+    ``outer_lr`` and ``mu``: DiLoCo's outer learning rate and momentum."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "diloco" and outer_step is None:
@@ -83,7 +89,8 @@ def train(
             opt.step()
             if method != "ddp" and step % every == 0:
                 with torch.no_grad():
-                    _synchronise(method, params, global_params, momentum, outer_step)
+                    outer = (outer_step, outer_lr, mu)
+                    _synchronise(method, params, global_params, momentum, outer)
         sent += sum(max(c.contributed, 0) for c in seen.collectives)
         if method == "ddp" or step % every == 0:
             losses.append((step, _loss_everywhere(model, xs, ys)))
@@ -91,16 +98,17 @@ def train(
 
 
 def _synchronise(
-    method: str, params: list, global_params: list, momentum: list, outer_step: Callable | None
+    method: str, params: list, global_params: list, momentum: list, outer: tuple
 ) -> None:
-    """LocalSGD: the parameters' mean; DiLoCo: the student's outer step."""
+    """LocalSGD: the parameters' mean; DiLoCo: the student's outer step (``outer``: it, and
+    its learning rate and momentum)."""
     if method == "local_sgd":
         for p in params:
             dist.all_reduce(p)
             p.div_(dist.get_world_size())
         return
-    assert outer_step is not None  # noqa: S101 - checked in train
-    outer_step([p.data for p in params], global_params, momentum, OUTER_LR, OUTER_MU)
+    outer_step, outer_lr, mu = outer
+    outer_step([p.data for p in params], global_params, momentum, outer_lr, mu)
 
 
 def main() -> None:
