@@ -133,10 +133,10 @@ print(peers.report("hangs", 3, pg_timeout=2.0))
 # them (https://pytorch.org/docs/stable/elastic/run.html). `--max-restarts K` says how many
 # failures it may recover from before it gives up, and a worker reads
 # `TORCHELASTIC_RESTART_COUNT` to know which attempt it is in. The job below,
-# `python -m torch.distributed.run --standalone --nproc-per-node 4 --max-restarts 0
+# `python -m torch.distributed.run --standalone --nproc-per-node 1 --max-restarts 1
 # -m course.lessons.fault_tolerance.elastic ...`, trains a small model by SGD for 12 steps;
 # rank 0 saves a checkpoint after every 5th step, and a worker that starts loads the newest
-# one. Rank 2 raises an exception in step 8 of the first attempt. `elastic.report` prints, per
+# one. The worker raises an exception in step 8 of the first attempt. `elastic.report` prints, per
 # attempt, each worker's process id, the step it started from, the steps it finished and how
 # it ended, then torchrun's own exit code.
 
@@ -173,20 +173,19 @@ check_answer(
     key="b",
     explanation="""
     The agent treats its workers as one group: when one fails it stops the rest (SIGTERM) and,
-    while restarts are left, starts a whole new group, every worker a new process. Measured
-    with torchrun on 3 workers, --max-restarts 1, a checkpoint after every 5th step, rank 1
-    raising in step 8: attempt 1 ran 3 new processes (none kept its process id), each started
-    from step 5's checkpoint and finished steps 6 to 12, with the same losses in steps 6 and 7
-    as the first attempt, bit for bit; torchrun exited with 0. With --max-restarts 0 on 4
-    workers (the cell), rank 2 raising, the agent ended rank 0 by SIGTERM (its neighbours 1 and
-    3 may raise first on their own, from the closed connection, as in part 1). In the
-    question: eight new workers load step 200, and steps 201 to 249 are done twice. a) and c)
-    a new rank 5 alone
-    could not join the others' group (its ranks and connections are fixed when it is made),
-    and torchrun restarts the group; c) is what torchft does (part 5), not torchrun. d) any
-    worker's non-zero exit counts as a failure, as the cell's exit codes show; with restarts
-    left, the job goes on. The work lost per failure is the steps since the last checkpoint,
-    plus the restart: what part 3 prices.
+    while restarts are left, starts a whole new group, every worker a new process. Measured with
+    torchrun on 3 workers, --max-restarts 1, a checkpoint after every 5th step, rank 1 raising
+    in step 8: attempt 1 ran 3 new processes (none kept its process id), each started from step
+    5's checkpoint and finished steps 6 to 12, with the same losses in steps 6 and 7 as the
+    first attempt, bit for bit; torchrun exited with 0. With --max-restarts 0 on 4 workers, rank
+    2 raising, the agent ended rank 0 by SIGTERM (its neighbours 1 and 3 may raise first on
+    their own, from the closed connection, as in part 1). In the question: eight new workers
+    load step 200, and steps 201 to 249 are done twice. a) and c) a new rank 5 alone could not
+    join the others' group (a group's ranks and connections are fixed when it is made), and
+    torchrun restarts the group; c) is what torchft does (part 5), not torchrun. d) an exception
+    in the script is a failure like any other: the cell's worker raised, and the agent started
+    it again. The work lost per failure is the steps since the last checkpoint, plus the
+    restart: what part 3 prices.
     """,
     giveaways=(
         r"starts a whole new group",
@@ -197,7 +196,8 @@ check_answer(
 ### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "fault_tolerance_2_measure_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# **Measure it**: 4 workers under torchrun, with no restart allowed.
+# **Measure it**: one worker under torchrun, one restart allowed.
+# `elastic.run_elastic(log, nproc, max_restarts, steps, every, fail=(rank, step))` runs others.
 
 # %% nbgrader={"grade": false, "grade_id": "fault_tolerance_2_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import tempfile
@@ -206,7 +206,7 @@ from pathlib import Path
 from course.lessons.fault_tolerance import elastic
 
 with tempfile.TemporaryDirectory() as log:
-    job = elastic.run_elastic(Path(log), 4, max_restarts=0, steps=12, every=5, fail=(2, 8))
+    job = elastic.run_elastic(Path(log), 1, max_restarts=1, steps=12, every=5, fail=(0, 8))
 print(elastic.report(job))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "failures_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}

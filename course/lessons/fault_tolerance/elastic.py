@@ -196,7 +196,7 @@ def report(run: ElasticRun) -> str:
 
 def _ended(code: int | None) -> str:
     if code is None:
-        return "stopped"
+        return "ended: its attempt failed"
     if code < 0:
         return f"ended by signal {-code} ({signal.Signals(-code).name})"
     return f"exited with code {code}"
