@@ -579,10 +579,9 @@ print(reshard(rows=12, cols=1024, saved_on=4, loaded_on=2))
 # ```
 #
 # A group that starts late, or comes back after a failure, finds a quorum whose members are
-# steps ahead of it and **heals**: a live peer sends it the state that the `state_dict`
-# function it registered with its Manager returns (here, as in torchft's own examples, the
-# model's and the optimizer's state dicts), over HTTP, and it loads it with its
-# `load_state_dict` function. No checkpoint on disk is read.
+# steps ahead of it and **heals** from a live peer, over HTTP, before it takes part in a step
+# again. Each group hands its Manager two functions for that, `state_dict` and
+# `load_state_dict`.
 #
 # `fail_and_recover(replicas, steps, leave_at, back_at, when, optimizer)` starts a Lighthouse
 # on a free loopback port and `replicas` groups (2 to 4), each training the same 4-layer model
