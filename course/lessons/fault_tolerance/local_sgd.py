@@ -3,15 +3,16 @@
     from course.ranks import run
     run(train, 2, "local_sgd", steps=64, every=8)    # one record per rank
 
-Every rank fits the same small regression network to its own shard of one teacher's data
-with AdamW (lr 1e-2). ``ddp`` all-reduces the gradients every step (their mean);
-``local_sgd`` steps alone and averages the parameters every ``every`` steps (Stich 2019,
-"Local SGD Converges Fast and Communicates Little"); ``diloco`` steps alone and every
-``every`` steps calls ``outer_step(params, global_params, momentum, outer_lr, mu)``, the
-outer step of DiLoCo (Douillard et al. 2023, arXiv:2311.08105), by default with the paper's
-outer learning rate 0.7 and Nesterov momentum 0.9. Each rank's record: the loss over all ranks'
-data after each synchronisation, and the bytes it put into collectives, counted by the
-course's recorder. Runs under torchrun too:
+Every rank fits the same small regression network to its own shard of one teacher's data with
+AdamW (lr 1e-2; ``inner`` picks another optimizer of ``INNER``). ``ddp`` all-reduces the
+gradients every step (their mean); ``local_sgd`` steps alone and averages the parameters every
+``every`` steps (Stich 2019, "Local SGD Converges Fast and Communicates Little"); ``diloco``
+steps alone and every ``every`` steps calls ``outer_step(params, global_params, momentum,
+outer_lr, mu)``, the outer step of DiLoCo (Douillard et al. 2023, arXiv:2311.08105), by default
+with the paper's outer learning rate 0.7 and Nesterov momentum 0.9. Each rank's record: the
+loss over all ranks' data after each synchronisation, the bytes it put into collectives,
+counted by the course's recorder, and its parameters at the end, flattened. Runs under torchrun
+too:
 
     torchrun --nproc-per-node 2 -m course.lessons.fault_tolerance.local_sgd local_sgd 8
 """
@@ -28,11 +29,18 @@ from torch import nn
 
 from course.ring.recorder import Recorder
 
-__all__ = ["METHODS", "OUTER_LR", "OUTER_MU", "train"]
+__all__ = ["INNER", "METHODS", "OUTER_LR", "OUTER_MU", "train"]
 
 METHODS = ("ddp", "local_sgd", "diloco")
 OUTER_LR, OUTER_MU = 0.7, 0.9  # DiLoCo's outer Nesterov SGD, as in its paper
 ROWS, DIM, HIDDEN = 256, 16, 32  # each rank's data, and the network
+# The inner optimizers, each with a learning rate at which this problem trains stably.
+INNER: dict[str, Callable[[list], torch.optim.Optimizer]] = {
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-2),
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.05),
+    "momentum": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+    "adagrad": lambda params: torch.optim.Adagrad(params, lr=0.05),
+}
 
 
 def _data(rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -62,19 +70,23 @@ def train(
     outer_step: Callable[..., Any] | None = None,
     outer_lr: float = OUTER_LR,
     mu: float = OUTER_MU,
+    inner: str = "adamw",
 ) -> dict[str, Any]:
-    """On every rank: ``steps`` inner steps of ``method``; the loss over all the data after
-    each synchronisation (every step for ``ddp``), and the bytes put into collectives.
-    ``outer_lr`` and ``mu``: DiLoCo's outer learning rate and momentum."""
+    """On every rank: ``steps`` inner steps of ``method`` with the ``inner`` optimizer; the
+    loss over all the data after each synchronisation (every step for ``ddp``), the bytes put
+    into collectives and the parameters at the end. ``outer_lr`` and ``mu``: DiLoCo's outer
+    learning rate and momentum."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if inner not in INNER:
+        raise ValueError(f"inner must be one of {tuple(INNER)}, got {inner!r}")
     if method == "diloco" and outer_step is None:
         raise ValueError("diloco needs outer_step: your diloco_outer_step")
     rank, n = dist.get_rank(), dist.get_world_size()
     x, y, xs, ys = _data(rank, n)
     model = _model()
     params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-2)
+    opt = INNER[inner](params)
     global_params = [p.detach().clone() for p in params]
     momentum = [torch.zeros_like(p) for p in params]
     losses, sent = [], 0
@@ -94,7 +106,8 @@ def train(
         sent += sum(max(c.contributed, 0) for c in seen.collectives)
         if method == "ddp" or step % every == 0:
             losses.append((step, _loss_everywhere(model, xs, ys)))
-    return {"rank": rank, "losses": losses, "sent": sent}
+    weights = torch.cat([p.detach().flatten() for p in params])
+    return {"rank": rank, "losses": losses, "sent": sent, "weights": weights}
 
 
 def _synchronise(

@@ -118,3 +118,27 @@ def test_local_sgd_sends_one_model_per_round_and_ddp_one_gradient_per_step():
     assert every4[0]["sent"] == outer[0]["sent"] == 4 * 4 * params
     for got in (ddp, every4, outer):
         assert got[0]["losses"] == got[1]["losses"]
+
+
+def test_fault_tolerance_9_which_inner_optimizers_make_local_sgd_every_step_ddp():
+    """On 3 ranks over 32 steps, per inner optimizer: are LocalSGD's parameters, averaged after
+    every step, DDP's to float rounding, or do the runs part?"""
+    same = {}
+    for inner in ("sgd", "momentum", "adagrad", "adamw"):
+        ddp = run(local_sgd.train, 3, "ddp", 32, 1, inner=inner)
+        local = run(local_sgd.train, 3, "local_sgd", 32, 1, inner=inner)
+        assert ddp[0]["losses"][-1][1] < 0.8 * ddp[0]["losses"][0][1], inner  # it trains
+        for got in (ddp, local):  # every rank holds the same parameters
+            assert all(g["weights"].equal(got[0]["weights"]) for g in got), inner
+        gap = (ddp[0]["weights"] - local[0]["weights"]).abs().max().item()
+        assert gap < 1e-4 or gap > 1e-2, (inner, gap)  # rounding, or runs that part
+        same[inner] = gap < 1e-4
+    print(same)
+    assert not same["adamw"]  # as the stem says
+    options = {
+        "a": same["sgd"] and same["momentum"] and not same["adagrad"],
+        "b": same["sgd"] and not same["momentum"] and not same["adagrad"],
+        "c": same["sgd"] and same["adagrad"] and not same["momentum"],
+        "d": not (same["sgd"] or same["momentum"] or same["adagrad"]),
+    }
+    assert supported(options) == KEYS["fault_tolerance_9"]
