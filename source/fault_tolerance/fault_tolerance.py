@@ -680,7 +680,7 @@ print(steps_table(record))
 # * a) About 3P each time: the parameters and both of Adam's moment estimates.
 # * b) About P each time: the parameters, from which it rebuilds Adam's state.
 # * c) About P per step missed: each missed step's averaged gradient, replayed.
-# * d) About 4P each time: the parameters, both moments and the latest gradient.
+# * d) About 2P each time: the parameters and the last step's averaged gradient.
 #
 # Set `answer_fault_tolerance_8` to your letter and run the cell below it.
 
@@ -710,9 +710,10 @@ check_answer(
     peer's bit for bit. b) Adam's moments are running averages of past gradients: nothing on
     the returning group can rebuild them from the parameters, which is why they travel. c) no
     gradient travels: the peer's state already holds the effect of the missed steps, and the
-    bytes were the same after 1 missed step as after 3. d) gradients are in no state dict: the
-    returning group's own gradient in its first step back is zeroed (participating False,
-    num_participants() 2), and it steps with the average of the others'. An absence costs the
+    bytes were the same after 1 missed step as after 3. d) gradients are in no state dict, and
+    the returning group needs none: its own gradient in its first step back is zeroed
+    (participating False, num_participants() 2), and it steps with the average of the others',
+    all-reduced in that step. An absence costs the
     group its work, not more bytes: it ran no step while away, and the batch of its first step
     back was computed and dropped. On GPUs the same state travels; torchft also has a
     process-group transport that sends it GPU to GPU instead of over HTTP.
