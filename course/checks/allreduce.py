@@ -40,7 +40,7 @@ from course.checks.ring_cases import (
 )
 from course.checks.ring_cases import inputs as make_inputs
 from course.checks.ring_hints import ring_hints
-from course.checks.teaching import failure_message
+from course.checks.teaching import failure_message, need_function, world_sizes_of
 from course.ranks import confined, relay
 from course.ranks.wording import count, world_sizes_text
 from course.ring.encoding import encoded_tensor
@@ -159,13 +159,8 @@ def check_p2p_allreduce(
     pattern: bool,
 ) -> Report:
     """Run ``fn`` on every world size; fail with a message that teaches, or say what passed."""
-    if not callable(fn):
-        raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
-            f"expected your {exercise.name} function, got {type(fn).__name__}: run its cell first"
-        )
-    world_sizes = tuple(world_sizes)
-    if not world_sizes or any(type(n) is not int or n < 2 for n in world_sizes):
-        raise ValueError(f"world_sizes must be integers of at least 2, got {world_sizes}")
+    need_function(exercise.name, fn)
+    world_sizes = world_sizes_of(world_sizes)
     n_sums = n_patterns = 0
     shapes: dict[tuple[int, ...], None] = {}
     for world_size in world_sizes:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from course.checks.teaching import read_record
 from course.ranks.confined import read_rank_file
 from course.ranks.wording import count
 from course.ring.logs import log_path
@@ -114,12 +115,9 @@ def relayed_case(
 ) -> Trace:
     """Case ``i`` of a run as the relay saw it (under grading); a record that cannot be split
     into cases fails the check."""
-    try:
-        return relayed_trace(result.relayed, world_size, case.shape[0], secret, i)
-    except ValueError as err:
-        raise AssertionError(
-            f"{name}'s run on {world_size} ranks cannot be read case by case: {err}"
-        ) from None
+    run = f"{name}'s run on {world_size} ranks"
+    args = (result.relayed, world_size, case.shape[0], secret, i)
+    return read_record(run, "case by case", relayed_trace, *args)
 
 
 def refuse_collectives(name: str, called: list[list[str]]) -> None:

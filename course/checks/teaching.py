@@ -27,15 +27,19 @@ __all__ = [
     "CheckFailed",
     "failure_message",
     "hint_for",
+    "need_function",
     "not_implemented",
     "on_ranks",
+    "read_record",
     "say_if_unimplemented",
     "stub_text",
     "teaches",
     "user_traceback",
+    "world_sizes_of",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 # Seconds per launch of a check's ranks: DDP's first construction on a rank imports torch._dynamo.
 TIMEOUT = 30.0
@@ -161,6 +165,23 @@ def failure_message(
     return "\n".join(lines)
 
 
+def need_function(name: str, fn: Any) -> None:
+    """Fail the check, in words, unless ``fn`` is callable (the student's ``name`` function:
+    an unrun cell leaves something else under its name)."""
+    if not callable(fn):
+        raise CheckFailed(
+            f"expected your {name} function, got {type(fn).__name__}: run its cell first"
+        )
+
+
+def world_sizes_of(world_sizes: Any) -> tuple[int, ...]:
+    """``world_sizes`` as a tuple; ValueError unless it holds integers of at least 2."""
+    sizes = tuple(world_sizes)
+    if not sizes or any(type(n) is not int or n < 2 for n in sizes):
+        raise ValueError(f"world_sizes must be integers of at least 2, got {sizes}")
+    return sizes
+
+
 def on_ranks(
     name: str,
     fn: Callable[..., Any],
@@ -204,6 +225,16 @@ def on_recorded_ranks(
     if result.failures:
         raise CheckFailed(failure_message(name, world_size, result.failures))
     return result.results, result.relayed
+
+
+def read_record(run: str, how: str, read: Callable[..., T], *args: Any) -> T:
+    """``read(*args)``, a reading of the relay's record of ``run`` ("ring_allreduce's run on 3
+    ranks"); a record it cannot read ``how`` ("case by case"; ``read``'s ValueError) fails
+    the check with the reason."""
+    try:
+        return read(*args)
+    except ValueError as err:
+        raise CheckFailed(f"{run} cannot be read{' ' + how if how else ''}: {err}") from None
 
 
 def user_traceback(exc: BaseException) -> str:

@@ -70,6 +70,10 @@ def hub_config(cls: Any, proxy: Path) -> str:
         "JupyterHub.db_url": f"sqlite:///{cls.root / 'hub' / 'jupyterhub.sqlite'}",
         "JupyterHub.cookie_secret_file": str(cls.root / "hub" / "cookie_secret"),
         "JupyterHub.pid_file": str(cls.root / "hub" / "jupyterhub.pid"),
+        # No periodic health check of the course's service: it only logs, and JupyterHub 6.1's
+        # races the hub's own shutdown (it reads the stopped service's server, now None, and
+        # logs an AttributeError's traceback on SIGTERM about one time in ten).
+        "JupyterHub.service_check_interval": 0,
         "JupyterHub.authenticator_class": "pam",
         "PAMAuthenticator.open_sessions": False,
         "Authenticator.allowed_users": sorted(cls.users),

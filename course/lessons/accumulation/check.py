@@ -28,7 +28,7 @@ from course.checks.compare import (
     near,
     rank_generators,
 )
-from course.checks.teaching import TIMEOUT, on_recorded_ranks, teaches, user_traceback
+from course.checks.teaching import TIMEOUT, on_recorded_ranks, read_record, teaches, user_traceback
 from course.lessons.accumulation.experiment import counting_hook
 from course.ranks import PerRank, relay
 from course.ring.recorder import Recorder
@@ -144,10 +144,7 @@ def _count_relayed(r: dict[str, Any], relayed: tuple) -> None:
     collective it took part in after its mark (DDP's included), and no more syncs than the
     all-reduces of the whole run (DDP's set-up makes none: no mark its code could move
     hides one)."""
-    try:
-        seen = collectives_in(relayed, r["rank"], 0)
-    except ValueError as err:
-        raise AssertionError(f"accumulation_step's run cannot be read: {err}") from None
+    seen = read_record("accumulation_step's run", "", collectives_in, relayed, r["rank"], 0)
     every = len(all_reduces_in(relayed, r["rank"], None))
     r["collectives"] = seen + ["all_reduce"] * (every - seen.count("all_reduce"))
     r["syncs"] = min(r["syncs"], every)

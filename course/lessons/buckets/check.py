@@ -27,7 +27,7 @@ from course.checks.compare import (
     ratio,
 )
 from course.checks.refusals import DDP_RULE, refusing
-from course.checks.teaching import TIMEOUT, on_recorded_ranks, teaches, user_traceback
+from course.checks.teaching import TIMEOUT, on_recorded_ranks, read_record, teaches, user_traceback
 from course.lessons.buckets.experiment import MB
 from course.ranks import PerRank, relay
 from course.ranks.wording import count
@@ -153,10 +153,7 @@ def relayed_all_reduces(
 ) -> list[dict[str, Any]]:
     """The all-reduces ``rank`` made in part ``part`` (None: the whole run), from the relay's
     record, in the shape of :func:`all_reduces` (their times are the rank's own, so none)."""
-    try:
-        numels = all_reduces_in(relayed, rank, part)
-    except ValueError as err:
-        raise AssertionError(f"{name}'s run cannot be read: {err}") from None
+    numels = read_record(f"{name}'s run", "", all_reduces_in, relayed, rank, part)
     return [{"numel": n, "async_op": None, "t": None} for n in numels]
 
 

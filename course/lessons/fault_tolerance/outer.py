@@ -31,7 +31,13 @@ import torch.distributed as dist
 
 from course.checks.compare import fresh_seed
 from course.checks.refusals import Refusal, refusing
-from course.checks.teaching import failure_message, teaches
+from course.checks.teaching import (
+    failure_message,
+    need_function,
+    read_record,
+    teaches,
+    world_sizes_of,
+)
 from course.ranks import confined, relay
 from course.ranks.wording import count, world_sizes_text
 from course.ring.hierarchy import Call
@@ -90,13 +96,8 @@ def check_diloco_outer_step(
     fn: Callable[..., Any], world_sizes: Sequence[int] = WORLD_SIZES
 ) -> str:
     """Check ``fn``'s outer steps on ``world_sizes``: values on every rank, and its traffic."""
-    if not callable(fn):
-        raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
-            f"expected your {NAME} function, got {type(fn).__name__}: run its cell first"
-        )
-    world_sizes = tuple(world_sizes)
-    if not world_sizes or any(type(n) is not int or n < 2 for n in world_sizes):
-        raise ValueError(f"world_sizes must be integers of at least 2, got {world_sizes}")
+    need_function(NAME, fn)
+    world_sizes = world_sizes_of(world_sizes)
     seed = fresh_seed(None)
     for n in world_sizes:
         _check_world_size(fn, n, Case(0.7, 0.9), seed + n)
@@ -248,12 +249,8 @@ def _hint(
 
 def _record(result: Any, n: int, i: int) -> list[Call]:
     """Step ``i`` as the relay recorded it (under grading: nothing a rank reported)."""
-    try:
-        return relayed_calls(result.relayed, n, i)
-    except ValueError as err:
-        raise AssertionError(
-            f"{NAME}'s run on {n} ranks cannot be read step by step: {err}"
-        ) from None
+    run = f"{NAME}'s run on {n} ranks"
+    return read_record(run, "step by step", relayed_calls, result.relayed, n, i)
 
 
 def _reported(got: list) -> list[Call]:

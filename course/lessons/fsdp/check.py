@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from course.checks.compare import MODEL_SEED, fresh_seed, rank_generators
-from course.checks.teaching import CheckFailed, failure_message, teaches
+from course.checks.teaching import CheckFailed, failure_message, need_function, teaches
 from course.lessons.fsdp.model import (
     STEPS,
     Backwards,
@@ -75,14 +75,6 @@ FSDP_DEADLOCK = (
     "collectives in the same order: an all-gather before each unit's forward and again "
     "before its backward, one reduce-scatter after its backward, on every rank."
 )
-
-
-def need_callable(fn: Any) -> None:
-    """Fail unless ``fn`` is callable (the student's function)."""
-    if not callable(fn):
-        raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
-            f"expected your {NAME} function, got {type(fn).__name__}: run its cell first"
-        )
 
 
 def run_fully_shard(
@@ -180,7 +172,7 @@ def check_fully_shard(
     seed: int | None = None, timeout: float = LAUNCH_TIMEOUT,
 ) -> str:  # fmt: skip
     """After STEPS steps of SGD, and of Adam, every unit's shards match the oracle's."""
-    need_callable(fully_shard)
+    need_function(NAME, fully_shard)
     model = tiny_lm(MODEL_SEED)
     worst = 0.0
     for n in world_sizes:
@@ -228,7 +220,7 @@ def check_fsdp_traffic(
 ) -> str:  # fmt: skip
     """Per step and unit: 2 all-gathers of the shard, 1 reduce-scatter, nothing else; and the
     backward computes with what its all-gathers bring (scaled by the judge: module doc)."""
-    need_callable(fully_shard)
+    need_function(NAME, fully_shard)
     layout = units(tiny_lm(MODEL_SEED))
     for n in world_sizes:
         case, chosen = fresh_seed(seed), backward_rescale(layout)

@@ -36,7 +36,7 @@ from typing import Any
 
 from course.checks.compare import MODEL_SEED, fresh_seed
 from course.checks.memory import MIB, RUNTIME, from_the_start, growth
-from course.checks.teaching import teaches
+from course.checks.teaching import need_function, teaches
 from course.lessons.fsdp.check import (
     KEPT,
     LAUNCH_TIMEOUT,
@@ -46,7 +46,6 @@ from course.lessons.fsdp.check import (
     backward_rescale,
     backward_values,
     judge_traffic,
-    need_callable,
     run_fully_shard,
     worst_error,
 )
@@ -103,7 +102,7 @@ def check_fsdp_memory(
     """The gathered parameters held at any probe, forward and backward: at most the root plus
     two blocks (under grading measured from outside, on a model 16 MiB a block, the backward
     allowed a block's gradient and the shards' too; in a notebook counted on the ranks)."""
-    need_callable(fully_shard)
+    need_function(NAME, fully_shard)
     graded = confined.current() is not None
     size = GRADED_MEMORY_SIZE if graded else MEMORY_SIZE
     model = tiny_lm(MODEL_SEED, **size)
@@ -238,7 +237,7 @@ def check_fsdp_mixed_precision(
     timeout: float = LAUNCH_TIMEOUT,
 ) -> str:  # fmt: skip
     """bf16 compute and gathers, fp32 reduce-scatters and masters, as the mixed oracle."""
-    need_callable(fully_shard)
+    need_function(NAME, fully_shard)
     model = tiny_lm(MODEL_SEED)
     layout, start = units(model), unit_flats(model)
     worst = 0.0

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from course.checks.teaching import read_record
 from course.lessons.fsdp.model import Unit
 from course.ranks.wording import count
 from course.ring.relayed import relayed_calls
@@ -53,10 +54,7 @@ def rank_steps(
     if relayed:
         out: list[list[Step]] = [[] for _ in range(n)]
         for p in parts:
-            try:
-                calls = relayed_calls(relayed, n, p)
-            except ValueError as err:
-                raise AssertionError(f"the run cannot be read step by step: {err}") from None
+            calls = read_record("the run", "step by step", relayed_calls, relayed, n, p)
             for rank in range(n):
                 out[rank].append(_step_of(calls, rank))
         return out

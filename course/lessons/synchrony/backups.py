@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from course.checks.compare import fresh_seed
-from course.checks.teaching import failure_message, teaches
+from course.checks.teaching import failure_message, need_function, teaches, world_sizes_of
 from course.ranks import confined
 from course.ranks.frames import Event
 from course.ranks.holds import Hold
@@ -95,13 +95,8 @@ def check_step_with_backups(
     fn: Callable[[torch.Tensor, int], Any], world_sizes: Sequence[int] = WORLD_SIZES
 ) -> BackupsReport:
     """Check ``fn``'s kept ranks, means and waiting on ``world_sizes``, stragglers drawn here."""
-    if not callable(fn):
-        raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
-            f"expected your step_with_backups function, got {type(fn).__name__}: run its cell"
-        )
-    world_sizes = tuple(world_sizes)
-    if not world_sizes or any(type(n) is not int or n < 2 for n in world_sizes):
-        raise ValueError(f"world_sizes must be integers of at least 2, got {world_sizes}")
+    need_function("step_with_backups", fn)
+    world_sizes = world_sizes_of(world_sizes)
     rng = random.Random(fresh_seed(None))  # noqa: S311 - test data, not a secret
     steps = sum(_check_world_size(fn, n, rng) for n in world_sizes)
     return BackupsReport(world_sizes, steps)

@@ -27,7 +27,7 @@ from course.checks.allreduce import LAUNCH_TIMEOUT, SHOWN
 from course.checks.compare import fresh_seed
 from course.checks.ring_cases import DTYPES, Case, compare, inputs, running_case
 from course.checks.ring_hints import hierarchy_hints
-from course.checks.teaching import failure_message, teaches
+from course.checks.teaching import failure_message, need_function, read_record, teaches
 from course.ranks import confined, relay
 from course.ranks.wording import count, listed
 from course.ring.hierarchy import EMULATION, Call, hierarchy_violations
@@ -139,10 +139,7 @@ def _check_layouts(layouts: Sequence[tuple[int, int]]) -> tuple[tuple[int, int],
 
 
 def _run_all(fn: Callable, layouts: Sequence[tuple[int, int]], *, sums: bool) -> int:
-    if not callable(fn):
-        raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
-            f"expected your {NAME} function, got {type(fn).__name__}: run its cell first"
-        )
+    need_function(NAME, fn)
     layouts = _check_layouts(layouts)
     relayed = confined.current() is not None  # graded: the relay carries every message
     checked = 0
@@ -183,12 +180,8 @@ def _launch(fn: Callable, world_size: int, cases: list, made: list, directory: s
 
 def _record(result: Any, world_size: int, i: int) -> list[Call]:
     """Case ``i`` as the relay recorded it (under grading: nothing a rank reported)."""
-    try:
-        return relayed_calls(result.relayed, world_size, i)
-    except ValueError as err:
-        raise AssertionError(
-            f"{NAME}'s run on {world_size} ranks cannot be read case by case: {err}"
-        ) from None
+    run = f"{NAME}'s run on {world_size} ranks"
+    return read_record(run, "case by case", relayed_calls, result.relayed, world_size, i)
 
 
 def _reported(got: list, case: Case) -> list[Call]:

@@ -30,7 +30,7 @@ from torch import nn
 
 from course.checks.compare import fresh_seed, rank_generators
 from course.checks.refusals import DDP_HOOKS, refusing
-from course.checks.teaching import TIMEOUT, on_ranks, on_recorded_ranks, teaches
+from course.checks.teaching import TIMEOUT, need_function, on_ranks, on_recorded_ranks, teaches
 from course.ranks import PerRank
 from course.ring.recorder import Recorder
 from course.ring.relayed import bytes_sent
@@ -106,10 +106,7 @@ def _yours(hook: Any, scale: float, steps: int, x: torch.Tensor) -> dict[str, An
 @teaches
 def check_error_feedback_hook(hook: Any, scale: float = 1e-8, seed: int | None = None) -> str:
     """The student's hook trains within TOLERANCE of fp32, at gradients plain fp16 loses."""
-    if not callable(hook):
-        raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
-            f"expected your ef_fp16_hook function, got {type(hook).__name__}"
-        )
+    need_function("ef_fp16_hook", hook)
     seed = fresh_seed(seed)
     xs = PerRank(_inputs(seed))
     # The baselines on ranks of their own, which never see the student's code.

@@ -33,7 +33,7 @@ from course.checks.ring_cases import (
     running_case,
     sum_cases,
 )
-from course.checks.teaching import failure_message, teaches
+from course.checks.teaching import failure_message, need_function, teaches
 from course.ranks import confined, relay
 from course.ranks.wording import count, world_sizes_text
 from course.ring.halves import Half, half_violations
@@ -138,10 +138,7 @@ def _cases(world_size: int, sums: bool) -> list[Case]:
 
 def _run_all(half: Half, fn: Callable, world_sizes: Sequence[int], *, sums: bool) -> int:
     name = NAMES[half]
-    if not callable(fn):
-        raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
-            f"expected your {name} function, got {type(fn).__name__}"
-        )
+    need_function(name, fn)
     checked = 0
     relayed = confined.current() is not None  # graded: the relay carries every message
     for world_size in world_sizes:
