@@ -10,6 +10,11 @@ same settings sit in a folder on the user servers' ``JUPYTER_CONFIG_PATH``
 (``course.instructor.hub``): the instructor grades in the course's service, which keeps them.
 The assignment list and the Validate button stay: students fetch and submit with them.
 
+It also shuts down a kernel idle for :data:`CULL_IDLE` seconds, its notebook's tab open or
+not (``MappingKernelManager.cull_*``): a lesson's kernel holds about 250 MB once its cells
+have run (``benchmarks/binder.py``), and eight of them open at once pass Binder's 2 GB. A
+culled notebook keeps its outputs; running it again brings its kernel back.
+
 These are the views, not a boundary: a student who turns formgrader back on in their own
 ``~/.jupyter`` gets one over their own files, with their own uid; what keeps the course's
 sources, the gradebook and other students' work from them is the file system's permissions.
@@ -23,13 +28,15 @@ import sys
 from pathlib import Path
 
 __all__ = [
-    "INSTRUCTOR_LAB_PLUGINS", "INSTRUCTOR_SERVER_EXTENSIONS", "student_config", "student_lab",
+    "CULL_IDLE", "INSTRUCTOR_LAB_PLUGINS", "INSTRUCTOR_SERVER_EXTENSIONS", "student_config",
+    "student_lab",
 ]  # fmt: skip
 
 INSTRUCTOR_SERVER_EXTENSIONS = (
     "nbgrader.server_extensions.formgrader",
     "nbgrader.server_extensions.course_list",
 )
+CULL_IDLE = 20 * 60  # seconds a kernel may sit idle before the server shuts it down
 INSTRUCTOR_LAB_PLUGINS = (
     "@jupyter/nbgrader:formgrader",
     "@jupyter/nbgrader:create-assignment",
@@ -51,10 +58,13 @@ def student_lab(prefix: str = sys.prefix) -> Path:
 def student_config(config: Path) -> Path:
     """Write into the jupyter config folder ``config`` (a level of the environment, or a
     folder on a server's ``JUPYTER_CONFIG_PATH``: a hub's user servers) what turns the
-    instructor's views off, keeping what is there; return ``config``."""
+    instructor's views off and idle kernels culled, keeping what is there; return
+    ``config``."""
     server = _merge(config / "jupyter_server_config.json")  # it overrides the .d/ files
     enabled = server.setdefault("ServerApp", {}).setdefault("jpserver_extensions", {})
     enabled |= dict.fromkeys(INSTRUCTOR_SERVER_EXTENSIONS, False)
+    kernels = server.setdefault("MappingKernelManager", {})
+    kernels |= {"cull_idle_timeout": CULL_IDLE, "cull_interval": 60, "cull_connected": True}
     _write(config / "jupyter_server_config.json", server)
     page = _merge(config / "labconfig" / "page_config.json")
     page.setdefault("disabledExtensions", {}).update(dict.fromkeys(INSTRUCTOR_LAB_PLUGINS, True))
@@ -75,5 +85,6 @@ def _write(path: Path, data: dict) -> None:
 if __name__ == "__main__":
     where = student_lab()
     print(
-        f"nbgrader's instructor views (formgrader, course list, Create Assignment) off in {where}"
+        f"nbgrader's instructor views (formgrader, course list, Create Assignment) off, and "
+        f"kernels idle for {CULL_IDLE // 60} minutes shut down, in {where}"
     )

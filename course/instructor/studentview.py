@@ -26,6 +26,7 @@ from pathlib import Path
 import nbformat
 
 from course.instructor.selfstudy import grade_id, quiz_items, seal, strip_hidden_markers
+from course.instructor.studentlab import CULL_IDLE
 from course.instructor.workcopies import COURSE_ORDER
 
 __all__ = ["LEFT_OUT", "export", "student_files"]
@@ -169,6 +170,7 @@ def export(dest: Path, repo_slug: str, selfstudy: bool = False, repo: Path = REP
         topics=listing,
         kind=_SELFSTUDY if selfstudy else _GRADED,
         cpu=CPU_TORCH,
+        cull=CULL_IDLE // 60,
     )
     (dest / "README.md").write_text(readme)
     return sorted(p for p in dest.rglob("*") if p.is_file())
@@ -224,7 +226,9 @@ CPU), and you write the algorithms yourself:
 {kind}
 
 **On Binder**: press the badge; JupyterLab opens `work/{first}/{first}.ipynb`. The
-notebooks in `work/` are yours: save your answers there.
+notebooks in `work/` are yours: save your answers there. Binder gives all you open 2 GB, and
+a notebook's kernel holds about 250 MB once its cells have run, so a kernel idle for
+{cull} minutes is shut down: its outputs stay, and running the notebook again goes on.
 
 **On your machine** (Python 3.11):
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 import urllib.error
 from pathlib import Path
 
@@ -42,4 +43,32 @@ def test_students_see_no_formgrader_course_list_or_create_assignment(
         with pytest.raises(urllib.error.HTTPError) as refused:
             lab.api("formgrader/api/assignments")
         assert refused.value.code == 404
+        context.close()
+
+
+def test_an_idle_kernel_is_shut_down_with_its_notebook_open(browser, tmp_path, helpers) -> None:
+    """With the student view's settings and only the idle limit cut (to 6 s from
+    studentlab.CULL_IDLE), is a kernel whose notebook stays open in the browser shut down
+    once idle, so that the eight lessons' kernels need not all sit in Binder's 2 GB?"""
+    config = student_lab(str(tmp_path / "env"))
+    root = tmp_path / "root"
+    shutil.copytree(REPO / "release" / "ring_allreduce", root / "ring_allreduce")
+    jupyter = str(Path(sys.executable).parent / "jupyter")
+    cmd = [jupyter, "lab", f"--ServerApp.root_dir={root}"]
+    cmd += ["--MappingKernelManager.cull_idle_timeout=6", "--MappingKernelManager.cull_interval=1"]
+    cmd += ["--allow-root"] if os.geteuid() == 0 else []
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config)}
+    with helpers.running_lab(root, tmp_path / "home", root, (cmd, env)) as lab:
+        context = browser.new_context(viewport={"width": 1280, "height": 1000})
+        page = context.new_page()
+        page.goto(lab.url("lab/tree/ring_allreduce/ring_allreduce.ipynb"))
+        seen, deadline = [], time.monotonic() + 90
+        while time.monotonic() < deadline:  # the tab's kernel comes, connected, then goes
+            kernels = lab.api("api/kernels")
+            seen += [k["id"] for k in kernels if k["connections"] >= 1 and k["id"] not in seen]
+            if seen and not kernels:
+                break
+            time.sleep(0.25)
+        assert seen, "the notebook's kernel never started with the tab connected to it"
+        assert lab.api("api/kernels") == [], "the idle kernel was not shut down"
         context.close()
