@@ -165,12 +165,12 @@ def failure_message(
     return "\n".join(lines)
 
 
-def need_function(name: str, fn: Any) -> None:
-    """Fail the check, in words, unless ``fn`` is callable (the student's ``name`` function:
-    an unrun cell leaves something else under its name)."""
+def need_function(name: str, fn: Any, kind: str = "function") -> None:
+    """Fail the check, in words, unless ``fn`` is callable (the student's ``name`` function,
+    or class for ``kind="class"``: an unrun cell leaves something else under its name)."""
     if not callable(fn):
         raise CheckFailed(
-            f"expected your {name} function, got {type(fn).__name__}: run its cell first"
+            f"expected your {name} {kind}, got {type(fn).__name__}: run its cell first"
         )
 
 

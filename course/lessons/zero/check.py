@@ -22,7 +22,7 @@ import torch
 from course.checks.compare import MODEL_SEED, fresh_seed, rank_generators
 from course.checks.memory import GRADED_WIDTH, measured
 from course.checks.refusals import TORCH_ZERO, refusing
-from course.checks.teaching import TIMEOUT, on_ranks, on_recorded_ranks, teaches
+from course.checks.teaching import TIMEOUT, need_function, on_ranks, on_recorded_ranks, teaches
 from course.lessons.zero.experiment import (
     FORMULAS,
     Batches,
@@ -68,7 +68,7 @@ def check_zero_matches_ddp(
     zero_class: Any, world_sizes: Sequence[int] = (2, 3), seed: int | None = None
 ) -> str:
     """After STEPS steps of Adam, the parameters match DDP's to RTOL on every rank."""
-    _callable(zero_class)
+    need_function("ZeroOptimizer", zero_class, "class")
     seed = fresh_seed(seed)
     worst = 0.0
     for n in world_sizes:
@@ -117,7 +117,7 @@ def check_zero_memory(zero_class: Any, world_size: int = 4) -> str:
     The student's optimizer's own tensors are counted on the rank; under grading every
     rank's memory is also measured from outside it, on a model wide enough that a replica
     kept anywhere else stands out (:func:`course.checks.memory.measured`)."""
-    _callable(zero_class)
+    need_function("ZeroOptimizer", zero_class, "class")
     graded = confined.current() is not None
     width = GRADED_WIDTH if graded else 64
     batches = _rank_batches(world_size, MEMORY_STEPS, fresh_seed(None), width)
@@ -181,10 +181,3 @@ def _too_much(kind: str, got: int, want: float, full: int, rank: int, n: int) ->
         f"rank {rank} of {n} holds {got} bytes of {noun} after step(); ZeRO-2 keeps 1/{n} of "
         f"the {full} a full replica holds, {want:.0f} bytes: {fix}."
     )
-
-
-def _callable(zero_class: Any) -> None:
-    if not callable(zero_class):
-        raise AssertionError(  # noqa: TRY004 - every failed check is an AssertionError
-            f"expected your ZeroOptimizer class, got {type(zero_class).__name__}"
-        )
