@@ -122,12 +122,15 @@ def say_if_unimplemented(obj: Any) -> None:
 
 def teaches(check: F) -> F:
     """Make a check fail with :class:`CheckFailed`, and skip an unimplemented stub: graded,
-    it fails (no points); in a notebook it returns a note, so Run All goes on past it."""
+    it fails (no points); in a notebook it returns a note, so Run All goes on past it. Every
+    function handed to the check positionally is looked at (a check of two functions skips
+    while either is a stub)."""
 
     @functools.wraps(check)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        message = not_implemented(args[0]) if args else None
-        if message and _graded(args[0]):
+        stubs = [(a, m) for a in args if callable(a) and (m := not_implemented(a))]
+        obj, message = stubs[0] if stubs else (None, None)
+        if message and _graded(obj):
             raise CheckFailed(message)
         if message:
             return f"Not checked yet: {message}"

@@ -74,6 +74,7 @@ class RunResult:
     failures: dict[int, RankFailure] = field(default_factory=dict)
     elapsed: float = 0.0
     relayed: tuple = ()  # backend="relay": every message and collective, as the caller saw it
+    stored: dict = field(default_factory=dict)  # backend="relay": its storage's objects, at the end
 
     @property
     def ok(self) -> bool:

@@ -50,7 +50,8 @@ class Event:
     ``src`` marked the ``tag``-th part of its run: see :func:`mark`), ``snapshot`` (every
     rank stopped at snapshot ``tag``: ``memory`` is the bytes each held, ``box`` the whole
     sandbox's, -1 where not measured, ``held`` the bytes sent that no rank had yet received;
-    see :mod:`course.ranks.memory`) or a collective (``src``
+    see :mod:`course.ranks.memory`), ``put`` or ``get`` (rank ``src`` wrote or read ``nbytes``
+    of the storage's object ``op``: :mod:`course.ranks.objects`) or a collective (``src``
     = ``dst`` = -1, ``nbytes`` the bytes each member contributed, in group order). ``group``
     is the tuple of global ranks it ran in; ``seq`` the position of the call among its
     rank's requests (a collective: each member's, in group order), so a rank's events can

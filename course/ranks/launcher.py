@@ -63,6 +63,7 @@ from course.ranks.confined import PerRank
 from course.ranks.failures import CELL_NAME, RankError, RankFailure, RunResult
 from course.ranks.forkserver import SERVER
 from course.ranks.holds import Hold
+from course.ranks.objects import Stored
 from course.ranks.pickling import dumps
 from course.ranks.rescale import Rescale
 from course.ranks.supervisor import ABORT_GRACE, Supervisor
@@ -139,6 +140,7 @@ def launch(
     measured: bool = False,
     holds: Sequence[Hold] = (),
     rescale: Rescale | None = None,
+    stored: dict[str, Stored] | None = None,
     grace: float = ABORT_GRACE,
     **kwargs: Any,
 ) -> RunResult:
@@ -151,8 +153,10 @@ def launch(
     what the job's code holds from its first line on counts in what it grew by. ``holds``:
     on the relay, the stragglers it makes (:mod:`course.ranks.holds`), told to no rank;
     ``rescale``: on the relay, the all-gathers it scales (:mod:`course.ranks.rescale`);
-    ``grace``: the seconds the other ranks get after one fails (an experiment on failures
-    gives them gloo's timeout, to see how each ends on its own)."""
+    ``stored``: on the relay, the objects its storage starts with (:mod:`course.ranks.objects`;
+    the result's ``stored`` is what it holds at the end); ``grace``: the seconds the other
+    ranks get after one fails (an experiment on failures gives them gloo's timeout, to see how
+    each ends on its own)."""
     _check_world_size(world_size)
     _check_backend(backend, world_size)
     timeout, pg_timeout = _check_timeouts(timeout, pg_timeout)
@@ -173,6 +177,7 @@ def launch(
         tuple(holds),
         rescale,
         grace,
+        stored,
     )
     return supervisor.execute()
 

@@ -32,8 +32,12 @@ import torch.distributed as dist
 from course.ranks.frames import RelayError, describe, fill_from, fill_prefix, raw_bytes
 from course.ranks.link import Link, Work
 from course.ranks.mailbox import ANY
+from course.ranks.objects import Stored
 
-__all__ = ["BACKEND", "BASELINE", "RelayGroup", "join", "mark", "snapshot"]
+__all__ = [
+    "BACKEND", "BASELINE", "RelayGroup", "get", "join", "keys", "mark", "put", "relayed",
+    "snapshot",
+]  # fmt: skip
 
 BACKEND = "relay"
 
@@ -255,6 +259,40 @@ def mark(tag: int) -> None:
     rank = dist.get_rank()
     header = {"kind": "mark", "group": [rank], "tag": tag}
     Work(_LINK.request(header, b"", lambda _h, _p: None), _LINK).wait()
+
+
+def relayed() -> bool:
+    """Does this rank's default process group go through the relay?"""
+    return _LINK is not None and dist.is_initialized() and dist.get_backend() == BACKEND
+
+
+def _stored(header: dict[str, Any], payload: bytes = b"", on_reply: Any = None) -> Any:
+    """Ask the relay's storage (:mod:`course.ranks.objects`); what ``on_reply`` makes of it."""
+    if not relayed():
+        raise RelayError("the relay's storage is reached only from a relay run's ranks")
+    header = {**header, "group": [dist.get_rank()]}
+    reply = on_reply or (lambda _reply, _data: None)
+    return _LINK.request(header, payload, reply).wait()  # type: ignore[union-attr]
+
+
+def put(key: str, tensor: torch.Tensor) -> None:
+    """Write ``tensor``'s elements (flattened) to the relay's storage under ``key``."""
+    t = tensor.detach().reshape(-1)
+    _stored({"kind": "put", "key": key, **describe(t)}, raw_bytes(t))
+
+
+def get(key: str, start: int | None = None, stop: int | None = None) -> torch.Tensor:
+    """Elements ``start:stop`` of the object ``key`` in the relay's storage, a 1-D tensor."""
+
+    def tensor(reply: dict[str, Any], data: bytes) -> torch.Tensor:
+        return Stored(reply["dtype"], data).tensor()
+
+    return _stored({"kind": "get", "key": key, "start": start, "stop": stop}, b"", tensor)
+
+
+def keys() -> list[str]:
+    """The keys of every object in the relay's storage, sorted."""
+    return _stored({"kind": "keys"}, b"", lambda reply, _data: list(reply["keys"]))
 
 
 BASELINE = -1  # the tag of a launch's snapshot before its job is unpickled (``measured``)

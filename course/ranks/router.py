@@ -10,8 +10,9 @@ an :class:`~course.ranks.frames.Event` from the bytes it received. It keeps the 
 (a receive or a collective its peers never match fails after ``timeout`` seconds, naming
 whom it waited for) and refuses, to the calling rank, a frame that is malformed, too large
 or inconsistent; it holds what was sent until it is received, at most ``MAX_HELD`` bytes. It
-makes the stragglers a check asks for (:mod:`course.ranks.holds`), and scales the all-gathers
-a check chose by their place in its marked parts (:mod:`course.ranks.rescale`).
+makes the stragglers a check asks for (:mod:`course.ranks.holds`), scales the all-gathers
+a check chose by their place in its marked parts (:mod:`course.ranks.rescale`), and keeps
+the storage a checkpoint is written to and read from (:mod:`course.ranks.objects`).
 
 It keeps gloo's semantics, so that a program that deadlocks or fails on gloo does so here: a
 send completes only once a receive takes it (a blocking ``dist.send`` to a rank that sends
@@ -46,6 +47,7 @@ from course.ranks.groups import Groups
 from course.ranks.holds import Hold, Holds
 from course.ranks.mailbox import ANY, Mailbox, Posted
 from course.ranks.memory import Probe
+from course.ranks.objects import Objects, Stored
 from course.ranks.rescale import Rescale
 from course.ranks.switchboard import Switchboard
 
@@ -60,11 +62,12 @@ class Relay(Switchboard):
 
     def __init__(
         self, world_size: int, timeout: float, keep: bool = False, holds: Sequence[Hold] = (),
-        rescale: Rescale | None = None,
+        rescale: Rescale | None = None, stored: dict[str, Stored] | None = None,
     ) -> None:  # fmt: skip
         """``keep``: record the bytes of every message (at most ``MAX_KEPT`` in all);
         ``holds``: the stragglers the relay makes (:class:`Hold`); ``rescale``: the
-        all-gathers whose results it scales (:class:`Rescale`)."""
+        all-gathers whose results it scales (:class:`Rescale`); ``stored``: the objects its
+        storage starts with (:mod:`course.ranks.objects`; ``self.objects.held`` at the end)."""
         super().__init__(world_size, Holds(holds, world_size, timeout / 2))
         self.timeout, self.keep, self.rescale = timeout, keep, rescale
         self._places: list[tuple[int | None, int]] = [(None, 0)] * world_size  # see _collective
@@ -76,6 +79,7 @@ class Relay(Switchboard):
         self._groups = Groups(world_size)
         self._count: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls made
         self.probe = Probe()  # what a snapshot reads: the launcher names the ranks' processes
+        self.objects = Objects(stored)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -96,6 +100,8 @@ class Relay(Switchboard):
             self._reply(rank, {"req": int(header["req"]), "ok": True})
         elif kind == "new_group":
             self._new_group(rank, header, seq)
+        elif kind in ("put", "get", "keys"):
+            self._storage(rank, kind, header, payload, seq)
         elif kind in COLLECTIVES:
             self._collective(rank, group, header, payload, seq)
         else:
@@ -168,6 +174,24 @@ class Relay(Switchboard):
             return b""
         self._kept += len(payload)
         return payload
+
+    def _storage(self, rank: int, kind: str, header: dict, payload: bytes, seq: int) -> None:
+        """A put, a ranged get or a listing of the storage's keys, answered at once; a put or
+        a get recorded with the bytes it moved and its key (the event's ``op``)."""
+        req = int(header["req"])
+        if kind == "keys":
+            self._reply(rank, {"req": req, "ok": True, "keys": self.objects.keys()})
+            return
+        key = header.get("key")
+        if kind == "put":
+            stored = self.objects.put(key, header, payload)
+            dtype, moved, out = stored.dtype, len(payload), b""
+        else:
+            dtype, out = self.objects.get(key, header.get("start"), header.get("stop"))
+            moved = len(out)
+        event = Event(kind, (rank,), rank, nbytes=(moved,), dtype=dtype, op=key, time=self._now())
+        self.events.append(replace(event, seq=(seq,)))
+        self._reply(rank, {"req": req, "ok": True, "dtype": dtype}, out)
 
     def _collective(
         self, rank: int, group: tuple[int, ...], header: dict, payload: bytes, seq: int

@@ -25,6 +25,7 @@ from course.ranks.failures import RankFailure, RanksInterrupted, RunResult
 from course.ranks.forkserver import RUN_DIR_PREFIX, SERVER, RankProcess, RankStartError, kill
 from course.ranks.holds import Hold
 from course.ranks.isolation import SANDBOX_SHARED, map_ids
+from course.ranks.objects import Stored
 from course.ranks.report import build_result
 from course.ranks.rescale import Rescale
 from course.ranks.router import Relay
@@ -102,6 +103,7 @@ class Supervisor:
         holds: tuple[Hold, ...] = (),
         rescale: Rescale | None = None,
         grace: float = ABORT_GRACE,
+        stored: dict[str, Stored] | None = None,
     ) -> None:
         self.world_size, self.payloads, self.before = world_size, payloads, before
         self.measured, self.grace = measured, grace
@@ -114,11 +116,14 @@ class Supervisor:
             raise ValueError("only the relay makes stragglers (holds=): run with backend='relay'")
         if rescale and backend != "relay":
             raise ValueError("only the relay scales all-gathers (rescale=): use backend='relay'")
+        if stored is not None and backend != "relay":
+            raise ValueError("only the relay keeps a storage (stored=): use backend='relay'")
         self.relay = (
-            Relay(world_size, pg_timeout, keep=bool(self.box), holds=holds, rescale=rescale)
+            Relay(world_size, pg_timeout, keep=bool(self.box), holds=holds, rescale=rescale,
+                  stored=stored)
             if backend == "relay"
             else None
-        )
+        )  # fmt: skip
         self.backend = backend
 
     def execute(self) -> RunResult:
@@ -165,6 +170,7 @@ class Supervisor:
             self.ranks, outputs, reason, self.timeout, elapsed, self.box is not None
         )
         result.relayed = tuple(self.relay.events) if self.relay else ()
+        result.stored = dict(self.relay.objects.held) if self.relay else {}
         return result
 
     def _unstarted(self, err: BaseException, elapsed: float) -> RunResult:

@@ -28,7 +28,9 @@
 # 3. **how often to checkpoint**: failures drawn over time, the work they cost, and the
 #    interval that costs least;
 # 4. **a checkpoint of a sharded state**: what each rank writes with
-#    `torch.distributed.checkpoint`, and what it reads back on another number of ranks;
+#    `torch.distributed.checkpoint`, and what it reads back on another number of ranks; you
+#    write a sharded save and a load on another number of ranks, `save_sharded` and
+#    `load_resharded`;
 # 5. **keeping the healthy replicas**: torchft's per-step quorum, and a replica that comes back;
 # 6. **synchronising less often**: LocalSGD and DiLoCo; you write DiLoCo's outer step,
 #    `diloco_outer_step`.
@@ -41,7 +43,12 @@
 import torch
 import torch.distributed as dist
 
-from course.lessons.fault_tolerance import check_answer, check_diloco_outer_step
+from course.lessons.fault_tolerance import (
+    check_answer,
+    check_diloco_outer_step,
+    check_resharding,
+    chunk_bounds,
+)
 from course.ranks import run
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_1_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -558,6 +565,120 @@ from course.lessons.fault_tolerance import reshard
 
 print(reshard(rows=12, cols=1024, saved_on=4, loaded_on=2))
 
+# %% [markdown] nbgrader={"grade": false, "grade_id": "resharding_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Exercise: a sharded checkpoint, loaded on another number of ranks
+#
+# Now write the part of DCP that matters here: a ZeRO-style state saved by N ranks and loaded
+# by M, no rank reading more than it needs. The state is the Adam state of a flattened model:
+# a few flat float32 tensors of `numel` elements (`param`, `exp_avg`, `exp_avg_sq`), of which
+# rank r of N holds elements `chunk_bounds(numel, N)[r]` (the ZeRO notebook's shards,
+# `lo, hi = chunk_bounds(numel, world_size)[rank]`).
+#
+# The checkpoint lives in a `Storage`, as an object store keeps it:
+#
+# * `storage.put(key, tensor)` writes a tensor's elements as one object, replacing one there;
+# * `storage.list()` returns every object's key, sorted;
+# * `storage.get(key, start, stop)` returns elements `start:stop` of one object as a new 1-D
+#   tensor, reading only those (`storage.get(key)` reads the whole object).
+#
+# Write, for every rank to call:
+#
+# * `save_sharded(shards, numel, storage)`: `shards` maps each tensor's name to this rank's
+#   shard of it. Write each shard as one object named by the global elements it holds,
+#   `f"{name}/{lo}-{hi}"` (DCP's metadata names each chunk by its offsets the same way), and
+#   nothing else.
+# * `load_resharded(names, numel, storage)`, on a world size that may differ from the save's:
+#   return a dict of each name to this rank's range of that tensor, elements
+#   `chunk_bounds(numel, world_size)[rank]`, pieced together from the saved objects that
+#   overlap it. Find them from the keys; the number of ranks that saved is not given.
+#
+# Nothing travels between ranks in either call (a barrier is allowed; it moves no data). The
+# grader saves 3 tensors of 29 elements on 3 ranks and loads them on 2 and on 4. Before each
+# load it writes new values under the same keys, so the values must come from the storage.
+# Every rank's range must be exact, bit for bit. A rank may read no more than the objects
+# its range overlaps, and reading only the elements it needs is better. Write it yourself:
+# the grader refuses `torch.distributed.checkpoint`'s save and load.
+
+# %% nbgrader={"grade": false, "grade_id": "resharding", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def save_sharded(shards, numel, storage):
+    """Write this rank's shard of each tensor as one object, f"{name}/{lo}-{hi}"."""
+    ### BEGIN SOLUTION
+    lo, hi = chunk_bounds(numel, dist.get_world_size())[dist.get_rank()]
+    for name in shards:
+        storage.put(f"{name}/{lo}-{hi}", shards[name])
+    ### END SOLUTION
+
+
+def load_resharded(names, numel, storage):
+    """This rank's range of each tensor, read from the saved objects that overlap it."""
+    ### BEGIN SOLUTION
+    lo, hi = chunk_bounds(numel, dist.get_world_size())[dist.get_rank()]
+    out = {}
+    for name in names:
+        pieces = []
+        for key in storage.list():
+            stem, _, span = key.rpartition("/")
+            if stem != name:
+                continue
+            a, b = (int(x) for x in span.split("-"))
+            start, stop = max(a, lo), min(b, hi)
+            if start < stop:
+                pieces.append((start, storage.get(key, start - a, stop - a)))
+        out[name] = torch.cat([t for _, t in sorted(pieces, key=lambda p: p[0])])
+    return out
+    ### END SOLUTION
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "try_resharding_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Test as you go
+#
+# Two tensors of 10 elements, `param` holding 0, 1, ..., 9 and `exp_avg` its negative, saved
+# on 3 ranks and loaded on 2 and on 4. The cell prints the objects the save left, then each
+# loading rank's `param` and the bytes its copy of the storage read.
+
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_resharding", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import tempfile
+
+from course.lessons.fault_tolerance import Storage, not_implemented
+
+
+def save_on_ranks(storage, numel):
+    lo, hi = chunk_bounds(numel, dist.get_world_size())[dist.get_rank()]
+    whole = torch.arange(numel, dtype=torch.float32)
+    save_sharded({"param": whole[lo:hi], "exp_avg": -whole[lo:hi]}, numel, storage)
+
+
+def load_on_ranks(storage, numel):
+    got = load_resharded(["param", "exp_avg"], numel, storage)
+    return got["param"].tolist(), storage.got
+
+
+stub = not_implemented(save_sharded) or not_implemented(load_resharded)
+if stub:
+    print(f"Note: {stub}")
+else:
+    with tempfile.TemporaryDirectory() as path:
+        storage = Storage(path)
+        run(save_on_ranks, 3, storage, 10)
+        print("saved on 3 ranks:", storage.list())
+        for m in (2, 4):
+            for rank, (param, read) in enumerate(run(load_on_ranks, m, storage, 10)):
+                print(f"rank {rank} of {m}: param {param}, {read} bytes read")
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "visible_resharding_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# The grader's check, loading on 2 ranks. It stops within its deadline and says which rank,
+# tensor and elements went wrong, or what a rank read.
+
+# %% nbgrader={"grade": false, "grade_id": "visible_resharding", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(check_resharding(save_sharded, load_resharded, loaded_on=(2,)))
+
+# %% nbgrader={"grade": true, "grade_id": "resharding_check", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
+# Saved on 3 ranks, loaded on 2 and on 4: every rank's range, its reads, nothing between ranks.
+print(check_resharding(save_sharded, load_resharded, loaded_on=(2,)))
+### BEGIN HIDDEN TESTS
+print(check_resharding(save_sharded, load_resharded))
+### END HIDDEN TESTS
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "quorum_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## Keeping the healthy replicas
 #
@@ -937,7 +1058,8 @@ else:
 #   gloo, and what a process group is worth after a failure.
 # * Part 2: what torchrun's agent does to a job's workers when one raises.
 # * Part 3: failures drawn from a per-rank MTBF, and the work each checkpoint interval costs.
-# * Part 4: the files `torch.distributed.checkpoint` writes and the bytes each rank reads.
+# * Part 4: the files `torch.distributed.checkpoint` writes and the bytes each rank reads; your
+#   own sharded checkpoint, loaded on fewer and on more ranks.
 # * Part 5: what torchft's replicas average over when one is gone, and what one that comes
 #   back receives.
 # * Part 6: when averaging the parameters after every step is DDP, and the bytes and the loss

@@ -249,22 +249,26 @@ def test_synchrony_samples_grade_as_their_specs_expect(tmp_path):
 
 def test_the_fault_tolerance_samples_cover_the_failure_kinds():
     """Do the fault_tolerance samples include right work, wrong answers, an outer step that
-    deadlocks and one with heavy-ball momentum for Nesterov's?"""
+    deadlocks and one with heavy-ball momentum for Nesterov's, a load that reads the whole
+    checkpoint and a save that names its shards by rank?"""
     subs = {s.student: s for s in load_specs() if s.assignment == "fault_tolerance"}
     assert {"ada", "ben", "cy", "eve"} <= set(subs)
     assert subs["ben"].answers == {"*": "wrong"}
     texts = {k: " ".join(s.cells.values()) for k, s in subs.items() if isinstance(s.cells, dict)}
     assert "if dist.get_rank() != 0:" in texts["cy"]
     assert "g.sub_(outer_lr * m)" in texts["eve"]
+    assert "torch.cat([storage.get(k) for k in keys])[lo:hi]" in texts["cy"]
+    assert 'storage.put(f"{name}/{dist.get_rank()}", shard)' in texts["eve"]
 
 
 @pytest.mark.nbgrader
 @pytest.mark.ranks
 @pytest.mark.slow
 def test_fault_tolerance_samples_grade_as_their_specs_expect(tmp_path):
-    """Do Cy's deadlocking outer step and Eve's heavy-ball one get their expected grades, each
-    failure saying what happened? (Ada's and Ben's are left to `make demo`; the check's own
-    tests cover its code: tests/lessons/fault_tolerance/test_outer_check.py.)"""
+    """Do Cy's deadlocking outer step and whole-reading load, and Eve's heavy-ball step and
+    rank-named shards, get their expected grades, each failure saying what happened? (Ada's
+    and Ben's are left to `make demo`; the checks' own tests cover their code:
+    tests/lessons/fault_tolerance/test_outer_check.py, test_resharding_check.py.)"""
     root = pipeline.prepare_course(tmp_path / "course")
     specs = [
         s for s in load_specs() if s.assignment == "fault_tolerance" and s.student in ("cy", "eve")
@@ -276,6 +280,8 @@ def test_fault_tolerance_samples_grade_as_their_specs_expect(tmp_path):
     cy, eve = (autograded_errors(root, s, "fault_tolerance") for s in ("cy", "eve"))
     assert "failed on 2 ranks" in cy["diloco_outer_step_check"]
     assert "plain momentum" in eve["diloco_outer_step_check"]
+    assert "Read only the objects that overlap" in cy["resharding_check"]
+    assert "a save on 3 ranks leaves 9 objects" in eve["resharding_check"]
 
 
 def test_the_fsdp_samples_cover_the_failure_kinds():

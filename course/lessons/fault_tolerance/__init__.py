@@ -3,7 +3,8 @@
 torch.distributed.checkpoint, ``quorum`` torchft's per-step quorum and live recovery,
 ``failures``, ``timeline`` and ``widget`` a job's failures over time and its checkpoint
 interval, ``local_sgd`` what synchronising less often costs; ``outer`` grades the student's
-DiLoCo outer step.
+DiLoCo outer step, ``resharding`` their sharded checkpoint's save and resharding load, on a
+``storage`` that is read by range.
 """
 
 from course.exports import Exports
@@ -13,6 +14,8 @@ EXPORTS = Exports(
     {
         "check_answer": "course.checks.answers",
         "check_diloco_outer_step": "course.lessons.fault_tolerance.outer",
+        "check_resharding": "course.lessons.fault_tolerance.resharding",
+        "chunk_bounds": "course.ring.schedule",
         "checkpoint_run": "course.lessons.fault_tolerance.failures",
         "elastic": "course.lessons.fault_tolerance.elastic",
         "fail_and_recover": "course.lessons.fault_tolerance.quorum",
@@ -27,14 +30,18 @@ EXPORTS = Exports(
         "reshard": "course.lessons.fault_tolerance.checkpoint",
         "save_state": "course.lessons.fault_tolerance.checkpoint",
         "steps_table": "course.lessons.fault_tolerance.quorum",
+        "Storage": "course.lessons.fault_tolerance.storage",
         "say_if_unimplemented": "course.checks.teaching",
     },
 )
 __all__ = [
     "Job",
+    "Storage",
     "check_answer",
     "check_diloco_outer_step",
+    "check_resharding",
     "checkpoint_run",
+    "chunk_bounds",
     "elastic",
     "fail_and_recover",
     "failure_free_fraction",

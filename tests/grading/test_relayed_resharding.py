@@ -1,0 +1,68 @@
+"""Graded through the relay, does check_resharding give every right and wrong sharded
+checkpoint the verdict it gets on gloo, the storage, each rank's reads and the calls between
+ranks read from the relay's own record?"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import resharding_impls
+
+from course.checks.teaching import CheckFailed
+from course.grading import sandbox
+from course.grading.rankbox import RankBox
+from course.grading.student import StudentCode
+from course.lessons.fault_tolerance import check_resharding
+
+pytestmark = [
+    pytest.mark.ranks,
+    pytest.mark.slow,
+    pytest.mark.skipif(not sandbox.available(), reason="needs bubblewrap, setpriv and prlimit"),
+]
+
+HEADER = (
+    "import torch, torch.distributed as dist\n"
+    "from course.lessons.fault_tolerance import chunk_bounds\n"
+)
+# Under grading a launch's ranks start with an empty /tmp of their own, so the files a save
+# kept there are gone when the load looks for them: it fails on reading them, not on values.
+RELAYED = {(resharding_impls.save_and_keep, resharding_impls.load_kept): "load_resharded failed on"}
+
+
+def _code(fn, name: str) -> StudentCode:
+    source = inspect.getsource(fn).replace(f"def {fn.__name__}(", f"def {name}(")
+    return StudentCode(((name, HEADER + source),), name)
+
+
+def _pair(save, load) -> tuple[StudentCode, StudentCode]:
+    return _code(save, "save_sharded"), _code(load, "load_resharded")
+
+
+@pytest.fixture(scope="module")
+def box():
+    with RankBox() as rankbox:
+        yield rankbox
+
+
+@pytest.mark.parametrize(("save", "load"), resharding_impls.RIGHT, ids=lambda f: f.__name__)
+def test_right_checkpoints_pass_through_the_relay(box, save, load):
+    assert "passed" in check_resharding(*_pair(save, load))
+
+
+@pytest.mark.parametrize(
+    ("pair", "hint"), resharding_impls.WRONG.items(), ids=lambda x: getattr(x, "__name__", "")
+)
+def test_wrong_checkpoints_fail_through_the_relay_with_their_hint(box, pair, hint):
+    with pytest.raises(CheckFailed) as failed:
+        check_resharding(*_pair(*pair))
+    assert RELAYED.get(pair, hint) in str(failed.value)
+
+
+def test_a_deadlocked_load_fails_through_the_relay(box):
+    with pytest.raises(CheckFailed) as failed:
+        check_resharding(
+            *_pair(resharding_impls.save_sharded, resharding_impls.load_deadlock),
+            loaded_on=(2,),
+        )
+    assert "load_resharded failed on 2 ranks" in str(failed.value)
