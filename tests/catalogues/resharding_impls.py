@@ -133,6 +133,27 @@ def load_gathered(names, numel, storage):
     return out
 
 
+def load_gathered_after_a_mark(names, numel, storage):
+    """Wrong: the gather of load_gathered, after a mark of its own in the relay's record (a
+    no-op on gloo), as if a mark could move the all-reduce out of the load."""
+    from course.ranks import relay
+
+    relay.mark(1)
+    n, rank = dist.get_world_size(), dist.get_rank()
+    lo, hi = chunk_bounds(numel, n)[rank]
+    out = {}
+    for name in names:
+        whole = torch.zeros(numel)
+        for key in storage.list():
+            stem, _, span = key.rpartition("/")
+            a, b = (int(x) for x in span.split("-"))
+            if stem == name and a <= lo < b:
+                whole[a:b] = storage.get(key)
+        dist.all_reduce(whole, op=dist.ReduceOp.MAX)
+        out[name] = whole[lo:hi].clone()
+    return out
+
+
 def load_off_by_one(names, numel, storage):
     """Wrong: an overlap's end taken one element short (hi treated as inclusive)."""
     lo, hi = chunk_bounds(numel, dist.get_world_size())[dist.get_rank()]
@@ -168,5 +189,6 @@ WRONG = {
     (save_sharded, load_everything): "Read only the objects that overlap",
     (save_and_keep, load_kept): "holds the values as they were saved",
     (save_sharded, load_gathered): "it called all_reduce",
+    (save_sharded, load_gathered_after_a_mark): "it called all_reduce",
     (save_sharded, load_off_by_one): "differ, the first at index",
 }

@@ -24,8 +24,9 @@ The verdict is computed in the caller:
   exactly the range;
 - nothing travels between ranks in either call (each rank writes and reads its own).
 Under grading the storage is the relay's (:mod:`course.ranks.objects`): the objects, the
-bytes each rank read and the calls between ranks are the caller's own record, none a
-rank's report; in a notebook, the files and each rank's own counts.
+bytes each rank read and the calls between ranks are the caller's own record over the whole
+run (no mark a rank sends itself moves a call out of it), none a rank's report; in a
+notebook, the files and each rank's own counts.
 ``torch.distributed.checkpoint``'s save and load are refused on graded ranks.
 """
 
@@ -40,13 +41,13 @@ import torch.distributed as dist
 
 from course.checks.compare import fresh_seed
 from course.checks.refusals import Refusal, refusing
-from course.checks.teaching import failure_message, need_function, read_record, teaches
+from course.checks.teaching import failure_message, need_function, teaches
 from course.lessons.fault_tolerance.storage import Storage, read_objects, write_objects
-from course.ranks import confined, relay
+from course.ranks import confined
 from course.ranks.objects import Stored
 from course.ranks.wording import count
 from course.ring.recorder import Recorder
-from course.ring.relayed import part_span, relayed_calls
+from course.ring.relayed import NAMES as TORCH_NAMES
 from course.ring.schedule import chunk_bounds
 
 __all__ = ["NAMES", "check_resharding", "expected_objects", "overlapping"]
@@ -122,14 +123,12 @@ def check_resharding(
 
 
 def _on_rank(fn: Callable, args: tuple, storage: Storage) -> tuple[Any, list[str], int]:
-    """Run the student's call as part 0 of the run; what it returned, the calls between ranks
-    the recorder saw and the bytes this rank read (the notebook's path reads these two)."""
-    relay.mark(0)
+    """Run the student's call; what it returned, the calls between ranks the recorder saw and
+    the bytes this rank read (the notebook's path reads these two)."""
     with Recorder() as seen:
         out = fn(*args, storage)
     calls = [c.name for c in seen.collectives] + [m.op for m in seen.messages if m.op == "send"]
-    relay.mark(1)  # the closing barrier is no part of the call
-    dist.barrier()
+    dist.barrier()  # no rank leaves while another still reads
     return out, calls, storage.got
 
 
@@ -178,7 +177,7 @@ def _check_save(fn: Callable, saved: dict, n: int, storage: Storage) -> None:
     doing = f" (saving {len(NAMES)} tensors of {NUMEL} elements)"
     result = _launch(_save, n, doing, fn, shards, NUMEL, storage)
     head = f"{SAVE} on {n} ranks:"
-    _judge_calls(head, _between(result, n), "a save")
+    _judge_calls(head, _between(result), "a save")
     held = result.stored if confined.current() is not None else read_objects(storage.path)
     want = expected_objects(saved, n)
     missing = [k for k in want if k not in held and want[k].data]
@@ -213,33 +212,31 @@ def _check_load(fn: Callable, states: tuple, saved_on: int, m: int, storage: Sto
     doing = f" (loading a state saved on {saved_on} ranks)"
     result = _launch(_load, m, doing, fn, NUMEL, storage, stored=objects if relayed else None)
     head = f"{LOAD} on {m} ranks, from a save on {saved_on}:"
-    _judge_calls(head, _between(result, m), "a load")
+    _judge_calls(head, _between(result), "a load")
     read = _bytes_read(result, m)
     for rank, (out, _calls, _got) in enumerate(result.results):
         _judge_values(head, rank, out, states, saved_on, m)
         _judge_reads(head, rank, read[rank], saved_on, m)
 
 
-def _between(result: Any, n: int) -> list[str]:
-    """The calls that moved data between ranks in the student's part (a barrier moves none):
-    the relay's record under grading."""
-    if confined.current() is not None:
-        calls = read_record(f"the run on {n} ranks", "step by step", relayed_calls,
-                            result.relayed, n, 0)  # fmt: skip
-        kinds = [c.kind for c in calls]
-    else:
+def _between(result: Any) -> list[str]:
+    """The calls that moved data between ranks (a barrier moves none), over the whole run:
+    under grading, the relay's record, which no mark a rank sends can cut."""
+    if confined.current() is None:
         kinds = [name for _out, calls, _got in result.results for name in calls]
-    return [k for k in kinds if k != "barrier"]
+    else:
+        named = {**TORCH_NAMES, "send": "send"}
+        kinds = [named.get(e.kind, "") for e in result.relayed]
+    return [k for k in kinds if k and k != "barrier"]
 
 
 def _bytes_read(result: Any, n: int) -> list[int]:
-    """Bytes each rank read from the storage in its part: the relay's count under grading."""
+    """Bytes each rank read from the storage: under grading, every get the relay answered."""
     if confined.current() is None:
         return [got for _out, _calls, got in result.results]
-    spans = [part_span(result.relayed, r, 0) for r in range(n)]
     read = [0] * n
     for e in result.relayed:
-        if e.kind == "get" and spans[e.src][0] <= e.seq[0] < spans[e.src][1]:
+        if e.kind == "get":
             read[e.src] += e.nbytes[0]
     return read
 
