@@ -4,8 +4,9 @@ students make.
 Each wrong one is a belief about a sharded checkpoint: a shard named by its local bounds, the
 saved shard of the same rank index loaded as if ranks kept their ranges, the whole
 checkpoint read and sliced, a state kept in a file beside the storage, the shards gathered
-between ranks, an overlap's end off by one. ``RIGHT`` pairs (save, load); ``WRONG`` maps each
-wrong pair to a phrase of the hint it must get.
+between ranks, an overlap's end off by one; or a way round the rules: data left for another
+rank in the storage's keys or objects, torch.distributed.checkpoint's planner. ``RIGHT``
+pairs (save, load); ``WRONG`` maps each wrong pair to a phrase of the hint it must get.
 """
 
 from __future__ import annotations
@@ -178,6 +179,126 @@ def load_deadlock(names, numel, storage):
     return {}
 
 
+def load_keys_channel(names, numel, storage):
+    """Wrong: each rank reads its neighbour's range (within its own allowance of bytes) and
+    leaves it for the neighbour in the storage, as empty objects whose keys spell the values;
+    each returns its own range without having read it."""
+    import struct
+
+    n, rank = dist.get_world_size(), dist.get_rank()
+    bounds = chunk_bounds(numel, n)
+    nlo, nhi = bounds[(rank + 1) % n]
+    saved = [k for k in storage.list() if not k.startswith("zz")]
+    for name in names:
+        for key in saved:
+            stem, _, span = key.rpartition("/")
+            a, b = (int(x) for x in span.split("-"))
+            start, stop = max(a, nlo), min(b, nhi)
+            if stem == name and start < stop:
+                for i, v in enumerate(storage.get(key, start - a, stop - a).tolist()):
+                    storage.put(f"zz{start + i}={struct.pack('<f', v).hex()}=/{name}",
+                                torch.empty(0))  # fmt: skip
+    dist.barrier()
+    lo, hi = bounds[rank]
+    left = {name: {} for name in names}
+    for key in storage.list():
+        if key.startswith("zz"):
+            index, bits, name = key[2:].split("=")
+            left[name[1:]][int(index)] = struct.unpack("<f", bytes.fromhex(bits))[0]
+    return {name: torch.tensor([left[name][i] for i in range(lo, hi)]) for name in names}
+
+
+def save_via_storage(shards, numel, storage):
+    """Wrong: rank 1 leaves its shard under rank 0's key for rank 0 to read, then every rank
+    writes its own shards over it, so that the storage ends as it should."""
+    rank = dist.get_rank()
+    bounds = chunk_bounds(numel, dist.get_world_size())
+    lo, hi = bounds[rank]
+    a, b = bounds[0]
+    if rank == 1:
+        for name in shards:
+            storage.put(f"{name}/{a}-{b}", shards[name])
+    dist.barrier()
+    if rank == 0:
+        {name: storage.get(f"{name}/{a}-{b}") for name in shards}  # rank 1's shard, read
+    dist.barrier()
+    for name in shards:
+        storage.put(f"{name}/{lo}-{hi}", shards[name])
+
+
+def load_with_dcp_planner(names, numel, storage):  # noqa: C901 - a StorageReader's methods
+    """Wrong: torch.distributed.checkpoint's own planner works out the overlaps, through its
+    deprecated load_state_dict with a StorageReader over the storage."""
+    from torch.distributed.checkpoint import state_dict_loader
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+    from torch.distributed.checkpoint.storage import StorageReader
+    from torch.futures import Future
+
+    lo, hi = chunk_bounds(numel, dist.get_world_size())[dist.get_rank()]
+
+    class Reader(StorageReader):
+        def __init__(self):
+            self.where = {}
+
+        def reset(self, checkpoint_id=None):
+            pass
+
+        @classmethod
+        def validate_checkpoint_id(cls, checkpoint_id):  # noqa: ARG003 - torch's signature
+            return True
+
+        def read_metadata(self, *args, **kwargs):  # noqa: ARG002 - torch's signature
+            tensors, where = {}, {}
+            for key in storage.list():
+                stem, _, span = key.rpartition("/")
+                a, b = (int(x) for x in span.split("-"))
+                meta = tensors.setdefault(stem, TensorStorageMetadata(
+                    TensorProperties(dtype=torch.float32), torch.Size([numel]), []))  # fmt: skip
+                meta.chunks.append(ChunkStorageMetadata(torch.Size([a]), torch.Size([b - a])))
+                where[MetadataIndex(stem, torch.Size([a]))] = key
+            self.where = where
+            return Metadata(state_dict_metadata=tensors, storage_data=where)
+
+        def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+            pass
+
+        def prepare_local_plan(self, plan):
+            return plan
+
+        def prepare_global_plan(self, plans):
+            return plans
+
+        def read_data(self, plan, planner):
+            for item in plan.items:
+                key = self.where[MetadataIndex(item.storage_index.fqn, item.storage_index.offset)]
+                start, length = item.storage_offsets[0], item.lengths[0]
+                into = planner.resolve_tensor(item).detach()
+                into.copy_(storage.get(key, start, start + length))
+                planner.commit_tensor(item, into)
+            done = Future()
+            done.set_result(None)
+            return done
+
+    state = {}
+    for name in names:
+        t = torch.empty(hi - lo)
+        t.__create_chunk_list__ = lambda: [
+            ChunkStorageMetadata(torch.Size([lo]), torch.Size([hi - lo]))
+        ]
+        t.__get_tensor_shard__ = lambda _index, t=t: t
+        t.size = lambda d=None: torch.Size([numel]) if d is None else hi - lo
+        state[name] = t
+    state_dict_loader.load_state_dict(state, Reader(), no_dist=True, planner=DefaultLoadPlanner())
+    return {name: state[name].detach().clone() for name in names}
+
+
 RIGHT = [
     (save_sharded, load_resharded),
     (save_sharded, load_whole_objects),
@@ -191,4 +312,7 @@ WRONG = {
     (save_sharded, load_gathered): "it called all_reduce",
     (save_sharded, load_gathered_after_a_mark): "it called all_reduce",
     (save_sharded, load_off_by_one): "differ, the first at index",
+    (save_sharded, load_keys_channel): "a load only reads",
+    (save_via_storage, load_resharded): "in a save each rank writes its own shards only",
+    (save_sharded, load_with_dcp_planner): "this is torch.distributed.checkpoint",
 }

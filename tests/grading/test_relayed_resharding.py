@@ -66,3 +66,31 @@ def test_a_deadlocked_load_fails_through_the_relay(box):
             loaded_on=(2,),
         )
     assert "load_resharded failed on 2 ranks" in str(failed.value)
+
+
+HONEST_LOAD = inspect.getsource(resharding_impls.load_resharded)
+FORGED = {
+    "an int": "_R._on_rank = lambda fn, args, storage: (5, [], [])",
+    "strings for tensors": (
+        "_R._on_rank = lambda fn, args, storage: ({n: 'x' for n in _R.NAMES}, [], [])"
+    ),
+    "2-D tensors": (
+        "_R._on_rank = lambda fn, args, storage: "
+        "({n: torch.zeros(15, 1) for n in _R.NAMES}, [], [])"
+    ),
+    "four things": "_R._on_rank = lambda fn, args, storage: (None, [], [], 1)",
+}
+
+
+@pytest.mark.parametrize("forged", FORGED.values(), ids=list(FORGED))
+def test_a_forged_reply_fails_the_cell_not_the_grader(box, forged):
+    """Student code that replaces the check's rank-side code, so that the rank replies with
+    something the check's code never returns: the check fails in words (CheckFailed), and
+    nothing raises inside the grader."""
+    source = (
+        HONEST_LOAD + "\nimport course.lessons.fault_tolerance.resharding as _R\n" + forged + "\n"
+    )
+    load = StudentCode((("load_resharded", HEADER + source),), "load_resharded")
+    with pytest.raises(CheckFailed):
+        check_resharding(_code(resharding_impls.save_sharded, "save_sharded"), load,
+                         loaded_on=(2,))  # fmt: skip

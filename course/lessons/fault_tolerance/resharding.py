@@ -22,7 +22,9 @@ The verdict is computed in the caller:
 - each rank's reads: no more than the bytes of the objects its range overlaps (reading the
   whole checkpoint, or more of it than the range needs, fails); ranged ``get``\\ s read
   exactly the range;
-- nothing travels between ranks in either call (each rank writes and reads its own).
+- nothing travels between ranks in either call, the storage included: a save writes its own
+  rank's objects only and reads none, a load reads and writes nothing else (so no rank can
+  leave another a message in a key or an object).
 Under grading the storage is the relay's (:mod:`course.ranks.objects`): the objects, the
 bytes each rank read and the calls between ranks are the caller's own record over the whole
 run (no mark a rank sends itself moves a call out of it), none a rank's report; in a
@@ -59,9 +61,24 @@ SAVED_ON = 3
 LOADED_ON = (2, 4)  # fewer ranks, then more
 LAUNCH_TIMEOUT = 30.0
 DCP = Refusal(
-    (
-        "torch.distributed.checkpoint.state_dict_saver:save",
-        "torch.distributed.checkpoint.state_dict_loader:load",
+    tuple(
+        f"torch.distributed.checkpoint.state_dict_saver:{f}"
+        for f in ("save", "save_state_dict", "_save_state_dict", "async_save")
+    )
+    + tuple(
+        f"torch.distributed.checkpoint.state_dict_loader:{f}"
+        for f in ("load", "load_state_dict", "_load_state_dict", "_load_state_dict_from_keys")
+    )
+    + tuple(
+        f"torch.distributed.checkpoint.planner_helpers:{f}"
+        for f in ("create_read_items_for_chunk_list", "_create_read_items")
+    )
+    + tuple(
+        f"torch.distributed.checkpoint.resharding:{f}"
+        for f in (
+            "_check_shard_metadata_pair_overlap",
+            "_shards_get_overlap_region_wrt_saved_tensor",
+        )
     ),
     "this is torch.distributed.checkpoint: the exercise is to write the sharded save and the "
     "resharding load yourself, with the storage's put, get and list",
@@ -122,40 +139,35 @@ def check_resharding(
 # --- the rank side ---------------------------------------------------------------------
 
 
-def _on_rank(fn: Callable, args: tuple, storage: Storage) -> tuple[Any, list[str], int]:
+def _on_rank(fn: Callable, args: tuple, storage: Storage) -> tuple[Any, list[str], list]:
     """Run the student's call; what it returned, the calls between ranks the recorder saw and
-    the bytes this rank read (the notebook's path reads these two)."""
+    this rank's puts and gets (the notebook's path reads these two; grading, the relay's)."""
     with Recorder() as seen:
         out = fn(*args, storage)
     calls = [c.name for c in seen.collectives] + [m.op for m in seen.messages if m.op == "send"]
     dist.barrier()  # no rank leaves while another still reads
-    return out, calls, storage.got
+    return out, calls, storage.log
 
 
-def _returned(out: Any) -> dict[str, torch.Tensor] | str:
-    """A load's result as plain tensors, or what it was instead."""
-    if not isinstance(out, dict):
-        return f"a {type(out).__name__}"
-    plain = {}
-    for name in NAMES:
-        t = out.get(name)
-        if not isinstance(t, torch.Tensor):
-            return f"a dict whose {name!r} is {'missing' if t is None else type(t).__name__}"
-        plain[name] = t.detach().reshape(-1).clone()
-    return plain
+def _load(fn: Callable, numel: int, storage: Storage) -> tuple[Any, list[str], list]:
+    out, calls, log = _on_rank(fn, (list(NAMES), numel), storage)
+    if isinstance(out, dict):  # tensors as plain data; the caller checks what came
+        out = {k: v.detach().clone() if isinstance(v, torch.Tensor) else repr(v)[:80]
+               for k, v in out.items() if isinstance(k, str)}  # fmt: skip
+    else:
+        out = f"a {type(out).__name__}"
+    return out, calls, log
 
 
-def _load(fn: Callable, numel: int, storage: Storage) -> tuple[Any, list[str], int]:
-    out, calls, got = _on_rank(fn, (list(NAMES), numel), storage)
-    return _returned(out), calls, got
-
-
-def _save(fn: Callable, shards: dict, numel: int, storage: Storage) -> tuple[Any, list[str], int]:
-    _, calls, got = _on_rank(fn, (shards, numel), storage)
-    return None, calls, got
+def _save(fn: Callable, shards: dict, numel: int, storage: Storage) -> tuple[Any, list[str], list]:
+    _, calls, log = _on_rank(fn, (shards, numel), storage)
+    return None, calls, log
 
 
 # --- the caller side -------------------------------------------------------------------
+
+
+Access = tuple[str, str, int]  # ("put" or "get", key, bytes)
 
 
 def _launch(job: Callable, n: int, doing: str, *args: Any, stored: Any = None) -> Any:
@@ -163,9 +175,15 @@ def _launch(job: Callable, n: int, doing: str, *args: Any, stored: Any = None) -
 
     extra = {"stored": stored} if confined.current() is not None else {}
     result = launch(job, n, *args, timeout=LAUNCH_TIMEOUT, before=refusing(DCP), **extra)
+    name = SAVE if job is _save else LOAD
     if not result.ok:
-        name = SAVE if job is _save else LOAD
         raise AssertionError(failure_message(name, n, result.failures, doing))
+    for rank, reply in enumerate(result.results):
+        if not (isinstance(reply, list | tuple) and len(reply) == 3):
+            raise AssertionError(
+                f"{name} on {n} ranks: rank {rank}'s reply is not what the check's code on the "
+                "rank returns: the check's code was changed there, and the call earns nothing"
+            )
     return result
 
 
@@ -201,6 +219,17 @@ def _check_save(fn: Callable, saved: dict, n: int, storage: Storage) -> None:
                 f"as it was handed to save_sharded (float32, "
                 f"{count(len(stored.data) // 4, 'element')}). {KEYS}"
             )
+    for rank, accesses in enumerate(_accesses(result, n)):
+        lo, hi = bounds[rank]
+        mine = {f"{name}/{lo}-{hi}" for name in NAMES}
+        for op, key, _nbytes in accesses:
+            if op == "get" or key not in mine:
+                what = f"read {key!r}" if op == "get" else f"wrote {key!r}"
+                raise AssertionError(
+                    f"{head} rank {rank} {what}: in a save each rank writes its own shards "
+                    f"only (here {', '.join(sorted(mine))}) and reads nothing, so that no "
+                    f"rank passes another anything through the storage. {KEYS}"
+                )
 
 
 def _check_load(fn: Callable, states: tuple, saved_on: int, m: int, storage: Storage) -> None:
@@ -213,32 +242,41 @@ def _check_load(fn: Callable, states: tuple, saved_on: int, m: int, storage: Sto
     result = _launch(_load, m, doing, fn, NUMEL, storage, stored=objects if relayed else None)
     head = f"{LOAD} on {m} ranks, from a save on {saved_on}:"
     _judge_calls(head, _between(result), "a load")
-    read = _bytes_read(result, m)
-    for rank, (out, _calls, _got) in enumerate(result.results):
+    for rank, accesses in enumerate(_accesses(result, m)):
+        wrote = [key for op, key, _ in accesses if op == "put"]
+        if wrote:
+            raise AssertionError(
+                f"{head} rank {rank} wrote {wrote[0]!r} to the storage: a load only reads "
+                "(the objects the save left), so that no rank passes another anything "
+                "through the storage."
+            )
+        _judge_reads(head, rank, sum(b for op, _, b in accesses if op == "get"), saved_on, m)
+    for rank, (out, _calls, _log) in enumerate(result.results):
         _judge_values(head, rank, out, states, saved_on, m)
-        _judge_reads(head, rank, read[rank], saved_on, m)
 
 
 def _between(result: Any) -> list[str]:
     """The calls that moved data between ranks (a barrier moves none), over the whole run:
     under grading, the relay's record, which no mark a rank sends can cut."""
     if confined.current() is None:
-        kinds = [name for _out, calls, _got in result.results for name in calls]
+        kinds = [str(c) for _out, calls, _log in result.results for c in calls]
     else:
         named = {**TORCH_NAMES, "send": "send"}
         kinds = [named.get(e.kind, "") for e in result.relayed]
     return [k for k in kinds if k and k != "barrier"]
 
 
-def _bytes_read(result: Any, n: int) -> list[int]:
-    """Bytes each rank read from the storage: under grading, every get the relay answered."""
+def _accesses(result: Any, n: int) -> list[list[Access]]:
+    """Each rank's puts and gets, in order: under grading, every one the relay answered."""
+    out: list[list[Access]] = [[] for _ in range(n)]
     if confined.current() is None:
-        return [got for _out, _calls, got in result.results]
-    read = [0] * n
+        for rank, (_out, _calls, log) in enumerate(result.results):
+            out[rank] = [(str(op), str(key), int(b)) for op, key, b in log]
+        return out
     for e in result.relayed:
-        if e.kind == "get":
-            read[e.src] += e.nbytes[0]
-    return read
+        if e.kind in ("put", "get"):
+            out[e.src].append((e.kind, e.op, e.nbytes[0]))
+    return out
 
 
 def _judge_calls(head: str, calls: list[str], what: str) -> None:
@@ -254,20 +292,27 @@ def _judge_calls(head: str, calls: list[str], what: str) -> None:
 def _judge_values(head: str, rank: int, out: Any, states: tuple, saved_on: int, m: int) -> None:
     saved, now = states
     lo, hi = chunk_bounds(NUMEL, m)[rank]
-    problem = out if isinstance(out, str) else ""  # what _returned found instead of a dict
+    where = f"elements {lo}:{hi} (chunk_bounds(numel, {m})[{rank}])"
+    problem = out if isinstance(out, str) else "" if isinstance(out, dict) else "something else"
     if problem:
         raise AssertionError(
-            f"{head} rank {rank} returned {problem}: return a dict of every tensor's name to this "
-            f"rank's range of it, here elements {lo}:{hi} (chunk_bounds(numel, {m})[{rank}])."
+            f"{head} rank {rank} returned {problem}: return a dict of every tensor's name to "
+            f"this rank's range of it, here {where}."
         )
     for name in NAMES:
-        got, want = out[name], now[name][lo:hi]
-        if got.dtype == torch.float32 and torch.equal(got, want):
+        got, want = out.get(name), now[name][lo:hi]
+        said = "" if isinstance(got, torch.Tensor) else "nothing" if got is None else "no tensor"
+        if said:
+            raise AssertionError(
+                f"{head} rank {rank} returned {said} for {name!r}: return a dict of every "
+                f"tensor's name to this rank's range of it, here {where}."
+            )
+        if got.dtype == torch.float32 and got.shape == want.shape and torch.equal(got, want):
             continue
         raise AssertionError(
-            f"{head} rank {rank}'s {name} is wrong: it should be elements {lo}:{hi} of the "
-            f"checkpoint (chunk_bounds(numel, {m})[{rank}], {count(hi - lo, 'element')}), "
-            f"and {_what_instead(got, saved[name], now[name], rank, saved_on, (lo, hi))}."
+            f"{head} rank {rank}'s {name} is wrong: it should be {where}, "
+            f"{count(hi - lo, 'element')} of the checkpoint, and "
+            f"{_what_instead(got, saved[name], now[name], rank, saved_on, (lo, hi))}."
         )
 
 
@@ -277,8 +322,12 @@ def _what_instead(
 ) -> str:  # fmt: skip
     """What a wrong range is instead, where it is a usual mistake."""
     lo, hi = bounds
-    if got.dtype != torch.float32:
-        return f"it is {str(got.dtype).removeprefix('torch.')}, not the saved float32"
+    if got.dtype != torch.float32 or got.dim() != 1:
+        dtype = str(got.dtype).removeprefix("torch.")
+        return (
+            f"it is a {dtype} tensor of shape {tuple(got.shape)}: return the saved float32 "
+            "elements as a 1-D tensor"
+        )
     if got.numel() == hi - lo and torch.equal(got, saved[lo:hi]):
         return (
             "it holds the values as they were saved, not as the storage holds them now: this "

@@ -4,7 +4,7 @@
     storage.put("exp_avg/0-8", shard)             # on a rank: a tensor's elements, flattened
     storage.list()                                # every object's key, sorted
     storage.get("exp_avg/0-8", 2, 5)              # elements 2:5 of that object, a 1-D tensor
-    storage.got, storage.put_bytes                # the bytes this rank's copy read and wrote
+    storage.got, storage.log                      # this rank's copy: bytes read; every put and get
 
 Cloud checkpoints are written this way (``torch.distributed.checkpoint`` writes one file per
 rank plus an index, and an object store serves byte ranges), so a rank that loads a
@@ -36,7 +36,7 @@ class Storage:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = str(path)
         self.got = 0  # bytes this copy of the storage read (get), on this rank
-        self.put_bytes = 0  # bytes it wrote (put)
+        self.log: list[tuple[str, str, int]] = []  # (put or get, key, bytes), in order
 
     def __repr__(self) -> str:
         return f"Storage({self.path!r})"
@@ -51,7 +51,7 @@ class Storage:
             relay.put(key, flat)
         else:
             _write(Path(self.path), key, Stored(_dtype(flat), raw_bytes(flat)))
-        self.put_bytes += flat.numel() * flat.element_size()
+        self.log.append(("put", key, flat.numel() * flat.element_size()))
 
     def get(self, key: str, start: int | None = None, stop: int | None = None) -> torch.Tensor:
         """Elements ``start:stop`` of the object ``key`` (its first and last by default), as a
@@ -62,6 +62,7 @@ class Storage:
         else:
             out = _read_range(Path(self.path), key, start, stop)
         self.got += out.numel() * out.element_size()
+        self.log.append(("get", key, out.numel() * out.element_size()))
         return out
 
     def list(self) -> list[str]:
