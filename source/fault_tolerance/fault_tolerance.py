@@ -80,8 +80,8 @@ from course.ranks import run
 # * a) All seven wait out the 30 minutes, then raise: gloo learns of a lost peer by its timeout.
 # * b) All seven raise at once: the kernel closes rank 7's connections to each one of them.
 # * c) Ranks 0 and 6 raise at once; ranks 1 to 5 raise only when the 30 minutes are up.
-# * d) Ranks 0 and 6 raise at once, then the failure spreads round the ring: 1 and 5, then
-#   2 and 4, then 3.
+# * d) Ranks 1 to 5 raise at once; ranks 0 and 6, waiting on rank 7 itself, when the 30
+#   minutes are up.
 #
 # Set `answer_fault_tolerance_1` to your letter and run the cell below it.
 
@@ -111,8 +111,9 @@ check_answer(
     rank 6 sends to rank 7, rank 0 receives from it, and ranks 1 to 5 wait on live neighbours
     who will never send again. a) is what a silent rank does (the cell's 3 ranks): a killed one
     is found at once by those that talk to it. b) the connections close everywhere, but ranks 1
-    to 5 are not reading them. d) ranks 0 and 6 catch the error and stay up, their connections
-    open: ranks 1 and 5 see nothing close and wait on, so the failure does not spread. A group's
+    to 5 are not reading them. d) is the other way round: the ranks that wait on rank 7 itself
+    are the ones reading its closed connections, so they learn first; ranks 1 to 5 wait on
+    live neighbours, which catch the error and stay up with their connections open. A group's
     ranks are fixed when it is made, so without rank 7's share the sum cannot end, and the
     group is of no more use. So a job must stop its survivors from outside (torchrun's agent
     does, part 2), or it waits the whole timeout. On GPUs, NCCL
@@ -801,10 +802,10 @@ print(steps_table(record))
 # One group leaves and comes back with a fresh model: in one run after missing 1 step, in
 # another after missing 100. How many bytes does it receive from a live peer when it heals?
 #
-# * a) About 3P each time, however long it was away: the parameters and Adam's two moments.
+# * a) About 3P each time: the parameters and both of Adam's moment estimates.
 # * b) About P each time: the parameters; Adam's state dict holds its settings, not tensors.
 # * c) About 3P per step missed: the state dicts after each missed step, applied in turn.
-# * d) About 4P each time: the parameters, both of Adam's moments and the peer's gradients.
+# * d) About P per step missed: each missed step's averaged gradient, replayed.
 #
 # Set `answer_fault_tolerance_8` to your letter and run the cell below it.
 
@@ -833,14 +834,13 @@ check_answer(
     count per tensor. After healing, its parameters, both moments and step counters equal its
     peer's bit for bit. b) Adam's state dict holds tensors: exp_avg and exp_avg_sq, each the
     size of the parameters, and a step count per tensor; its settings are the small part. c)
-    nothing is replayed: the peer's current state already holds the effect of the missed
-    steps, and the bytes were the same after 1 missed step as after 3. d) gradients are in no
-    state dict, and
-    the returning group needs none: its own gradient in its first step back is zeroed
-    (participating False, num_participants() 2), and it steps with the average of the others',
-    all-reduced in that step. An absence costs the
-    group its work, not more bytes: it ran no step while away, and the batch of its first step
-    back was computed and dropped. On GPUs the same state travels; torchft also has a
+    and d) nothing is replayed, neither states nor gradients: the peer's current state
+    already holds the effect of the missed steps, and the bytes were the same after 1 missed
+    step as after 3. Gradients are in no state dict, and the returning group needs none: its
+    own gradient in its first step back is zeroed (participating False, num_participants() 2),
+    and it steps with the average of the others', all-reduced in that step. An absence costs
+    the group its work, not more bytes: it ran no step while away, and the batch of its first
+    step back was computed and dropped. On GPUs the same state travels; torchft also has a
     process-group transport that sends it GPU to GPU instead of over HTTP.
     """,
     giveaways=(
