@@ -80,8 +80,7 @@ from course.ranks import run
 # * a) All seven wait out the 30 minutes, then raise: gloo learns of a lost peer by its timeout.
 # * b) All seven raise at once: the kernel closes rank 7's connections to each one of them.
 # * c) Ranks 0 and 6 raise at once; ranks 1 to 5 raise only when the 30 minutes are up.
-# * d) Ranks 1 to 5 raise at once; ranks 0 and 6, waiting on rank 7 itself, when the 30
-#   minutes are up.
+# * d) Ranks 1 to 5 raise at once; ranks 0 and 6, waiting on rank 7, when the 30 minutes are up.
 #
 # Set `answer_fault_tolerance_1` to your letter and run the cell below it.
 
