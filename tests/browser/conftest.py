@@ -356,12 +356,26 @@ def run_all(page: object, timeout_s: float = 45.0) -> None:
     wait_for_idle(page, timeout_s, all_run=True)
 
 
+def _fail_on_a_dialog(page: object) -> None:
+    """If a JupyterLab dialog stands over the page, fail saying what it says (and keep a
+    screenshot of it), rather than with the click it blocked."""
+    dialogs = page.locator(".jp-Dialog")
+    if dialogs.count():
+        page.screenshot(path=artifact("dialog-over-the-notebook.png"))
+        said = " ".join(dialogs.first.inner_text().split())
+        raise AssertionError(f"a JupyterLab dialog stands over the notebook: {said[:500]!r}")
+
+
 def start_run_all(page: object) -> None:
     """Run > Run All Cells, until a cell shows it is queued or running (not waiting for it)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for _attempt in range(3):  # a click landing while Lab is still settling can be lost
-        page.locator(".jp-Notebook").first.click()
+        try:
+            page.locator(".jp-Notebook").first.click(timeout=30_000)
+        except PlaywrightTimeout:
+            _fail_on_a_dialog(page)
+            raise
         page.get_by_role("menuitem", name="Run", exact=True).click()
         page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
         try:

@@ -110,6 +110,9 @@ def _train(args: argparse.Namespace, log: Path) -> None:
             torch.save(state, log / "checkpoints" / f"step-{step}.pt")
         if step % args.every == 0:
             dist.barrier()  # every worker knows the checkpoint is written before going on
+    # No worker tears its group down while a peer still reads from it: a connection closed
+    # under a peer's last all-reduce aborts that peer (SIGABRT), and fails a finished job.
+    dist.barrier()
     say("end", args.steps)
 
 
