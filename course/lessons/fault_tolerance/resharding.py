@@ -19,9 +19,9 @@ The verdict is computed in the caller:
 - before each load the caller writes new values under the same keys, so what a load returns
   comes from the storage as it is then (a state a rank kept elsewhere is stale), and must
   equal the new values' range, bit for bit;
-- each rank's reads: no more than the bytes of the objects its range overlaps (reading the
-  whole checkpoint, or more of it than the range needs, fails); ranged ``get``\\ s read
-  exactly the range;
+- each rank's reads: no more than the bytes of the saved objects its range overlaps (each
+  read whole is allowed; the whole checkpoint fails); ranged ``get``\\ s read exactly the
+  range;
 - nothing travels between ranks in either call, the storage included: a save writes its own
   rank's objects only and reads none, a load reads and writes nothing else (so no rank can
   leave another a message in a key or an object).
@@ -29,7 +29,8 @@ Under grading the storage is the relay's (:mod:`course.ranks.objects`): the obje
 bytes each rank read and the calls between ranks are the caller's own record over the whole
 run (no mark a rank sends itself moves a call out of it), none a rank's report; in a
 notebook, the files and each rank's own counts.
-``torch.distributed.checkpoint``'s save and load are refused on graded ranks.
+``torch.distributed.checkpoint``'s save and load, and the planner functions that work out
+overlapping chunks, are refused on graded ranks.
 """
 
 from __future__ import annotations
