@@ -39,7 +39,7 @@ class Stored:
 
     @property
     def numel(self) -> int:
-        return len(self.data) // torch.empty((), dtype=DTYPES[self.dtype]).element_size()
+        return len(self.data) // DTYPES[self.dtype].itemsize
 
     def tensor(self) -> torch.Tensor:
         """The object as a 1-D tensor (a copy)."""
@@ -51,9 +51,8 @@ class Stored:
 def key_error(key: Any) -> str | None:
     """Why ``key`` cannot name an object, or None."""
     if not isinstance(key, str) or not KEY.fullmatch(key):
-        return (f"a key must be a string of 1 to 200 letters, digits and _ . : = / -, got {key!r}")[
-            :300
-        ]
+        said = repr(key)[:200]
+        return f"a key must be a string of 1 to 200 letters, digits and _ . : = / -, got {said}"
     return None
 
 
@@ -103,7 +102,7 @@ class Objects:
         why = range_error(key, start, stop, stored.numel)
         if why:
             raise RelayError(why)
-        size = len(stored.data) // max(stored.numel, 1)
+        size = DTYPES[stored.dtype].itemsize
         return stored.dtype, stored.data[start * size : stop * size]
 
     def keys(self) -> list[str]:

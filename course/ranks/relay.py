@@ -251,19 +251,19 @@ def _create(opts: Any, _backend_options: Any = None) -> RelayGroup:
     return group
 
 
+def relayed() -> bool:
+    """Does this rank's default process group go through the relay?"""
+    return _LINK is not None and dist.is_initialized() and dist.get_backend() == BACKEND
+
+
 def mark(tag: int) -> None:
     """Mark, in the relay's record, that this rank starts the ``tag``-th part of its run (a
     check's next case, say); a no-op on any other backend."""
-    if _LINK is None or dist.get_backend() != BACKEND:
+    if not relayed():
         return
     rank = dist.get_rank()
     header = {"kind": "mark", "group": [rank], "tag": tag}
     Work(_LINK.request(header, b"", lambda _h, _p: None), _LINK).wait()
-
-
-def relayed() -> bool:
-    """Does this rank's default process group go through the relay?"""
-    return _LINK is not None and dist.is_initialized() and dist.get_backend() == BACKEND
 
 
 def _stored(header: dict[str, Any], payload: bytes = b"", on_reply: Any = None) -> Any:
@@ -302,7 +302,7 @@ def snapshot(tag: int) -> None:
     """Wait until every rank has called ``snapshot(tag)``; meanwhile the relay measures, from
     outside, the memory each holds (:mod:`course.ranks.memory`); a no-op on any other
     backend."""
-    if _LINK is None or dist.get_backend() != BACKEND:
+    if not relayed():
         return
     header = {"kind": "snapshot", "group": list(range(dist.get_world_size())), "tag": tag}
     empty = torch.empty(0)

@@ -24,7 +24,7 @@ from urllib.parse import quote, unquote
 import torch
 
 from course.ranks import relay
-from course.ranks.frames import DTYPES, raw_bytes
+from course.ranks.frames import DTYPES, describe, raw_bytes
 from course.ranks.objects import Stored, key_error, range_error
 
 __all__ = ["Storage", "read_objects", "write_objects"]
@@ -35,11 +35,15 @@ class Storage:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = str(path)
-        self.got = 0  # bytes this copy of the storage read (get), on this rank
         self.log: list[tuple[str, str, int]] = []  # (put or get, key, bytes), in order
 
     def __repr__(self) -> str:
         return f"Storage({self.path!r})"
+
+    @property
+    def got(self) -> int:
+        """The bytes this copy of the storage read (its gets), on this rank."""
+        return sum(nbytes for op, _key, nbytes in self.log if op == "get")
 
     def put(self, key: str, tensor: torch.Tensor) -> None:
         """Write ``tensor``'s elements, flattened, as the object ``key`` (replacing one there)."""
@@ -50,7 +54,7 @@ class Storage:
         if relay.relayed():
             relay.put(key, flat)
         else:
-            _write(Path(self.path), key, Stored(_dtype(flat), raw_bytes(flat)))
+            _write(Path(self.path), key, Stored(describe(flat)["dtype"], raw_bytes(flat)))
         self.log.append(("put", key, flat.numel() * flat.element_size()))
 
     def get(self, key: str, start: int | None = None, stop: int | None = None) -> torch.Tensor:
@@ -61,7 +65,6 @@ class Storage:
             out = relay.get(key, start, stop)
         else:
             out = _read_range(Path(self.path), key, start, stop)
-        self.got += out.numel() * out.element_size()
         self.log.append(("get", key, out.numel() * out.element_size()))
         return out
 
@@ -96,10 +99,6 @@ def _valid(key: str) -> None:
         raise ValueError(why)
 
 
-def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
 def _files(root: Path, key: str) -> tuple[Path, Path]:
     name = quote(key, safe="")
     return root / f"{name}.json", root / f"{name}.bin"
@@ -132,7 +131,7 @@ def _read_range(root: Path, key: str, start: int | None, stop: int | None) -> to
     why = range_error(key, start, stop, numel)
     if why:
         raise ValueError(why)
-    size = torch.empty((), dtype=DTYPES[dtype]).element_size()
+    size = DTYPES[dtype].itemsize
     with _files(root, key)[1].open("rb") as f:
         f.seek(start * size)
         return Stored(dtype, f.read((stop - start) * size)).tensor()
