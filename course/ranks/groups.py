@@ -71,6 +71,15 @@ class Groups:
         """The ranks waiting in a new group for its other members."""
         return {r for call in self._forming.values() for r in call.calls}
 
+    def lost(self, rank: int) -> list[list[Pending]]:
+        """Remove every forming group that waits for ``rank``, which died: its calls."""
+        out = []
+        for k, call in list(self._forming.items()):
+            if rank in call.group and rank not in call.calls:
+                del self._forming[k]
+                out.append(list(call.calls.values()))
+        return out
+
     def expired(self, deadline: float) -> list[tuple[list[Pending], str]]:
         """Remove every group whose first member came before ``deadline``: its calls, and why."""
         out = []

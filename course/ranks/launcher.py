@@ -61,6 +61,7 @@ import psutil
 from course.ranks.clock import WALL_FACTOR
 from course.ranks.confined import PerRank
 from course.ranks.failures import CELL_NAME, RankError, RankFailure, RunResult
+from course.ranks.faults import Fault
 from course.ranks.forkserver import SERVER
 from course.ranks.holds import Hold
 from course.ranks.objects import Stored
@@ -142,6 +143,7 @@ def launch(
     rescale: Rescale | None = None,
     stored: dict[str, Stored] | None = None,
     grace: float = ABORT_GRACE,
+    fault: Fault | None = None,
     **kwargs: Any,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)``, or cell text with ``variables`` defined; report, never raise.
@@ -156,7 +158,8 @@ def launch(
     ``stored``: on the relay, the objects its storage starts with (:mod:`course.ranks.objects`;
     the result's ``stored`` is what it holds at the end); ``grace``: the seconds the other
     ranks get after one fails (an experiment on failures gives them gloo's timeout, to see how
-    each ends on its own)."""
+    each ends on its own); ``fault``: on the relay, the rank it kills, and when
+    (:mod:`course.ranks.faults`), told to no rank."""
     _check_world_size(world_size)
     _check_backend(backend, world_size)
     timeout, pg_timeout = _check_timeouts(timeout, pg_timeout)
@@ -178,6 +181,7 @@ def launch(
         rescale,
         grace,
         stored,
+        fault,
     )
     return supervisor.execute()
 

@@ -75,6 +75,9 @@ class Link:
         if fut is None:  # an answer to a request this link never made
             return
         if "error" in header:
+            if header.get("partial") and payload:  # a failed all-reduce's partly summed buffer
+                with contextlib.suppress(Exception):
+                    on_reply(header, payload)
             self._fail(fut, RelayError(header["error"]))
             return
         try:

@@ -70,6 +70,16 @@ class Mailbox:
         """Whether a send of ``rank``'s waits here for its receive."""
         return any(m.src == rank for box in self._boxes.values() for m in box)
 
+    def addressed_to(self, dst: int) -> list[Posted]:
+        """Remove and return every message sent to rank ``dst``."""
+        out = []
+        for key, box in list(self._boxes.items()):
+            if key[2] == dst:
+                out += box
+                self.held -= sum(len(m.payload) for m in box)
+                del self._boxes[key]
+        return out
+
     def expired(self, deadline: float) -> list[Posted]:
         """Remove and return every message that reached the relay before ``deadline``."""
         late = []

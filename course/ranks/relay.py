@@ -35,8 +35,8 @@ from course.ranks.mailbox import ANY
 from course.ranks.objects import Stored
 
 __all__ = [
-    "BACKEND", "BASELINE", "RelayGroup", "get", "join", "keys", "mark", "put", "relayed",
-    "snapshot",
+    "BACKEND", "BASELINE", "RelayGroup", "get", "join", "keys", "mark", "put", "quorum",
+    "relayed", "snapshot",
 ]  # fmt: skip
 
 BACKEND = "relay"
@@ -293,6 +293,16 @@ def get(key: str, start: int | None = None, stop: int | None = None) -> torch.Te
 def keys() -> list[str]:
     """The keys of every object in the relay's storage, sorted."""
     return _stored({"kind": "keys"}, b"", lambda reply, _data: list(reply["keys"]))
+
+
+def quorum() -> list[int]:
+    """This rank's next round of the relay's quorum (:mod:`course.ranks.faults`): the ranks
+    still alive, once every one of them has asked."""
+    if not relayed():
+        raise RelayError("the relay's quorum is reached only from a relay run's ranks")
+    header = {"kind": "quorum", "group": [dist.get_rank()]}
+    reply = _LINK.request(header, b"", lambda reply, _data: list(reply["members"]))  # type: ignore[union-attr]
+    return reply.wait()
 
 
 BASELINE = -1  # the tag of a launch's snapshot before its job is unpickled (``measured``)

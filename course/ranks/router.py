@@ -12,7 +12,9 @@ whom it waited for) and refuses, to the calling rank, a frame that is malformed,
 or inconsistent; it holds what was sent until it is received, at most ``MAX_HELD`` bytes. It
 makes the stragglers a check asks for (:mod:`course.ranks.holds`), scales the all-gathers
 a check chose by their place in its marked parts (:mod:`course.ranks.rescale`), and keeps
-the storage a checkpoint is written to and read from (:mod:`course.ranks.objects`).
+the storage a checkpoint is written to and read from (:mod:`course.ranks.objects`), and
+kills the rank a fault plan names, failing what needed it, and forms the quorum of the ranks
+left (:mod:`course.ranks.faults`).
 
 It keeps gloo's semantics, so that a program that deadlocks or fails on gloo does so here: a
 send completes only once a receive takes it (a blocking ``dist.send`` to a rank that sends
@@ -34,6 +36,7 @@ from typing import Any
 import torch
 
 from course.ranks.combine import Call, Pending, compute
+from course.ranks.faults import GONE, Fault, Faults, Quorum
 from course.ranks.frames import (
     COLLECTIVES,
     DTYPES,
@@ -57,17 +60,21 @@ MAX_HELD = 256 * 2**20  # bytes of sent messages the relay holds for receivers, 
 MAX_KEPT = 64 * 2**20  # bytes of messages a Relay(keep=True) records, in all
 
 
-class Relay(Switchboard):
+class Relay(Faults, Switchboard):
     """The router between ``world_size`` ranks: what each request means, and what it records."""
 
     def __init__(
         self, world_size: int, timeout: float, keep: bool = False, holds: Sequence[Hold] = (),
         rescale: Rescale | None = None, stored: dict[str, Stored] | None = None,
+        fault: Fault | None = None,
     ) -> None:  # fmt: skip
         """``keep``: record the bytes of every message (at most ``MAX_KEPT`` in all);
         ``holds``: the stragglers the relay makes (:class:`Hold`); ``rescale``: the
         all-gathers whose results it scales (:class:`Rescale`); ``stored``: the objects its
-        storage starts with (:mod:`course.ranks.objects`; ``self.objects.held`` at the end)."""
+        storage starts with (:mod:`course.ranks.objects`; ``self.objects.held`` at the end);
+        ``fault``: the rank it kills, and when (:mod:`course.ranks.faults`; the launcher sets
+        ``stop_rank``, which kills a rank's process). With a fault planned, a rank whose
+        process ended for any reason is treated as gloo's peers treat it: gone."""
         super().__init__(world_size, Holds(holds, world_size, timeout / 2))
         self.timeout, self.keep, self.rescale = timeout, keep, rescale
         self._places: list[tuple[int | None, int]] = [(None, 0)] * world_size  # see _collective
@@ -80,6 +87,9 @@ class Relay(Switchboard):
         self._count: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> calls made
         self.probe = Probe()  # what a snapshot reads: the launcher names the ranks' processes
         self.objects = Objects(stored)
+        self.fault, self.dead, self.quorum = fault, set[int](), Quorum(world_size)
+        self.stop_rank: Any = None  # rank -> None: kills its process (set by the launcher)
+        self._doomed: tuple[tuple[int, ...], int] | None = None  # the call the fault's rank dies in
 
     # -- requests ------------------------------------------------------------------------
 
@@ -90,6 +100,8 @@ class Relay(Switchboard):
             self._send(rank, group, header, payload, seq)
         elif kind == "recv":
             check_recv(header, group, rank)
+            if header["src"] in self.dead:
+                raise RelayError(GONE.format(rank=header["src"]))
             since = time.monotonic()
             self._recvs.append(Pending(rank, int(header["req"]), since, header, seq=seq))
             self._match()
@@ -102,6 +114,9 @@ class Relay(Switchboard):
             self._new_group(rank, header, seq)
         elif kind in ("put", "get", "keys"):
             self._storage(rank, kind, header, payload, seq)
+        elif kind == "quorum":
+            self.quorum.ask(Pending(rank, int(header["req"]), time.monotonic(), header, seq=seq))
+            self._form_quorums()
         elif kind in COLLECTIVES:
             self._collective(rank, group, header, payload, seq)
         else:
@@ -123,6 +138,8 @@ class Relay(Switchboard):
     ) -> None:
         """Hold a sent message, and the sender's call, until a receive takes it."""
         dst, tag = int(header["dst"]), int(header.get("tag", 0))
+        if dst in self.dead:
+            raise RelayError(GONE.format(rank=dst))
         if dst not in group or dst == rank:
             raise RelayError(f"rank {rank} sent to rank {dst}, which is not a peer in its group")
         check_bytes(header, payload)
@@ -197,6 +214,8 @@ class Relay(Switchboard):
         self, rank: int, group: tuple[int, ...], header: dict, payload: bytes, seq: int
     ) -> None:
         check_bytes(header, payload)
+        if self._faulted(rank, group, header):
+            return
         n = self._count.get((group, rank), 0)
         self._count[(group, rank)] = n + 1
         call = self._calls.setdefault((group, n), Call(group))
@@ -206,13 +225,17 @@ class Relay(Switchboard):
             part, index = self._places[rank]  # the part the rank marked last, its gathers in it
             pending.place, self._places[rank] = (part, index), (part, index + 1)
         call.calls[rank] = pending
-        if len(call.calls) == len(group):
+        if len(call.calls) == len(group) and self._doomed == (group, n):
+            self._kill(self.fault.rank)  # type: ignore[union-attr]
+        elif len(call.calls) == len(group):
             del self._calls[(group, n)]
             self._complete(call)
 
     def _new_group(self, rank: int, header: dict, seq: int) -> None:
         """A rank's next ``dist.new_group`` (:mod:`course.ranks.groups`)."""
         group = self._groups.members(header)
+        if rank in group and self.dead & set(group):
+            raise RelayError(GONE.format(rank=min(self.dead & set(group))))
         pending = Pending(rank, int(header["req"]), time.monotonic(), header, b"", seq)
         answered = self._groups.call(pending, group)
         if len(answered) > 1 or (answered and rank in group):
@@ -309,6 +332,12 @@ class Relay(Switchboard):
                 self._reply(
                     p.rank, {"req": p.req, "error": f"timed out after {self.timeout:g} s: {why}"}
                 )
+        for calls in self.quorum.expired(now - self.timeout):
+            absent = [r for r in range(self.world_size) if r not in calls and r not in self.dead]
+            why = (f"timed out after {self.timeout:g} s: quorum() waited for rank(s) "
+                   f"{', '.join(map(str, absent))}, alive, which never asked for it")  # fmt: skip
+            for p in calls.values():
+                self._reply(p.rank, {"req": p.req, "error": why})
         for key, call in list(self._calls.items()):
             oldest = min(p.since for p in call.calls.values())
             if now - oldest > self.timeout:

@@ -22,6 +22,7 @@ import psutil
 from course.ranks import confined, messages
 from course.ranks.clock import Deadline, RunClock
 from course.ranks.failures import RankFailure, RanksInterrupted, RunResult
+from course.ranks.faults import Fault
 from course.ranks.forkserver import RUN_DIR_PREFIX, SERVER, RankProcess, RankStartError, kill
 from course.ranks.holds import Hold
 from course.ranks.isolation import SANDBOX_SHARED, map_ids
@@ -104,6 +105,7 @@ class Supervisor:
         rescale: Rescale | None = None,
         grace: float = ABORT_GRACE,
         stored: dict[str, Stored] | None = None,
+        fault: Fault | None = None,
     ) -> None:
         self.world_size, self.payloads, self.before = world_size, payloads, before
         self.measured, self.grace = measured, grace
@@ -118,9 +120,11 @@ class Supervisor:
             raise ValueError("only the relay scales all-gathers (rescale=): use backend='relay'")
         if stored is not None and backend != "relay":
             raise ValueError("only the relay keeps a storage (stored=): use backend='relay'")
+        if fault is not None and backend != "relay":
+            raise ValueError("only the relay injects faults (fault=): use backend='relay'")
         self.relay = (
             Relay(world_size, pg_timeout, keep=bool(self.box), holds=holds, rescale=rescale,
-                  stored=stored)
+                  stored=stored, fault=fault)
             if backend == "relay"
             else None
         )  # fmt: skip
@@ -153,6 +157,7 @@ class Supervisor:
                 self.relay.close_ends()  # the ranks hold them now
                 memory = self.box.memory if self.box else None
                 self.relay.probe.name([r.pid for r in self.ranks], memory)
+                self.relay.stop_rank = self._stop
             clock = RunClock([r.pid for r in self.ranks], relayed=self.relay is not None)
             reason = self._supervise(clock)
             if reason != "done":
@@ -269,6 +274,11 @@ class Supervisor:
             if not waiting:
                 return
             self._poll(waiting, end - time.monotonic())
+
+    def _stop(self, rank: int) -> None:
+        """SIGKILL rank ``rank``'s process group (the relay's fault plan)."""
+        kill(os.killpg, self.ranks[rank].proc.pid)
+        kill(os.kill, self.ranks[rank].proc.pid)
 
     def _kill(self) -> None:
         """SIGKILL every rank's process group, then reap the ranks and close our ends."""

@@ -50,6 +50,9 @@ class Switchboard:
     def _tick(self) -> None:
         """Called between reads, at least every 50 ms."""
 
+    def _gone(self, rank: int) -> None:
+        """Called once rank ``rank``'s end of its link is closed: its process ended."""
+
     def __enter__(self) -> Self:
         for rank, sock in enumerate(self._mine):
             sock.setblocking(False)
@@ -85,6 +88,7 @@ class Switchboard:
                         data = b""
                     if data == b"":  # the rank is gone
                         self._sel.unregister(key.fileobj)
+                        self._gone(rank)
                         continue
                     if data:
                         buffers[rank] += data

@@ -46,6 +46,7 @@ import torch.distributed as dist
 from course.lessons.fault_tolerance import (
     check_answer,
     check_diloco_outer_step,
+    check_fault_tolerant_step,
     check_resharding,
     chunk_bounds,
 )
@@ -861,6 +862,87 @@ from course.lessons.fault_tolerance import fail_and_recover, recovery_report, st
 record = fail_and_recover(replicas=3, steps=6, leave_at=2, back_at=3, optimizer="sgd")
 print(steps_table(record))
 print(recovery_report(record))
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "survive_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Exercise: a step that outlives a rank
+#
+# Write the step that keeps the healthy ranks training, without torchft, with the course's
+# ranks. `fault_tolerant_step(model, x, y, lr, group, lighthouse)` runs on every rank, one call
+# per step. It computes this rank's gradient of `F.mse_loss(model(x), y)` (zero the old
+# gradients first), averages the gradients over the ranks of `group` with `dist.all_reduce`,
+# moves every parameter by `-lr` times its averaged gradient (plain SGD, in place), and returns
+# the group the next step is to use. The first step gets `dist.group.WORLD`.
+#
+# In one step, a rank dies inside its all-reduce. From then on, the step and every later one
+# must use the gradients of the ranks that are left, averaged over those ranks. You have:
+#
+# * the error: a collective that cannot complete raises a `RuntimeError` on the ranks in it
+#   (part 1 measured which, and when);
+# * `lighthouse.quorum()`, as torchft's Lighthouse: it returns the sorted list of the ranks
+#   alive, once every one of them has called it (each rank's n-th call is round n);
+# * `dist.new_group(ranks)`, called by every rank left with the same list, which makes a group
+#   of those ranks.
+#
+# The grader trains a 128-parameter model for 3 steps on 3 ranks, rank 1 dying in step 1, and
+# on 4 ranks, rank 0 dying in step 2, each rank on batches of its own. It compares every
+# surviving rank's parameters after each step with one process taking the same SGD steps on
+# the mean gradient of the ranks of that step. The rank dies at a step the grader picks and no
+# rank is told; a rank that waits forever fails at the run's deadline.
+
+# %% nbgrader={"grade": false, "grade_id": "survive", "locked": false, "schema_version": 3, "solution": true, "task": false}
+import torch.nn.functional as F  # noqa: N812 - torch's own alias
+
+
+def fault_tolerant_step(model, x, y, lr, group, lighthouse):
+    """One SGD step, its gradients averaged over the ranks alive; the group for the next."""
+    ### BEGIN SOLUTION
+    model.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    params = list(model.parameters())
+    grads = torch.cat([p.grad.reshape(-1) for p in params])
+    summed = grads.clone()
+    size = dist.get_world_size(group)
+    try:
+        dist.all_reduce(summed, group=group)
+    except RuntimeError:
+        members = lighthouse.quorum()
+        group = dist.new_group(members)
+        summed = grads.clone()  # the failed all-reduce left its buffer partly summed
+        dist.all_reduce(summed, group=group)
+        size = len(members)
+    with torch.no_grad():
+        at = 0
+        for p in params:
+            p.sub_(lr * summed[at : at + p.numel()].view_as(p) / size)
+            at += p.numel()
+    return group
+    ### END SOLUTION
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "try_survive_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Test as you go
+#
+# Three ranks, rank 1 dying in step 1's all-reduce. The cell prints, for each rank and step,
+# the size of the group your step returned and the first parameters after it.
+
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_survive", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from course.lessons.fault_tolerance import not_implemented, try_steps
+
+stub = not_implemented(fault_tolerant_step)
+if stub:
+    print(f"Note: {stub}")
+else:
+    print(try_steps(fault_tolerant_step, world_size=3, dies=1, step=1))
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "visible_survive_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# The grader's check. It stops within its deadline and says which rank and step went wrong.
+
+# %% nbgrader={"grade": false, "grade_id": "visible_survive", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(check_fault_tolerant_step(fault_tolerant_step))
+
+# %% nbgrader={"grade": true, "grade_id": "survive_check", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
+# 3 ranks with rank 1 dying in step 1, 4 ranks with rank 0 dying in step 2: every survivor's step.
+print(check_fault_tolerant_step(fault_tolerant_step))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_6_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 6. Synchronising less often

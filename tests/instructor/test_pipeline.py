@@ -265,10 +265,11 @@ def test_the_fault_tolerance_samples_cover_the_failure_kinds():
 @pytest.mark.ranks
 @pytest.mark.slow
 def test_fault_tolerance_samples_grade_as_their_specs_expect(tmp_path):
-    """Do Cy's deadlocking outer step and whole-reading load, and Eve's heavy-ball step and
-    rank-named shards, get their expected grades, each failure saying what happened? (Ada's
-    and Ben's are left to `make demo`; the checks' own tests cover their code:
-    tests/lessons/fault_tolerance/test_outer_check.py, test_resharding_check.py.)"""
+    """Do Cy's deadlocking outer step, whole-reading load and uncaught failed all-reduce, and
+    Eve's heavy-ball step, rank-named shards and re-reduced partial buffer, get their expected
+    grades, each failure saying what happened? (Ada's and Ben's are left to `make demo`; the
+    checks' own tests cover their code: tests/lessons/fault_tolerance/test_outer_check.py,
+    test_resharding_check.py, test_survive_check.py.)"""
     root = pipeline.prepare_course(tmp_path / "course")
     specs = [
         s for s in load_specs() if s.assignment == "fault_tolerance" and s.student in ("cy", "eve")
@@ -282,6 +283,8 @@ def test_fault_tolerance_samples_grade_as_their_specs_expect(tmp_path):
     assert "plain momentum" in eve["diloco_outer_step_check"]
     assert "Read only the objects that overlap" in cy["resharding_check"]
     assert "a save on 3 ranks leaves 9 objects" in eve["resharding_check"]
+    assert "catch that error (a RuntimeError)" in cy["survive_check"]
+    assert "partly summed" in eve["survive_check"]
 
 
 def test_the_fsdp_samples_cover_the_failure_kinds():
