@@ -94,20 +94,20 @@ class Faults:
     _reply: Any
     _now: Any
 
-    def _faulted(self, rank: int, group: tuple[int, ...], header: dict) -> bool:
-        """Kill ``rank`` if the fault plan says its call is where it dies (True); refuse a
-        collective of a group that holds a dead rank."""
+    def _doom_or_refuse(self, rank: int, group: tuple[int, ...], header: dict) -> None:
+        """Note the call the fault plan's rank dies in, if this is it (the router's
+        ``_collective`` kills it once every member is in it: :meth:`_kill`); refuse a call of
+        a group that holds a dead rank."""
         if self.fault is None:
-            return False
+            return
         fault, (part, _index) = self.fault, self._places[rank]
         if (rank, part, header["kind"]) == (fault.rank, fault.step, "allreduce"):
             if self._doomed is None and rank not in self.dead:
                 self._doomed = (group, self._count.get((group, rank), 0))
-            return False  # it dies once its peers are in the all-reduce too (_complete_or_kill)
+            return
         gone = self.dead & set(group)
         if gone:
             raise RelayError(GONE.format(rank=min(gone)))
-        return False
 
     def _kill(self, rank: int) -> None:
         """The fault plan's rank dies in its all-reduce, every peer in it too: each is left

@@ -214,8 +214,7 @@ class Relay(Faults, Switchboard):
         self, rank: int, group: tuple[int, ...], header: dict, payload: bytes, seq: int
     ) -> None:
         check_bytes(header, payload)
-        if self._faulted(rank, group, header):
-            return
+        self._doom_or_refuse(rank, group, header)
         n = self._count.get((group, rank), 0)
         self._count[(group, rank)] = n + 1
         call = self._calls.setdefault((group, n), Call(group))

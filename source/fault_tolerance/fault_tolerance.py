@@ -890,7 +890,7 @@ print(recovery_report(record))
 # rank is told; a rank that waits forever fails at the run's deadline.
 
 # %% nbgrader={"grade": false, "grade_id": "survive", "locked": false, "schema_version": 3, "solution": true, "task": false}
-import torch.nn.functional as F  # noqa: N812 - torch's own alias
+import torch.nn.functional as F
 
 
 def fault_tolerant_step(model, x, y, lr, group, lighthouse):
@@ -935,14 +935,18 @@ else:
     print(try_steps(fault_tolerant_step, world_size=3, dies=1, step=1))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "visible_survive_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# The grader's check. It stops within its deadline and says which rank and step went wrong.
+# The grader's check, on 3 ranks. It stops within its deadline and says which rank and step
+# went wrong.
 
 # %% nbgrader={"grade": false, "grade_id": "visible_survive", "locked": true, "schema_version": 3, "solution": false, "task": false}
-print(check_fault_tolerant_step(fault_tolerant_step))
+print(check_fault_tolerant_step(fault_tolerant_step, world_sizes=(3,)))
 
 # %% nbgrader={"grade": true, "grade_id": "survive_check", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
 # 3 ranks with rank 1 dying in step 1, 4 ranks with rank 0 dying in step 2: every survivor's step.
+print(check_fault_tolerant_step(fault_tolerant_step, world_sizes=(3,)))
+### BEGIN HIDDEN TESTS
 print(check_fault_tolerant_step(fault_tolerant_step))
+### END HIDDEN TESTS
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_6_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 6. Synchronising less often

@@ -43,3 +43,8 @@ def test_the_oracle_averages_over_the_ranks_of_each_step():
     assert not torch.allclose(everyone[1], lost[1])
     kept = [batches[0], batches[2]]
     assert torch.allclose(lost[1], oracle(lost[0], [b[1:] + b[:1] for b in kept], Fault(9, 9))[0])
+
+
+def test_only_the_planned_world_sizes_are_checked():
+    with pytest.raises(ValueError, match="world_sizes must be among"):
+        check_fault_tolerant_step(survive_impls.fault_tolerant_step, world_sizes=(5,))
