@@ -1,20 +1,22 @@
 """Faults the relay injects, and the quorum the ranks left after one form.
 
-    launch(job, 4, faults=Fault(rank=2, step=1))   # under the relay: rank 2 dies in step 1
+    launch(job, 4, fault=Fault(rank=2, step=1))   # under the relay: rank 2 dies in step 1
 
-A :class:`Fault` is the judge's, told to no rank: the relay SIGKILLs rank ``rank`` when it
-asks for its first all-reduce after it marked step ``step`` (``relay.mark(step)``), so the
-rank dies in the middle of that step, its gradients computed and its all-reduce not begun, as
-a process whose host fails does. From then on the relay treats it as gloo's peers do a rank
-whose connections closed: the all-reduce its peers wait in fails at once, for each of them,
-with the buffer each passed in partly reduced (gloo's ring had summed some chunks of it into
-place before the failure: measured, 1/4 and 1/8 of a 4096-element buffer on two of three
-survivors), and every later call on a group that holds the dead rank fails as it is made.
+A :class:`Fault` is the judge's, told to no rank: the relay SIGKILLs rank ``rank`` in its
+first all-reduce of every live rank after it marked step ``step`` (``relay.mark(step)``),
+once the others are in it too, so the rank dies in the middle of that step, as a process
+whose host fails does. (An all-reduce of fewer ranks is not the step's: a rank's all-reduce
+of itself alone cannot take the death for the others.) From then on the relay treats it as
+gloo's peers do a rank whose connections closed: the all-reduce its peers wait in fails at
+once, for each of them, with the buffer each passed in partly reduced (gloo's ring had summed
+some chunks of it into place before the failure: measured, 1/4 and 1/8 of a 4096-element
+buffer on two of three survivors), and every later call on a group that holds the dead rank
+fails as it is made. :class:`Faults` is that part of the relay.
 
 :class:`Quorum` is what a Lighthouse does for torchft: each round (a rank's n-th
 ``quorum()`` is its round n) is answered, to every rank that asked, once every rank still
 alive has asked, with the list of those ranks. A rank that dies while others wait completes
-the round without it.
+the round without it; a rank asks for one round at a time.
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ class Quorum:
     _waiting: dict[int, dict[int, Pending]] = field(default_factory=dict)  # round -> calls
 
     def ask(self, pending: Pending) -> int:
-        """Rank ``pending.rank``'s next round: its number."""
+        """Rank ``pending.rank``'s next round: its number. RelayError while its last call
+        waits (a real ``quorum()`` blocks, so a second call is no rank's)."""
+        if any(pending.rank in calls for calls in self._waiting.values()):
+            raise RelayError("quorum() called again while this rank's last call still waits")
         n = self._asked[pending.rank] = self._asked.get(pending.rank, 0) + 1
         self._waiting.setdefault(n, {})[pending.rank] = pending
         return n
@@ -101,7 +106,8 @@ class Faults:
         if self.fault is None:
             return
         fault, (part, _index) = self.fault, self._places[rank]
-        if (rank, part, header["kind"]) == (fault.rank, fault.step, "allreduce"):
+        everyone = set(group) == set(range(len(self._places))) - self.dead
+        if (rank, part, header["kind"], everyone) == (fault.rank, fault.step, "allreduce", True):
             if self._doomed is None and rank not in self.dead:
                 self._doomed = (group, self._count.get((group, rank), 0))
             return

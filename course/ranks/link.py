@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sys
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.futures import Future
 
@@ -102,9 +104,25 @@ class Work(dist._Work):  # noqa: SLF001 - the Work base that C++ callers (DDP) w
         return self._fut.done()
 
     def get_future(self) -> Future:
-        self._link.native.add(id(self._fut))  # torch's C++ waits on it, not Python
+        """The call's future. One asked for during backward (DDP's buckets, a comm hook's)
+        or by no Python code is waited on by torch's C++, which cannot take a Python exception
+        through it (it crashes): its failure ends the rank (``Link.fatal``). One asked for by
+        Python code outside backward raises on ``wait()``, as gloo's does."""
+        if _native_caller():
+            self._link.native.add(id(self._fut))
         return self._fut
 
     def _source_rank(self) -> int:
         """The sender of a receive (torch asks it of ``dist.recv`` with no ``src``)."""
         return self._sender[0] if self._sender else -1
+
+
+def _native_caller() -> bool:
+    """Is ``Work.get_future``'s caller torch's C++, or code running inside backward?"""
+    if torch._C._current_graph_task_id() != -1:  # noqa: SLF001 - torch's own test for "in backward"
+        return True
+    try:
+        sys._getframe(2)  # noqa: SLF001 - get_future's caller, if Python called it
+    except ValueError:
+        return True
+    return False

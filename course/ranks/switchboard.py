@@ -136,10 +136,14 @@ class Switchboard:
 
     def _flush(self, rank: int) -> None:
         out, sock = self._out[rank], self._mine[rank]
-        with contextlib.suppress(BlockingIOError, InterruptedError):
+        try:
             while out:
                 sent = sock.send(out[: 2**20])
                 del out[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:  # the rank is gone (or the run is over): no one reads what it is owed
+            out.clear()
         with contextlib.suppress(KeyError, ValueError, OSError):
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if out else 0)
             self._sel.modify(sock, events, rank)

@@ -3,8 +3,9 @@
 Each wrong one is a belief about a step that loses a rank: that the error need not be caught,
 that the step can be skipped, that the failed all-reduce's buffer still holds this rank's
 gradients, that the old group can be used again, that the mean is over the world size the
-job started with. ``WRONG`` maps each to a phrase of
-the hint it must get.
+job started with, that a quorum at every step's start is enough, that an all-reduce of one
+rank can take the death, that an all-gather does the all-reduce's job. ``WRONG`` maps each
+to a phrase of the hint it must get.
 """
 
 from __future__ import annotations
@@ -56,6 +57,39 @@ def per_parameter(model, x, y, lr, group, lighthouse):
     with torch.no_grad():
         for p, g in zip(model.parameters(), reduced, strict=True):
             p.sub_(lr * g / dist.get_world_size(group))
+    return group
+
+
+def future_waited(model, x, y, lr, group, lighthouse):
+    """Right too: the all-reduce's future waited on, as torchft's code waits."""
+    model.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    summed = grads.clone()
+    try:
+        dist.all_reduce(summed, group=group, async_op=True).get_future().wait()
+    except RuntimeError:
+        group = dist.new_group(lighthouse.quorum())
+        summed = grads.clone()
+        dist.all_reduce(summed, group=group)
+    apply_step(model, summed / dist.get_world_size(group), lr)
+    return group
+
+
+def barrier_first(model, x, y, lr, group, lighthouse):
+    """Right too: a barrier of the step's group before its all-reduce."""
+    model.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    dist.barrier(group=group)
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    summed = grads.clone()
+    try:
+        dist.all_reduce(summed, group=group)
+    except RuntimeError:
+        group = dist.new_group(lighthouse.quorum())
+        summed = grads.clone()
+        dist.all_reduce(summed, group=group)
+    apply_step(model, summed / dist.get_world_size(group), lr)
     return group
 
 
@@ -122,6 +156,54 @@ def retries_the_old_group(model, x, y, lr, group, lighthouse):
     return group
 
 
+def quorum_first_uncaught(model, x, y, lr, group, lighthouse):
+    """A quorum at the start of every step, torchft's way, and no failure handled inside one."""
+    members = lighthouse.quorum()
+    if len(members) != dist.get_world_size(group):
+        group = dist.new_group(members)
+    model.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    dist.all_reduce(grads, group=group)
+    apply_step(model, grads / len(members), lr)
+    return group
+
+
+def alone_first(model, x, y, lr, group, lighthouse):
+    """An all-reduce of this rank alone first, as if a death could land there and spare the
+    step's own all-reduce; then the quorum every step."""
+    model.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    mine = [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]
+    dist.all_reduce(torch.zeros(1), group=mine)
+    members = lighthouse.quorum()
+    group = dist.new_group(members)
+    dist.all_reduce(grads, group=group)
+    apply_step(model, grads / len(members), lr)
+    return group
+
+
+def gathered(model, x, y, lr, group, lighthouse):
+    """The gradients all-gathered and averaged, no all-reduce."""
+    model.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+    def mean(g):
+        out = [torch.empty_like(grads) for _ in range(dist.get_world_size(g))]
+        dist.all_gather(out, grads, group=g)
+        return torch.stack(out).mean(0)
+
+    try:
+        avg = mean(group)
+    except RuntimeError:
+        group = dist.new_group(lighthouse.quorum())
+        avg = mean(group)
+    apply_step(model, avg, lr)
+    return group
+
+
 def apply_step(model, flat, lr):
     """SGD: each parameter moved by -lr times its slice of ``flat``."""
     with torch.no_grad():
@@ -131,11 +213,14 @@ def apply_step(model, flat, lr):
             at += p.numel()
 
 
-RIGHT = (fault_tolerant_step, per_parameter)
+RIGHT = (fault_tolerant_step, per_parameter, future_waited, barrier_first)
 WRONG = {
     uncaught: "catch that error",
     skips_the_step: "the step was skipped",
     reuses_the_buffer: "partly summed",
     old_world_size: "the world size the job started with",
     retries_the_old_group: "any later call on a group that holds the dead rank fails",
+    quorum_first_uncaught: "catch that error",
+    alone_first: "catch that error",
+    gathered: "it made none",
 }

@@ -5,6 +5,9 @@ as gloo's closed connections and a torchft Lighthouse would?"""
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -89,3 +92,46 @@ def test_a_fault_plan_needs_the_relay() -> None:
 def test_without_a_plan_a_rank_has_no_quorum_on_gloo() -> None:
     result = launch(relay.quorum, 2)
     assert "reached only from a relay run's ranks" in result.failures[0].message
+
+
+def floods_the_quorum() -> str:
+    """Rank 0 asks for a second round while its first waits, as no real quorum() call can."""
+    if dist.get_rank() == 0:
+        first = relay._LINK.request({"kind": "quorum", "group": [0]}, b"", lambda *_: None)  # noqa: SLF001 - a forged frame
+        try:
+            relay.quorum()
+        except RuntimeError as err:
+            return str(err)
+        finally:
+            dist.barrier()
+        return str(first)
+    dist.barrier()
+    return "waited"
+
+
+def test_a_second_quorum_request_while_one_waits_is_refused_to_its_rank_only() -> None:
+    result = launch(floods_the_quorum, 2, backend="relay", fault=Fault(9, 9))
+    assert result.ok, result.failures
+    assert "quorum() called again while this rank's last call still waits" in result.results[0]
+
+
+def waits_for_a_message_then_dies() -> list:
+    """Rank 1 has a receive pending when the plan kills it; the relay must outlive its expiry."""
+    rank = dist.get_rank()
+    if rank == 1:
+        dist.irecv(torch.zeros(1), src=0)
+    relay.mark(0)
+    with contextlib.suppress(RuntimeError):
+        dist.all_reduce(torch.ones(1))
+    time.sleep(2.5)  # past the relay's 1 s timeout: rank 1's receive expires, unread
+    group = dist.new_group(relay.quorum())
+    t = torch.ones(1)
+    dist.all_reduce(t, group=group)
+    return t.tolist()
+
+
+def test_the_relay_outlives_a_dead_ranks_expired_wait() -> None:
+    result = launch(waits_for_a_message_then_dies, 3, backend="relay", fault=Fault(1, 0),
+                    pg_timeout=1, timeout=20, grace=20)  # fmt: skip
+    assert set(result.failures) == {1}, result.failures
+    assert result.results[0] == result.results[2] == [2.0]

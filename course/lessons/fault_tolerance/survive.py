@@ -12,12 +12,14 @@ survivors' parameters after each step against one process taking the same SGD st
 mean gradient of the ranks of each step (all N before the failure, the survivors from it on),
 and the run's failures (the planned rank's death, and no other).
 
-Where the rank dies. Under grading the relay's fault plan (:mod:`course.ranks.faults`) kills it,
-told to no rank, once every rank has called that step's first all-reduce: each survivor's
-all-reduce fails at once with its buffer partly summed, as gloo's ring leaves it. In a notebook
-(gloo), the rank's own harness ends its process once the others have entered that all-reduce
-(``dist.all_reduce``), and their gloo all-reduce fails (a closed connection, or gloo's timeout
-for a rank whose neighbour is alive): measured, two of three survivors' buffers partly summed.
+Where the rank dies: in its first all-reduce of every live rank in that step, once the others
+are in theirs (an all-reduce of fewer ranks is not the step's). Under grading the relay's fault
+plan (:mod:`course.ranks.faults`) kills it, told to no rank, and each survivor's all-reduce
+fails at once with its buffer partly summed, as gloo's ring leaves it. In a notebook (gloo),
+the rank's own harness ends its process there (it wraps ``dist.all_reduce`` and
+``dist.all_reduce_coalesced`` for that step), and the others' gloo all-reduce fails (a closed
+connection, or gloo's timeout for a rank whose neighbour is alive): measured, two of three
+survivors' buffers partly summed.
 
 The Lighthouse. torchft's forms a quorum from the replicas whose heartbeats it hears; here
 ``quorum()`` answers each round once every rank still alive has asked, with those ranks. Under
@@ -189,20 +191,23 @@ def _check_case(fn: Callable, n: int, fault: Fault, seed: int) -> None:
         fault=fault if graded else None,
     )  # fmt: skip
     doing = f" (rank {fault.rank} dying in step {fault.step})"
-    others = {r: f for r, f in result.failures.items() if r != fault.rank}
+    planned = result.failures.get(fault.rank)
+    died = planned is not None and planned.kind in ("killed", "exited")
+    others = {r: f for r, f in result.failures.items() if r != fault.rank or not died}
     if others:
-        died = (
+        hint = (
             f"Rank {fault.rank} died in step {fault.step}'s all-reduce, as the check planned, so "
             "the others' all-reduce raised (gloo's \"Connection closed by peer\", or its "
             "timeout where a rank's neighbour was alive): catch that error (a RuntimeError) "
             "and finish the step over the ranks left; any later call on a group that holds "
             "the dead rank fails too."
         )
-        raise AssertionError(failure_message(NAME, n, others, doing, deadlock_hint=died))
-    if fault.rank not in result.failures:
+        raise AssertionError(failure_message(NAME, n, others, doing, deadlock_hint=hint))
+    if not died:
         raise AssertionError(
-            f"{NAME} on {n} ranks: rank {fault.rank} was to die in the all-reduce of step "
-            f"{fault.step}, and it made none there: each step all-reduces the gradients. {RULE}"
+            f"{NAME} on {n} ranks: rank {fault.rank} was to die in step {fault.step}'s "
+            "all-reduce of every rank, and it made none: each step all-reduces the gradients "
+            f"of every rank in `group` (dist.all_reduce). {RULE}"
         )
     start = _flat(toy_model(0, WIDTH, DEPTH).parameters())
     want = oracle(start, batches, fault)
@@ -262,7 +267,8 @@ def _hint(
 def _train(fn: Callable, batches: list, fault: Fault | None) -> list[tuple[torch.Tensor, int]]:
     """On each rank: ``STEPS`` steps of ``fn``; the parameters after each, and the size of the
     group it returned (-1 for what is no group). ``fault``: in a notebook only, the rank that
-    ends its process, and in which step."""
+    ends its process in its first all-reduce of every rank in that step (as the relay's plan
+    kills it under grading)."""
     model = toy_model(0, WIDTH, DEPTH)
     group: Any = dist.group.WORLD
     lighthouse = Lighthouse()
@@ -270,9 +276,7 @@ def _train(fn: Callable, batches: list, fault: Fault | None) -> list[tuple[torch
     for step, (x, y) in enumerate(batches):
         relay.mark(step)
         dying = fault is not None and step == fault.step
-        if dying and dist.get_rank() == fault.rank:
-            _die(lighthouse, dist.get_world_size() - 1)
-        with _entering_all_reduce() if dying else contextlib.nullcontext():
+        with _the_step_all_reduce(fault.rank, lighthouse) if dying else contextlib.nullcontext():  # type: ignore[union-attr]
             group = fn(model, x, y, LR, group, lighthouse)
         size = dist.get_world_size(group) if group is None or _is_group(group) else -1
         out.append((_flat(model.parameters()).clone(), size))
@@ -284,20 +288,33 @@ def _is_group(group: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _entering_all_reduce() -> Iterator[None]:
-    """Count, in the store, this rank's entering ``dist.all_reduce`` (the notebook's path)."""
-    real = dist.all_reduce
+def _the_step_all_reduce(dies: int, lighthouse: Lighthouse) -> Iterator[None]:
+    """The notebook's fault: in this step's first all-reduce of every rank
+    (``dist.all_reduce`` or ``dist.all_reduce_coalesced``), each rank counts itself in, in the
+    store, and rank ``dies`` ends its process once the others are in theirs."""
+    real = {name: getattr(dist, name) for name in ("all_reduce", "all_reduce_coalesced")}
+    rank, world = dist.get_rank(), dist.get_world_size()
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        _store().add("entered", 1)
-        dist.all_reduce = real
-        return real(*args, **kwargs)
+    def entering(name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            group = kwargs.get("group", args[2] if len(args) > 2 else None)
+            if dist.get_world_size(group) == world:
+                for n, f in real.items():
+                    setattr(dist, n, f)
+                if rank == dies:
+                    _die(lighthouse, world - 1)
+                _store().add("entered", 1)
+            return real[name](*args, **kwargs)
 
-    dist.all_reduce = counted
+        return call
+
+    for name in real:
+        setattr(dist, name, entering(name))
     try:
         yield
     finally:
-        dist.all_reduce = real
+        for name, f in real.items():
+            setattr(dist, name, f)
 
 
 def _die(lighthouse: Lighthouse, others: int) -> None:
