@@ -874,10 +874,11 @@ print(recovery_report(record))
 # the group the next step is to use. The first step gets `dist.group.WORLD`.
 #
 # In one step, a rank dies inside its all-reduce. From then on, the step and every later one
-# must use the gradients of the ranks that are left, averaged over those ranks. You have:
+# must use the gradients of the ranks that are left, averaged over those ranks, and each step
+# returns the group of the ranks left. You have:
 #
-# * the error: a collective that cannot complete raises a `RuntimeError` on the ranks in it
-#   (part 1 measured which, and when);
+# * the error: a collective that cannot complete raises a `RuntimeError` on every rank in it
+#   (part 1 measured when), and leaves the tensors it was given in no defined state;
 # * `lighthouse.quorum()`, as torchft's Lighthouse: it returns the sorted list of the ranks
 #   alive, once every one of them has called it (each rank's n-th call is round n);
 # * `dist.new_group(ranks)`, called by every rank left with the same list, which makes a group

@@ -4,8 +4,8 @@ Each wrong one is a belief about a step that loses a rank: that the error need n
 that the step can be skipped, that the failed all-reduce's buffer still holds this rank's
 gradients, that the old group can be used again, that the mean is over the world size the
 job started with, that a quorum at every step's start is enough, that an all-reduce of one
-rank can take the death, that an all-gather does the all-reduce's job. ``WRONG`` maps each
-to a phrase of the hint it must get.
+rank can take the death, that an all-gather does the all-reduce's job, that the old group
+can be handed on. ``WRONG`` maps each to a phrase of the hint it must get.
 """
 
 from __future__ import annotations
@@ -204,6 +204,25 @@ def gathered(model, x, y, lr, group, lighthouse):
     return group
 
 
+def forgets_the_new_group(model, x, y, lr, group, lighthouse):
+    """The step right, and the old group returned: every later step fails in it first."""
+    model.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    summed = grads.clone()
+    try:
+        dist.all_reduce(summed, group=group)
+        size = dist.get_world_size(group)
+    except RuntimeError:
+        members = lighthouse.quorum()
+        new = dist.new_group(members)
+        summed = grads.clone()
+        dist.all_reduce(summed, group=new)
+        size = len(members)
+    apply_step(model, summed / size, lr)
+    return group
+
+
 def apply_step(model, flat, lr):
     """SGD: each parameter moved by -lr times its slice of ``flat``."""
     with torch.no_grad():
@@ -223,4 +242,5 @@ WRONG = {
     quorum_first_uncaught: "catch that error",
     alone_first: "catch that error",
     gathered: "it made none",
+    forgets_the_new_group: "returned a group of 3 ranks, and 2 ranks were left",
 }

@@ -10,16 +10,16 @@ make a group of those ranks, all-reduce again the gradients they computed, and d
 many they are; every later step runs in that group. The verdict, computed in the caller: the
 survivors' parameters after each step against one process taking the same SGD steps on the
 mean gradient of the ranks of each step (all N before the failure, the survivors from it on),
-and the run's failures (the planned rank's death, and no other).
+the size of the group each step returned, and the run's failures (the planned rank's death,
+and no other).
 
 Where the rank dies: in its first all-reduce of every live rank in that step, once the others
 are in theirs (an all-reduce of fewer ranks is not the step's). Under grading the relay's fault
 plan (:mod:`course.ranks.faults`) kills it, told to no rank, and each survivor's all-reduce
 fails at once with its buffer partly summed, as gloo's ring leaves it. In a notebook (gloo),
 the rank's own harness ends its process there (it wraps ``dist.all_reduce`` and
-``dist.all_reduce_coalesced`` for that step), and the others' gloo all-reduce fails (a closed
-connection, or gloo's timeout for a rank whose neighbour is alive): measured, two of three
-survivors' buffers partly summed.
+``dist.all_reduce_coalesced`` for that step), and the others' gloo all-reduce fails: measured,
+two of three survivors' buffers partly summed.
 
 The Lighthouse. torchft's forms a quorum from the replicas whose heartbeats it hears; here
 ``quorum()`` answers each round once every rank still alive has asked, with those ranks. Under
@@ -34,6 +34,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -44,6 +45,7 @@ from course.checks.compare import fresh_seed
 from course.checks.teaching import failure_message, need_function, teaches, world_sizes_of
 from course.models import toy_model
 from course.ranks import confined, relay
+from course.ranks.failures import RankFailure
 from course.ranks.faults import Fault
 
 __all__ = ["STEPS", "Lighthouse", "check_fault_tolerant_step", "oracle", "try_steps"]
@@ -58,12 +60,8 @@ PG_TIMEOUT = 3.0  # gloo's wait for a peer: a survivor next to the dead rank wai
 LAUNCH_TIMEOUT = 60.0
 QUORUM_POLL = 0.01
 RULE = (
-    "A step: zero the gradients, backward on this rank's batch, keep a copy of the flattened "
-    "gradients, all-reduce them in `group`; if that all-reduce raises, a rank has died: ask "
-    "`lighthouse.quorum()` for the ranks left, make `dist.new_group(members)`, all-reduce the "
-    "copy in it, and divide by len(members) (before the failure, by the group's size); step "
-    "every parameter by -lr times its averaged gradient, and return the group the next step "
-    "uses."
+    "Each step moves the parameters by -lr times the mean gradient of the ranks in it: every "
+    "rank before the death, the ranks left from the step it happened in on."
 )
 
 
@@ -197,11 +195,11 @@ def _check_case(fn: Callable, n: int, fault: Fault, seed: int) -> None:
     if others:
         hint = (
             f"Rank {fault.rank} died in step {fault.step}'s all-reduce, as the check planned, so "
-            "the others' all-reduce raised (gloo's \"Connection closed by peer\", or its "
-            "timeout where a rank's neighbour was alive): catch that error (a RuntimeError) "
-            "and finish the step over the ranks left; any later call on a group that holds "
-            "the dead rank fails too."
+            "the others' all-reduce raised: catch that error (a RuntimeError) and finish the "
+            "step over the ranks left; any later call on a group that holds the dead rank "
+            "fails too."
         )
+        others = {r: _raised(f) for r, f in others.items()}
         raise AssertionError(failure_message(NAME, n, others, doing, deadlock_hint=hint))
     if not died:
         raise AssertionError(
@@ -224,6 +222,33 @@ def _check_case(fn: Callable, n: int, fault: Fault, seed: int) -> None:
                 f"{NAME} on {n} ranks{doing}: rank {rank}'s parameters after step {step} are "
                 f"wrong{hint}. {RULE}"
             )
+        _judge_groups(result.results[rank], rank, n, fault, doing)
+
+
+def _judge_groups(steps: list, rank: int, n: int, fault: Fault, doing: str) -> None:
+    """Each step returns the group of the ranks in the next: all, then the ranks left."""
+    for step, (_params, size) in enumerate(steps):
+        want = n if step < fault.step else n - 1
+        if size != want:
+            said = "no process group" if size == -1 else f"a group of {size} ranks"
+            raise AssertionError(
+                f"{NAME} on {n} ranks{doing}: rank {rank}'s step {step} returned {said}, and "
+                f"{want} ranks were left: return the group the next step all-reduces in (after "
+                "the death, the ranks left; an all-reduce in the old group fails again, every "
+                "step, and on gloo may wait out its timeout first)."
+            )
+
+
+def _raised(failure: RankFailure) -> RankFailure:
+    """A survivor that raised because the planned rank died, said as such (the launcher calls
+    a rank that failed after another "blocked")."""
+    said = failure.traceback.strip().splitlines()[-1:] or [""]
+    error = said[0].split(": ", 1)[-1]
+    if failure.kind != "blocked" or not error:
+        return failure
+    error = error if len(error) <= 120 else error[:117] + "..."
+    where = f" in {failure.where}" if failure.where else ""
+    return replace(failure, message=f"raised{where}: {error}")
 
 
 def _close(got: Any, want: torch.Tensor) -> bool:
