@@ -51,7 +51,9 @@ class Event:
     rank stopped at snapshot ``tag``: ``memory`` is the bytes each held, ``box`` the whole
     sandbox's, -1 where not measured, ``held`` the bytes sent that no rank had yet received;
     see :mod:`course.ranks.memory`), ``put`` or ``get`` (rank ``src`` wrote or read ``nbytes``
-    of the storage's object ``op``: :mod:`course.ranks.objects`) or a collective (``src``
+    of the storage's object ``op``: :mod:`course.ranks.objects`), ``killed`` (the fault plan
+    killed rank ``src`` in its part ``tag``) or ``quorum`` (a round of ``quorum()`` answered
+    with the ranks of ``group``: :mod:`course.ranks.faults`) or a collective (``src``
     = ``dst`` = -1, ``nbytes`` the bytes each member contributed, in group order). ``group``
     is the tuple of global ranks it ran in; ``seq`` the position of the call among its
     rank's requests (a collective: each member's, in group order), so a rank's events can
