@@ -55,8 +55,7 @@ WIDTH, DEPTH, BATCH = 8, 2, 4  # the model: 2 bias-free 8x8 layers, 128 paramete
 STEPS = 3
 LR = 0.1
 CASES = {3: Fault(rank=1, step=1), 4: Fault(rank=0, step=2)}  # world size -> who dies, when
-PG_TIMEOUT = 3.0  # gloo's wait for a peer: a survivor next to the dead rank waits this long
-# (under grading the relay fails the dead rank's peers at once, and keeps the launcher's own)
+PG_TIMEOUT = 3.0  # gloo's wait for a peer, in a notebook: some survivors wait this long
 LAUNCH_TIMEOUT = 60.0
 QUORUM_POLL = 0.01
 RULE = (
@@ -124,14 +123,9 @@ def check_fault_tolerant_step(fn: Callable[..., Any], world_sizes: Sequence[int]
 
 
 def try_steps(fn: Callable[..., Any], world_size: int = 3, dies: int = 1, step: int = 1) -> str:
-    """Run ``fn`` for ``STEPS`` steps on ``world_size`` gloo ranks, rank ``dies`` ending its
+    """Run ``fn`` for ``STEPS`` steps on ``world_size`` ranks, rank ``dies`` ending its
     process in step ``step``'s all-reduce: what each rank returned, as a table."""
-    from course.ranks import PerRank, launch
-
-    fault = Fault(dies, step)
-    batches = _draw(world_size, fresh_seed(None))
-    result = launch(_train, world_size, fn, PerRank(batches), fault, timeout=LAUNCH_TIMEOUT,
-                    pg_timeout=PG_TIMEOUT, grace=LAUNCH_TIMEOUT)  # fmt: skip
+    result = _launch(fn, world_size, Fault(dies, step), _draw(world_size, fresh_seed(None)))
     lines = [f"{world_size} ranks, rank {dies} dies in step {step}'s all-reduce"]
     lines.append("rank  step  size of the group returned  first parameters after the step")
     for rank in range(world_size):
@@ -151,22 +145,23 @@ def oracle(start: torch.Tensor, batches: list, fault: Fault) -> list[torch.Tenso
     n = len(batches)
     params, out = start.clone(), []
     for step in range(STEPS):
-        ranks = [r for r in range(n) if step < fault.step or r != fault.rank]
+        ranks = _ranks_of(step, n, fault)
         grads = [_grad(params, *batches[r][step]) for r in ranks]
         params = params - LR * torch.stack(grads).sum(0) / len(ranks)
         out.append(params)
     return out
 
 
+def _ranks_of(step: int, n: int, fault: Fault) -> list[int]:
+    """The ranks whose gradients step ``step`` averages: all before the death, then the rest."""
+    return [r for r in range(n) if step < fault.step or r != fault.rank]
+
+
 def _grad(params: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     model = toy_model(0, WIDTH, DEPTH)
     nn.utils.vector_to_parameters(params, model.parameters())
     nn.functional.mse_loss(model(x), y).backward()
-    return _flat([p.grad for p in model.parameters()])
-
-
-def _flat(tensors: Any) -> torch.Tensor:
-    return torch.cat([t.detach().reshape(-1) for t in tensors])
+    return nn.utils.parameters_to_vector(p.grad for p in model.parameters())
 
 
 def _draw(n: int, seed: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -178,16 +173,24 @@ def _draw(n: int, seed: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     ]  # fmt: skip
 
 
-def _check_case(fn: Callable, n: int, fault: Fault, seed: int) -> None:
+def _launch(fn: Callable, n: int, fault: Fault, batches: list) -> Any:
+    """``STEPS`` steps of ``fn`` on ``n`` ranks, rank ``fault.rank`` dying in step
+    ``fault.step``: under grading the relay's plan kills it, told to no rank (and the relay
+    keeps the launcher's timeout: it fails the dead rank's peers at once); in a notebook the
+    rank's own harness ends its process, and gloo's timeout is ``PG_TIMEOUT``."""
     from course.ranks import PerRank, launch
 
-    batches = _draw(n, seed)
     graded = confined.current() is not None
-    result = launch(
+    return launch(
         _train, n, fn, PerRank(batches), None if graded else fault,
         timeout=LAUNCH_TIMEOUT, pg_timeout=None if graded else PG_TIMEOUT, grace=LAUNCH_TIMEOUT,
         fault=fault if graded else None,
     )  # fmt: skip
+
+
+def _check_case(fn: Callable, n: int, fault: Fault, seed: int) -> None:
+    batches = _draw(n, seed)
+    result = _launch(fn, n, fault, batches)
     doing = f" (rank {fault.rank} dying in step {fault.step})"
     planned = result.failures.get(fault.rank)
     died = planned is not None and planned.kind in ("killed", "exited")
@@ -207,7 +210,7 @@ def _check_case(fn: Callable, n: int, fault: Fault, seed: int) -> None:
             "all-reduce of every rank, and it made none: each step all-reduces the gradients "
             f"of every rank in `group` (dist.all_reduce). {RULE}"
         )
-    start = _flat(toy_model(0, WIDTH, DEPTH).parameters())
+    start = nn.utils.parameters_to_vector(toy_model(0, WIDTH, DEPTH).parameters()).detach()
     want = oracle(start, batches, fault)
     for rank in range(n):
         if rank == fault.rank:
@@ -228,7 +231,7 @@ def _check_case(fn: Callable, n: int, fault: Fault, seed: int) -> None:
 def _judge_groups(steps: list, rank: int, n: int, fault: Fault, doing: str) -> None:
     """Each step returns the group of the ranks in the next: all, then the ranks left."""
     for step, (_params, size) in enumerate(steps):
-        want = n if step < fault.step else n - 1
+        want = len(_ranks_of(step, n, fault))
         if size != want:
             said = "no process group" if size == -1 else f"a group of {size} ranks"
             raise AssertionError(
@@ -265,7 +268,7 @@ def _hint(
     """What a wrong step is instead, where it is a usual mistake."""
     if not isinstance(got, torch.Tensor):
         return ""
-    ranks = [r for r in range(n) if step < fault.step or r != fault.rank]
+    ranks = _ranks_of(step, n, fault)
     grads = torch.stack([_grad(before, *batches[r][step]) for r in ranks]).sum(0)
     mistakes = {
         "unchanged: the step was skipped, not finished over the ranks left": before,
@@ -303,13 +306,10 @@ def _train(fn: Callable, batches: list, fault: Fault | None) -> list[tuple[torch
         dying = fault is not None and step == fault.step
         with _the_step_all_reduce(fault.rank, lighthouse) if dying else contextlib.nullcontext():  # type: ignore[union-attr]
             group = fn(model, x, y, LR, group, lighthouse)
-        size = dist.get_world_size(group) if group is None or _is_group(group) else -1
-        out.append((_flat(model.parameters()).clone(), size))
+        is_group = group is None or isinstance(group, dist.ProcessGroup)
+        size = dist.get_world_size(group) if is_group else -1
+        out.append((nn.utils.parameters_to_vector(model.parameters()).detach(), size))
     return out
-
-
-def _is_group(group: Any) -> bool:
-    return isinstance(group, dist.ProcessGroup)
 
 
 @contextlib.contextmanager
