@@ -111,7 +111,12 @@ class Faults:
             if self._doomed is None and rank not in self.dead:
                 self._doomed = (group, self._count.get((group, rank), 0))
             return
-        gone = self.dead & set(group)
+        self._refuse_gone(group)
+
+    def _refuse_gone(self, ranks: Any) -> None:
+        """RelayError if a call needs one of ``ranks`` and it is dead, as gloo's closed
+        connection fails it."""
+        gone = self.dead & set(ranks)
         if gone:
             raise RelayError(GONE.format(rank=min(gone)))
 

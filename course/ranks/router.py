@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from course.ranks.combine import Call, Pending, compute
-from course.ranks.faults import GONE, Fault, Faults, Quorum
+from course.ranks.faults import Fault, Faults, Quorum
 from course.ranks.frames import (
     COLLECTIVES,
     DTYPES,
@@ -100,8 +100,7 @@ class Relay(Faults, Switchboard):
             self._send(rank, group, header, payload, seq)
         elif kind == "recv":
             check_recv(header, group, rank)
-            if header["src"] in self.dead:
-                raise RelayError(GONE.format(rank=header["src"]))
+            self._refuse_gone([header["src"]])
             since = time.monotonic()
             self._recvs.append(Pending(rank, int(header["req"]), since, header, seq=seq))
             self._match()
@@ -138,8 +137,7 @@ class Relay(Faults, Switchboard):
     ) -> None:
         """Hold a sent message, and the sender's call, until a receive takes it."""
         dst, tag = int(header["dst"]), int(header.get("tag", 0))
-        if dst in self.dead:
-            raise RelayError(GONE.format(rank=dst))
+        self._refuse_gone([dst])
         if dst not in group or dst == rank:
             raise RelayError(f"rank {rank} sent to rank {dst}, which is not a peer in its group")
         check_bytes(header, payload)
@@ -233,8 +231,8 @@ class Relay(Faults, Switchboard):
     def _new_group(self, rank: int, header: dict, seq: int) -> None:
         """A rank's next ``dist.new_group`` (:mod:`course.ranks.groups`)."""
         group = self._groups.members(header)
-        if rank in group and self.dead & set(group):
-            raise RelayError(GONE.format(rank=min(self.dead & set(group))))
+        if rank in group:
+            self._refuse_gone(group)
         pending = Pending(rank, int(header["req"]), time.monotonic(), header, b"", seq)
         answered = self._groups.call(pending, group)
         if len(answered) > 1 or (answered and rank in group):

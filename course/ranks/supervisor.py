@@ -276,15 +276,14 @@ class Supervisor:
             self._poll(waiting, end - time.monotonic())
 
     def _stop(self, rank: int) -> None:
-        """SIGKILL rank ``rank``'s process group (the relay's fault plan)."""
+        """SIGKILL rank ``rank``'s process group (at the run's end, or the relay's fault plan)."""
         kill(os.killpg, self.ranks[rank].proc.pid)
         kill(os.kill, self.ranks[rank].proc.pid)
 
     def _kill(self) -> None:
         """SIGKILL every rank's process group, then reap the ranks and close our ends."""
         for rank in self.ranks:
-            kill(os.killpg, rank.proc.pid)
-            kill(os.kill, rank.proc.pid)
+            self._stop(rank.rank)
         for rank in self.ranks:
             rank.proc.join(2.0)
             rank.conn.close()
