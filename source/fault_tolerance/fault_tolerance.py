@@ -32,6 +32,8 @@
 #    write a sharded save and a load on another number of ranks, `save_sharded` and
 #    `load_resharded`;
 # 5. **keeping the healthy replicas**: torchft's per-step quorum, and a replica that comes back;
+#    you write a step that outlives a rank, `fault_tolerant_step`, and the catching up of ranks
+#    that come back, `heal`;
 # 6. **synchronising less often**: LocalSGD and DiLoCo; you write DiLoCo's outer step,
 #    `diloco_outer_step`.
 #
@@ -47,6 +49,7 @@ from course.lessons.fault_tolerance import (
     check_answer,
     check_diloco_outer_step,
     check_fault_tolerant_step,
+    check_heal,
     check_resharding,
     chunk_bounds,
 )
@@ -949,6 +952,71 @@ print(check_fault_tolerant_step(fault_tolerant_step, world_sizes=(3,)))
 print(check_fault_tolerant_step(fault_tolerant_step))
 ### END HIDDEN TESTS
 
+# %% [markdown] nbgrader={"grade": false, "grade_id": "heal_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Exercise: catching up from a peer
+#
+# A rank whose process died comes back as a new process. It builds its model afresh (step 0),
+# or loads the last checkpoint it finds, and meets ranks that kept training. Before it takes
+# part in a step, it must hold what they hold, as torchft's healing does.
+#
+# `heal(model, step)` runs on every rank, once, when ranks come back; `step` is the number of
+# SGD steps this rank's model has taken. It leaves every rank's parameters a copy, bit for
+# bit, of those of a rank furthest ahead, and returns that rank's step (an int): the step this
+# rank trains from next. Every rank calls it, behind or not, in the default group, and no
+# rank knows the others' steps before it does. You have the collectives of
+# `torch.distributed`; `torch.nn.utils.parameters_to_vector` and `vector_to_parameters` turn
+# a model's parameters into one flat tensor and back.
+#
+# The grader runs it on 3 ranks, rank 0 back with a fresh model and ranks 1 and 2 at step 3,
+# and on 4 ranks, rank 0 back from a checkpoint of step 1, rank 2 with a fresh model and ranks
+# 1 and 3 at step 3. It compares every rank's parameters with those of the ranks ahead, and
+# reads what each collective carried: the parameters are to travel as a copy from one peer;
+# the steps, a few bytes, may go to every rank.
+
+# %% nbgrader={"grade": false, "grade_id": "heal", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def heal(model, step):
+    """Make this rank's parameters a copy of those of a rank furthest ahead; return its step."""
+    ### BEGIN SOLUTION
+    steps = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(steps, torch.tensor([step]))
+    steps = [int(s) for s in steps]
+    ahead = max(steps)
+    flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    dist.broadcast(flat, src=steps.index(ahead))  # every rank picks the same source
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(flat, model.parameters())
+    return ahead
+    ### END SOLUTION
+
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "try_heal_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# ### Test as you go
+#
+# Three ranks, rank 0 back with a fresh model. The cell prints, for each rank, its step, the
+# step your `heal` returned, and its first parameters before and after.
+
+# %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_heal", "locked": true, "schema_version": 3, "solution": false, "task": false}
+from course.lessons.fault_tolerance import not_implemented, try_heal
+
+stub = not_implemented(heal)
+if stub:
+    print(f"Note: {stub}")
+else:
+    print(try_heal(heal, world_size=3))
+
+# %% [markdown] nbgrader={"grade": false, "grade_id": "visible_heal_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# The grader's check, on 3 ranks.
+
+# %% nbgrader={"grade": false, "grade_id": "visible_heal", "locked": true, "schema_version": 3, "solution": false, "task": false}
+print(check_heal(heal, world_sizes=(3,)))
+
+# %% nbgrader={"grade": true, "grade_id": "heal_check", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+# 3 ranks with rank 0 back, 4 ranks with ranks 0 and 2 back: every rank's parameters and step.
+print(check_heal(heal, world_sizes=(3,)))
+### BEGIN HIDDEN TESTS
+print(check_heal(heal))
+### END HIDDEN TESTS
+
 # %% [markdown] nbgrader={"grade": false, "grade_id": "part_6_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
 # ## 6. Synchronising less often
 #
@@ -1151,7 +1219,8 @@ else:
 # * Part 4: the files `torch.distributed.checkpoint` writes and the bytes each rank reads; your
 #   own sharded checkpoint, loaded on fewer and on more ranks.
 # * Part 5: what torchft's replicas average over when one is gone, and what one that comes
-#   back receives.
+#   back receives; your step that outlives a rank, and your catching up of ranks that come
+#   back.
 # * Part 6: when averaging the parameters after every step is DDP, and the bytes and the loss
 #   of synchronising every step, every H steps, and with an outer optimizer.
 #

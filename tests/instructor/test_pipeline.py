@@ -265,11 +265,12 @@ def test_the_fault_tolerance_samples_cover_the_failure_kinds():
 @pytest.mark.ranks
 @pytest.mark.slow
 def test_fault_tolerance_samples_grade_as_their_specs_expect(tmp_path):
-    """Do Cy's deadlocking outer step, whole-reading load and uncaught failed all-reduce, and
-    Eve's heavy-ball step, rank-named shards and re-reduced partial buffer, get their expected
-    grades, each failure saying what happened? (Ada's and Ben's are left to `make demo`; the
-    checks' own tests cover their code: tests/lessons/fault_tolerance/test_outer_check.py,
-    test_resharding_check.py, test_survive_check.py.)"""
+    """Do Cy's deadlocking outer step, whole-reading load, uncaught failed all-reduce and heal
+    the ranks ahead skip, and Eve's heavy-ball step, rank-named shards, re-reduced partial
+    buffer and averaged heal, get their expected grades, each failure saying what happened?
+    (Ada's and Ben's are left to `make demo`; the checks' own tests cover their code:
+    tests/lessons/fault_tolerance/test_outer_check.py, test_resharding_check.py,
+    test_survive_check.py, test_heal_check.py.)"""
     root = pipeline.prepare_course(tmp_path / "course")
     specs = [
         s for s in load_specs() if s.assignment == "fault_tolerance" and s.student in ("cy", "eve")
@@ -285,6 +286,9 @@ def test_fault_tolerance_samples_grade_as_their_specs_expect(tmp_path):
     assert "a save on 3 ranks leaves 9 objects" in eve["resharding_check"]
     assert "catch that error (a RuntimeError)" in cy["survive_check"]
     assert "partly summed" in eve["survive_check"]
+    assert "blocked in dist.broadcast" in cy["heal_check"]
+    assert "the ranks ahead take part in the copy too" in cy["heal_check"]
+    assert "the mean of every rank's parameters" in eve["heal_check"]
 
 
 def test_the_fsdp_samples_cover_the_failure_kinds():

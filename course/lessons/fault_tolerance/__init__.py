@@ -4,7 +4,8 @@ torch.distributed.checkpoint, ``quorum`` torchft's per-step quorum and live reco
 ``failures``, ``timeline`` and ``widget`` a job's failures over time and its checkpoint
 interval, ``local_sgd`` what synchronising less often costs; ``outer`` grades the student's
 DiLoCo outer step, ``resharding`` their sharded checkpoint's save and resharding load, on a
-``storage`` that is read by range, ``survive`` their step that outlives a rank dying in it.
+``storage`` that is read by range, ``survive`` their step that outlives a rank dying in it,
+``heal`` their catching up of ranks that come back.
 """
 
 from course.exports import Exports
@@ -15,6 +16,7 @@ EXPORTS = Exports(
         "check_answer": "course.checks.answers",
         "check_diloco_outer_step": "course.lessons.fault_tolerance.outer",
         "check_fault_tolerant_step": "course.lessons.fault_tolerance.survive",
+        "check_heal": "course.lessons.fault_tolerance.heal",
         "check_resharding": "course.lessons.fault_tolerance.resharding",
         "chunk_bounds": "course.ring.schedule",
         "checkpoint_run": "course.lessons.fault_tolerance.failures",
@@ -31,6 +33,7 @@ EXPORTS = Exports(
         "reshard": "course.lessons.fault_tolerance.checkpoint",
         "save_state": "course.lessons.fault_tolerance.checkpoint",
         "steps_table": "course.lessons.fault_tolerance.quorum",
+        "try_heal": "course.lessons.fault_tolerance.heal",
         "try_steps": "course.lessons.fault_tolerance.survive",
         "Storage": "course.lessons.fault_tolerance.storage",
         "say_if_unimplemented": "course.checks.teaching",
@@ -42,6 +45,7 @@ __all__ = [
     "check_answer",
     "check_diloco_outer_step",
     "check_fault_tolerant_step",
+    "check_heal",
     "check_resharding",
     "checkpoint_run",
     "chunk_bounds",
@@ -58,6 +62,7 @@ __all__ = [
     "save_state",
     "say_if_unimplemented",
     "steps_table",
+    "try_heal",
     "try_steps",
 ]
 __getattr__ = EXPORTS.getattr

@@ -1,0 +1,55 @@
+"""check_heal on the notebook's path (gloo, the ranks' recorders): every right heal passes,
+every wrong one fails with the hint it needs, and the relay's grading path
+(tests/grading/test_relayed_heal.py) gives each the same verdict."""
+
+from __future__ import annotations
+
+import itertools
+
+import heal_impls
+import pytest
+import torch
+
+from course.checks.teaching import CheckFailed
+from course.lessons.fault_tolerance import check_heal, try_heal
+from course.lessons.fault_tolerance.heal import CASES, states
+
+pytestmark = [pytest.mark.ranks]
+
+
+@pytest.mark.parametrize("fn", heal_impls.RIGHT, ids=lambda f: f.__name__)
+def test_right_heals_pass_on_gloo(fn):
+    assert "passed" in check_heal(fn)
+
+
+@pytest.mark.parametrize(
+    ("fn", "hint"), list(heal_impls.WRONG.items()), ids=lambda x: getattr(x, "__name__", "")
+)
+def test_wrong_heals_fail_on_gloo_with_their_hint(fn, hint):
+    with pytest.raises(CheckFailed) as failed:
+        check_heal(fn)
+    assert hint in str(failed.value)
+
+
+def test_the_states_are_one_trajectory_and_the_cases_mix_steps():
+    """Each step moves the parameters, the same seed gives the same run, and every case has
+    ranks ahead and ranks behind, one of them not at step 0."""
+    run = states(3, seed=5)
+    assert len(run) == 4
+    assert all(not torch.equal(a, b) for a, b in itertools.pairwise(run))
+    assert all(torch.equal(a, b) for a, b in zip(run, states(3, seed=5), strict=True))
+    assert any(0 < s < max(steps) for steps in CASES.values() for s in steps)
+    assert all(steps.count(max(steps)) >= 2 for steps in CASES.values())
+
+
+def test_the_try_table_shows_each_rank_before_and_after():
+    table = try_heal(heal_impls.heal).splitlines()
+    assert table[0].startswith("3 ranks (rank 0 with a fresh model")
+    rows = [line.split() for line in table[2:]]
+    assert [row[:3] for row in rows] == [["0", "0", "3"], ["1", "3", "3"], ["2", "3", "3"]]
+    assert rows[0][-2:] == rows[1][-2:] != rows[0][3:5]
+
+
+def test_only_the_planned_world_sizes_are_checked():
+    with pytest.raises(ValueError, match="world_sizes must be among"):
+        check_heal(heal_impls.heal, world_sizes=(5,))
