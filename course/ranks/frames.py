@@ -53,8 +53,9 @@ class Event:
     see :mod:`course.ranks.memory`), ``put`` or ``get`` (rank ``src`` wrote or read ``nbytes``
     of the storage's object ``op``: :mod:`course.ranks.objects`), ``killed`` (the fault plan
     killed rank ``src`` in its part ``tag``) or ``quorum`` (a round of ``quorum()`` answered
-    with the ranks of ``group``: :mod:`course.ranks.faults`) or a collective (``src``
-    = ``dst`` = -1, ``nbytes`` the bytes each member contributed, in group order). ``group``
+    with the ranks of ``group``: :mod:`course.ranks.faults`) or a collective (``dst`` = -1,
+    ``src`` its root's global rank where it has one, a broadcast's, scatter's, gather's or
+    reduce's, else -1; ``nbytes`` the bytes each member contributed, in group order). ``group``
     is the tuple of global ranks it ran in; ``seq`` the position of the call among its
     rank's requests (a collective: each member's, in group order), so a rank's events can
     be put in the order it made them; a collective's ``arrived``, when each member's call

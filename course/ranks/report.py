@@ -160,7 +160,7 @@ def _gave_up(
     if comm == "timeout" and done:
         return "blocked", (
             f"was blocked in {where} until {waiter} gave up waiting: {ranks_text(done)} had "
-            "already finished and never made the matching call"
+            "already finished, and the matching call it waited for never came"
         )
     if comm == "timeout":
         return "deadlock", f"deadlocked in {where}: {waiter} gave up waiting for its peer"

@@ -266,7 +266,9 @@ class Relay(Faults, Switchboard):
             self.holds.barrier_done(time.monotonic())
         sizes, seqs = tuple(len(p.payload) for p in order), tuple(p.seq for p in order)
         kind, dtype, op = first["kind"], first["dtype"], first.get("op", "")
-        event = Event(kind, call.group, -1, -1, 0, sizes, dtype, op, self._now(), seqs)
+        root = first.get("root")  # a rooted collective's, in the group: its global rank
+        src = call.group[root] if isinstance(root, int) and 0 <= root < len(order) else -1
+        event = Event(kind, call.group, src, -1, 0, sizes, dtype, op, self._now(), seqs)
         arrived = tuple(p.since - self._start for p in order)
         self.events.append(
             replace(event, **extra, held=self._mail.held if extra else 0, arrived=arrived)

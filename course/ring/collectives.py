@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["COLLECTIVES", "FUNCTIONAL", "Collective", "async_op", "contributed", "sizes_of"]
+__all__ = [
+    "COLLECTIVES", "FUNCTIONAL", "ROOTED", "Collective", "async_op", "contributed", "root_of",
+    "sizes_of",
+]  # fmt: skip
 
 # ProcessGroup method -> the torch.distributed name a student would recognise
 COLLECTIVES = {
@@ -55,6 +58,7 @@ class Collective:
     t: float  # time.perf_counter() when the call was made
     group: tuple[int, ...] = ()  # the global ranks it ran on; () where the recorder cannot tell
     contributed: int = -1  # bytes this rank put in, as the relay counts them; -1: unknown
+    root: int = -1  # a broadcast's, scatter's, gather's or reduce's root (global); -1: none
 
 
 def sizes_of(args: tuple) -> tuple[int, int]:
@@ -78,6 +82,22 @@ def contributed(method: str, args: tuple) -> int:
     if len(args) <= position:
         return 0
     return sizes_of((args[position],))[1]
+
+
+ROOTED = ("broadcast", "scatter", "gather", "reduce")  # the process group methods with a root
+
+
+def root_of(method: str | None, name: str, group: tuple[int, ...], args: tuple) -> int:
+    """The global rank of a rooted collective's root, from a process group method's options
+    (``args`` after the group itself; the root is the group's) or a functional broadcast's
+    ``src`` (already global); -1 for any other call."""
+    if method in ROOTED and args:
+        root = getattr(args[-1], "rootRank", None)
+        if isinstance(root, int):
+            return group[root] if 0 <= root < len(group) else root
+    if method is None and name == "broadcast" and len(args) > 1 and isinstance(args[1], int):
+        return args[1]
+    return -1
 
 
 def async_op() -> bool | None:

@@ -47,6 +47,7 @@ from course.ring.collectives import (
     Collective,
     async_op,
     contributed,
+    root_of,
     sizes_of,
 )
 from course.ring.encoding import check_encodable, decode_tensor, encoded_tensor
@@ -178,11 +179,11 @@ class Recorder:
 
     def _wrap_coll(self, name: str, original: Callable, method: str | None = None) -> Callable:
         def collective(*args: Any, **kwargs: Any) -> Any:
-            group, put_in = (), -1
+            group, put_in, rest = (), -1, args
             if method is not None and args:  # a process group's method: args[0] is the group
-                group, put_in = _ranks_of(args[0]), contributed(method, args[1:])
-            sizes = sizes_of(args)
-            call = Collective(name, *sizes, async_op(), time.perf_counter(), group, put_in)
+                group, put_in, rest = _ranks_of(args[0]), contributed(method, args[1:]), args[1:]
+            sizes, root = sizes_of(args), root_of(method, name, group, rest)
+            call = Collective(name, *sizes, async_op(), time.perf_counter(), group, put_in, root)
             self.collectives.append(call)
             self._write({"op": "collective", **asdict(call)})
             return original(*args, **kwargs)

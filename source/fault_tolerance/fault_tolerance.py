@@ -946,7 +946,7 @@ else:
 print(check_fault_tolerant_step(fault_tolerant_step, world_sizes=(3,)))
 
 # %% nbgrader={"grade": true, "grade_id": "survive_check", "locked": true, "points": 6, "schema_version": 3, "solution": false, "task": false}
-# 3 ranks with rank 1 dying in step 1, 4 ranks with rank 0 dying in step 2: every survivor's step.
+# Graded: 3 ranks, rank 1 dying in step 1 (above) and, hidden, 4 ranks, rank 0 dying in step 2.
 print(check_fault_tolerant_step(fault_tolerant_step, world_sizes=(3,)))
 ### BEGIN HIDDEN TESTS
 print(check_fault_tolerant_step(fault_tolerant_step))
@@ -967,11 +967,13 @@ print(check_fault_tolerant_step(fault_tolerant_step))
 # `torch.distributed`; `torch.nn.utils.parameters_to_vector` and `vector_to_parameters` turn
 # a model's parameters into one flat tensor and back.
 #
-# The grader runs it on 3 ranks, rank 0 back with a fresh model and ranks 1 and 2 at step 3,
-# and on 4 ranks, rank 0 back from a checkpoint of step 1, rank 2 with a fresh model and ranks
-# 1 and 3 at step 3. It compares every rank's parameters with those of the ranks ahead, and
-# reads what each collective carried: the parameters are to travel as a copy from one peer;
-# the steps, a few bytes, may go to every rank.
+# Plain SGD keeps no state but the parameters, so they and the step are all a rank needs. The
+# grader runs `heal` in three cases, ranks back at different places in the ranks' order and
+# from different steps: two on 3 ranks (the visible check's) and one on 4. It compares every
+# rank's parameters with those of the ranks ahead, and reads what each collective carried:
+# the parameters are to travel as a copy from one peer, one rank's data sent to the others,
+# not in a collective that mixes or gathers every rank's; the steps, a few bytes, may go to
+# every rank.
 
 # %% nbgrader={"grade": false, "grade_id": "heal", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def heal(model, step):
@@ -993,7 +995,8 @@ def heal(model, step):
 # ### Test as you go
 #
 # Three ranks, rank 0 back with a fresh model. The cell prints, for each rank, its step, the
-# step your `heal` returned, and its first parameters before and after.
+# step your `heal` returned, and its first parameters before and after (the states are drawn
+# afresh in every run).
 
 # %% tags=["raises-exception"] nbgrader={"grade": false, "grade_id": "try_heal", "locked": true, "schema_version": 3, "solution": false, "task": false}
 from course.lessons.fault_tolerance import not_implemented, try_heal
@@ -1005,13 +1008,13 @@ else:
     print(try_heal(heal, world_size=3))
 
 # %% [markdown] nbgrader={"grade": false, "grade_id": "visible_heal_intro", "locked": true, "schema_version": 3, "solution": false, "task": false}
-# The grader's check, on 3 ranks.
+# The grader's check, on its two cases of 3 ranks.
 
 # %% nbgrader={"grade": false, "grade_id": "visible_heal", "locked": true, "schema_version": 3, "solution": false, "task": false}
 print(check_heal(heal, world_sizes=(3,)))
 
 # %% nbgrader={"grade": true, "grade_id": "heal_check", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-# 3 ranks with rank 0 back, 4 ranks with ranks 0 and 2 back: every rank's parameters and step.
+# Graded: the two cases on 3 ranks above and, hidden, one on 4: every rank's parameters and step.
 print(check_heal(heal, world_sizes=(3,)))
 ### BEGIN HIDDEN TESTS
 print(check_heal(heal))

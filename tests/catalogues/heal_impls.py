@@ -1,11 +1,13 @@
 """heal, right and wrong: the model solution and the mistakes students make.
 
-Each wrong one is a belief about a rank that comes back: that rank 0 is always a good source,
-that averaging everyone's parameters catches the late ones up, that any rank past step 0 is up
-to date, that the step need not travel with the parameters, that a tensor made from the
-parameters is the parameters, that only the ranks behind need to call the collective, that
-gathering every model and keeping the newest is a copy. ``WRONG`` maps each to a phrase of
-the hint it must get.
+Each wrong one is a belief about a rank that comes back: that rank 0, or the last rank, is
+always a good source, that averaging everyone's parameters catches the late ones up, that any
+rank past step 0 is up to date, that the step need not travel with the parameters, that a
+tensor made from the parameters is the parameters, that only the ranks behind need to call the
+collective, that gathering every model (whole, in small pieces, or functionally) and keeping
+the newest is a copy, that every rank may send its own and the newest kept, that a pickled
+tensor is as small as the step it holds, that the model may change dtype on the way, that an
+async broadcast lands without a wait. ``WRONG`` maps each to a phrase of the hint it must get.
 """
 
 from __future__ import annotations
@@ -62,12 +64,38 @@ def sent_to_the_late(model, step):
     return ahead
 
 
+def scattered(model, step):
+    """Right too: the source scatters a copy to every rank (its own included)."""
+    steps = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(steps, torch.tensor([step]))
+    steps = [int(s) for s in steps]
+    src = steps.index(max(steps))
+    flat = nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    pieces = [flat.clone() for _ in steps] if dist.get_rank() == src else None
+    got = torch.empty_like(flat)
+    dist.scatter(got, pieces, src=src)
+    with torch.no_grad():
+        nn.utils.vector_to_parameters(got, model.parameters())
+    return max(steps)
+
+
 def from_rank_zero(model, step):
     """Rank 0 as the source, always, as for a job's first broadcast of its weights."""
     ahead = torch.tensor([step])
     dist.all_reduce(ahead, op=dist.ReduceOp.MAX)
     flat = nn.utils.parameters_to_vector(model.parameters()).detach().clone()
     dist.broadcast(flat, src=0)
+    with torch.no_grad():
+        nn.utils.vector_to_parameters(flat, model.parameters())
+    return int(ahead)
+
+
+def from_the_last_rank(model, step):
+    """The last rank as the source, as if ranks came back at the front of the order."""
+    ahead = torch.tensor([step])
+    dist.all_reduce(ahead, op=dist.ReduceOp.MAX)
+    flat = nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    dist.broadcast(flat, src=dist.get_world_size() - 1)
     with torch.no_grad():
         nn.utils.vector_to_parameters(flat, model.parameters())
     return int(ahead)
@@ -146,13 +174,121 @@ def gathers_every_model(model, step):
     return max(steps)
 
 
-RIGHT = (heal, per_parameter, sent_to_the_late)
+def every_rank_in_turn(model, step):
+    """Each rank broadcasts its step and parameters in turn; every rank keeps the newest."""
+    best, best_step = None, -1
+    flat = nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    for src in range(dist.get_world_size()):
+        theirs = torch.tensor([step])
+        dist.broadcast(theirs, src=src)
+        params = flat.clone()
+        dist.broadcast(params, src=src)
+        if int(theirs) > best_step:
+            best, best_step = params, int(theirs)
+    with torch.no_grad():
+        nn.utils.vector_to_parameters(best, model.parameters())
+    return best_step
+
+
+def every_rank_sends(model, step):
+    """Every rank ahead sends to every rank behind; a rank behind takes the first to come."""
+    steps = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(steps, torch.tensor([step]))
+    steps = [int(s) for s in steps]
+    ahead = max(steps)
+    flat = nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    if step == ahead:
+        for r, s in enumerate(steps):
+            if s < ahead:
+                dist.send(flat, dst=r)
+    else:
+        dist.recv(flat)
+        with torch.no_grad():
+            nn.utils.vector_to_parameters(flat, model.parameters())
+    return ahead
+
+
+def chunked_gather(model, step):
+    """Every rank's parameters all-gathered in pieces of 16 elements."""
+    steps = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(steps, torch.tensor([step]))
+    steps = [int(s) for s in steps]
+    src = steps.index(max(steps))
+    flat = nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    out = []
+    for piece in flat.split(16):
+        got = [torch.empty_like(piece) for _ in steps]
+        dist.all_gather(got, piece.contiguous())
+        out.append(got[src])
+    with torch.no_grad():
+        nn.utils.vector_to_parameters(torch.cat(out), model.parameters())
+    return max(steps)
+
+
+def functional_gather(model, step):
+    """Every rank's parameters through the functional all-gather."""
+    import torch.distributed._functional_collectives as fc
+
+    steps = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(steps, torch.tensor([step]))
+    steps = [int(s) for s in steps]
+    flat = nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    models = fc.all_gather_tensor(flat, 0, dist.group.WORLD).view(len(steps), -1)
+    with torch.no_grad():
+        nn.utils.vector_to_parameters(models[steps.index(max(steps))].clone(), model.parameters())
+    return max(steps)
+
+
+def steps_as_tensor_objects(model, step):
+    """The steps all-gathered as pickled tensors, the copy right."""
+    steps = [None] * dist.get_world_size()
+    dist.all_gather_object(steps, torch.tensor(step))
+    steps = [int(s) for s in steps]
+    flat = nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    dist.broadcast(flat, src=steps.index(max(steps)))
+    with torch.no_grad():
+        nn.utils.vector_to_parameters(flat, model.parameters())
+    return max(steps)
+
+
+def halved(model, step):
+    """The model turned to float16 first, to send half the bytes."""
+    steps = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(steps, torch.tensor([step]))
+    steps = [int(s) for s in steps]
+    model.half()
+    for p in model.parameters():
+        dist.broadcast(p.data, src=steps.index(max(steps)))
+    return max(steps)
+
+
+def never_waited(model, step):
+    """Broadcasts into the parameters with async_op=True, never waited on."""
+    ahead = torch.tensor([step])
+    dist.all_reduce(ahead, op=dist.ReduceOp.MAX)
+    mine = dist.get_rank() if step == int(ahead) else dist.get_world_size()
+    src = torch.tensor([mine])
+    dist.all_reduce(src, op=dist.ReduceOp.MIN)
+    for p in model.parameters():
+        dist.broadcast(p.data, src=int(src), async_op=True)
+    return int(ahead)
+
+
+RIGHT = (heal, per_parameter, sent_to_the_late, scattered)
 WRONG = {
     from_rank_zero: "the copy's source must be a rank at the largest step",
+    from_the_last_rank: "the copy's source must be a rank at the largest step",
     averaged: "the mean of every rank's parameters",
     first_past_zero: "they are step 1's",
     keeps_its_step: "returned step 0",
     never_copied_back: "still the ones it came back with",
     only_the_late: "the ranks ahead take part in the copy too",
-    gathers_every_model: "the parameters went through it",
+    gathers_every_model: "the parameters went through them",
+    every_rank_in_turn: "its parameters are stale, and nobody needs them",
+    every_rank_sends: "every send needs a receive posted for it",
+    chunked_gather: "the parameters went through them",
+    functional_gather: "the parameters went through them",
+    steps_as_tensor_objects: "more than the steps need",
+    halved: "torch.float16",
+    never_waited: "async_op=True",
 }

@@ -46,3 +46,52 @@ def test_wrong_heals_fail_through_the_relay_with_their_hint(box, fn, hint):
     with pytest.raises(CheckFailed) as failed:
         check_heal(_code(fn))
     assert hint in str(failed.value)
+
+
+STORAGE = '''
+import course.ranks.relay as relay
+
+
+def heal(model, step):
+    """Every rank's step and parameters put in the relay's storage, the newest taken."""
+    n, me = dist.get_world_size(), dist.get_rank()
+    relay.put(f"p{me}", nn.utils.parameters_to_vector(model.parameters()).detach())
+    relay.put(f"s{me}", torch.tensor([step]))
+    dist.barrier()
+    steps = [int(relay.get(f"s{r}")[0]) for r in range(n)]
+    newest = relay.get(f"p{steps.index(max(steps))}")
+    with torch.no_grad():
+        nn.utils.vector_to_parameters(newest, model.parameters())
+    return max(steps)
+'''
+LATE_MARK = '''
+import course.ranks.relay as relay
+
+
+def heal(model, step):
+    """A mark of its own first, as if what follows were no part of heal's run."""
+    relay.mark(1)
+    relay.mark = lambda tag: None
+    steps = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(steps, torch.tensor([step]))
+    steps = [int(s) for s in steps]
+    flat = nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    models = [torch.empty_like(flat) for _ in steps]
+    dist.all_gather(models, flat)
+    with torch.no_grad():
+        nn.utils.vector_to_parameters(models[steps.index(max(steps))], model.parameters())
+    return max(steps)
+'''
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [(STORAGE, "to the relay's storage"), (LATE_MARK, "the parameters went through them")],
+    ids=["storage", "late_mark"],
+)
+def test_the_whole_run_is_read_storage_and_marks_included(box, source, said):
+    """The relay's storage is no way round the traffic verdict, nor a mark a rank sends: the
+    verdict reads every call of the run, and the check's own ranks make none."""
+    with pytest.raises(CheckFailed) as failed:
+        check_heal(StudentCode((("heal", HEADER + source),), "heal"))
+    assert said in str(failed.value)

@@ -6,22 +6,26 @@
 torchft's way back for a replica whose process was started again: it asks for a quorum, finds
 members steps ahead of it, and copies a live peer's state before it trains again (items 7 and
 8 measure it). Here every rank calls ``heal(model, step)`` once, with the model it holds and
-the number of steps that model has taken, and each case mixes ranks that came back with ranks
-that kept training: on 3 ranks, rank 0 came back with a fresh model (step 0) and ranks 1 and 2
-are at step 3; on 4 ranks, rank 0 came back from a checkpoint of step 1, rank 2 with a fresh
-model, and ranks 1 and 3 are at step 3. The states are one SGD trajectory, drawn here.
+the number of steps that model has taken, and each case mixes ranks that came back (with a
+fresh model, step 0, or from an older checkpoint) with ranks that kept training, at places in
+the ranks' order that leave no fixed rank a right source: rank 0, rank 1 and the last rank
+each come back in some case, and in one the first rank past step 0 is not ahead. The states
+are one SGD trajectory, drawn here.
 
 The verdict, computed in the caller: every rank's parameters after ``heal`` equal, bit for bit,
 those of the ranks furthest ahead (a copy, not a mean: the ranks ahead must not move), every
 rank returns that step, and the parameters travel only as a copy: no collective but a
-broadcast moves more than a few bytes (the steps) per rank. Under grading the traffic is the
+broadcast or a scatter (one rank's data to the others) takes more than a few bytes (the
+steps) from a rank. Under grading the traffic is the
 relay's own record; in a notebook, the ranks' recorder's.
 """
 
 from __future__ import annotations
 
 import operator
+from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,27 +35,28 @@ from course.checks.compare import fresh_seed
 from course.checks.teaching import (
     failure_message,
     need_function,
-    read_record,
     teaches,
     world_sizes_of,
 )
 from course.models import toy_model
-from course.ranks import confined, relay
-from course.ranks.wording import count
-from course.ring.hierarchy import Call
+from course.ranks import confined
+from course.ranks.wording import count, ranks_text
 from course.ring.recorder import Recorder
-from course.ring.relayed import relayed_calls
+from course.ring.relayed import NAMES as COLLECTIVE_KINDS
 
 __all__ = ["CASES", "check_heal", "states", "try_heal"]
 
 NAME = "heal"
 WIDTH, DEPTH, BATCH = 8, 2, 4  # the model: 2 bias-free 8x8 layers, 128 parameters
 LR = 0.1
-CASES = {3: (0, 3, 3), 4: (1, 3, 0, 3)}  # world size -> each rank's step as it calls heal
+CASES = {  # world size -> its cases: each rank's step as it calls heal
+    3: ((0, 3, 3), (3, 1, 0)),
+    4: ((1, 3, 3, 0),),
+}
 SMALL = 64  # bytes a rank may put into any other collective: the steps, not the parameters
 LAUNCH_TIMEOUT = 30.0
 PG_TIMEOUT = 3.0  # a rank waiting on a collective the others never call fails after this
-COPIES = ("broadcast", "send", "barrier")  # what may carry the parameters (a barrier: nothing)
+COPIES = ("broadcast", "scatter")  # collectives that send one rank's data, the root's
 RULE = (
     "After heal, every rank holds a copy of the parameters of a rank furthest ahead, bit for "
     "bit, and returns that rank's step."
@@ -60,26 +65,27 @@ RULE = (
 
 @teaches
 def check_heal(fn: Callable[..., Any], world_sizes: Sequence[int] = (3, 4)) -> str:
-    """Check ``fn`` on ``world_sizes`` (of ``CASES``: each rank's step as it comes in)."""
+    """Check ``fn`` on the ``CASES`` of ``world_sizes`` (each rank's step as it comes in)."""
     need_function(NAME, fn)
     world_sizes = world_sizes_of(world_sizes)
     if not set(world_sizes) <= set(CASES):
         raise ValueError(f"world_sizes must be among {sorted(CASES)}, got {world_sizes}")
     seed = fresh_seed(None)
-    for n in world_sizes:
-        _check_case(fn, n, CASES[n], seed + n)
+    cases = [steps for n in world_sizes for steps in CASES[n]]
+    for i, steps in enumerate(cases):
+        _check_case(fn, len(steps), steps, seed + i)
     return (
-        f"{NAME} passed on {' and '.join(_case_text(CASES[n]) for n in world_sizes)}: every "
-        "rank ended with a copy of the parameters of the ranks furthest ahead, and their step."
+        f"{NAME} passed on {'; on '.join(_case_text(steps) for steps in cases)}: every rank "
+        "ended with a copy of the parameters of a rank furthest ahead, and its step."
     )
 
 
 def try_heal(fn: Callable[..., Any], world_size: int = 3) -> str:
-    """Run ``fn`` on the case of ``world_size`` ranks: each rank's step and first parameters
-    before and after, as a table."""
+    """Run ``fn`` on the first case of ``world_size`` ranks: each rank's step and first
+    parameters before and after, as a table."""
     if world_size not in CASES:
         raise ValueError(f"world_size must be among {sorted(CASES)}, got {world_size}")
-    steps = CASES[world_size]
+    steps = CASES[world_size][0]
     trajectory = states(max(steps), fresh_seed(None))
     result = _launch(fn, steps, trajectory)
     lines = [_case_text(steps)]
@@ -118,7 +124,8 @@ def _case_text(steps: Sequence[int]) -> str:
         for r, s in enumerate(steps)
         if s < ahead
     ]
-    return f"{len(steps)} ranks ({', '.join(back)}; the others at step {ahead})"
+    ahead_ranks = ranks_text(r for r, s in enumerate(steps) if s == ahead)
+    return f"{len(steps)} ranks ({', '.join(back)}; {ahead_ranks} at step {ahead})"
 
 
 def _first(params: Any) -> str:
@@ -140,16 +147,27 @@ def _check_case(fn: Callable, n: int, steps: Sequence[int], seed: int) -> None:
     result = _launch(fn, steps, trajectory)
     doing = f" ({_case_text(steps)[len(f'{n} ranks (') : -1]})"
     if not result.ok:
+        said = " ".join(f.message for f in result.failures.values())
         hint = (
-            "A rank waited on a collective other ranks never called. Every rank, behind or "
-            "not, calls the same collectives in the same order: the ranks ahead take part in "
-            "the copy too (as its source, or receiving what they already hold)."
+            "A rank waited on a message no rank sent, or sent one no rank received: every "
+            "send needs a receive posted for it on its destination, and each rank behind "
+            "receives one copy, from one rank ahead."
+            if any(f"dist.{call}" in said for call in ("send", "recv", "isend", "irecv"))
+            else "A rank waited on a collective other ranks never called. Every rank, behind "
+            "or not, calls the same collectives in the same order: the ranks ahead take part "
+            "in the copy too (as its source, or receiving what they already hold)."
         )
         raise AssertionError(failure_message(NAME, n, result.failures, doing, deadlock_hint=hint))
     head = f"{NAME} on {n} ranks{doing}:"
     want = trajectory[ahead]
     for rank in sorted(range(n), key=lambda r: steps[r] < ahead):  # the ranks ahead first
         params, returned, _calls = result.results[rank]
+        if isinstance(params, torch.Tensor) and params.dtype != want.dtype:
+            raise AssertionError(
+                f"{head} rank {rank}'s parameters after heal are {params.dtype}, and the "
+                f"model's are {want.dtype}: copy the values in, and leave the model's dtype "
+                f"as it is. {RULE}"
+            )
         if not (isinstance(params, torch.Tensor) and torch.equal(params, want)):
             raise AssertionError(
                 f"{head} rank {rank}'s parameters after heal are wrong"
@@ -160,11 +178,11 @@ def _check_case(fn: Callable, n: int, steps: Sequence[int], seed: int) -> None:
             raise AssertionError(
                 f"{head} rank {rank} returned {said}, and the ranks furthest ahead are at step "
                 f"{ahead}: a rank that caught up has taken on its peer's state, its step "
-                "included (its next batch is that step's). Return the step, as an int."
+                "included (its next batch is that step's). Return that step."
             )
     relayed = confined.current() is not None
-    calls = _record(result, n) if relayed else _reported(result.results)
-    _judge_traffic(head, calls, want.numel() * want.element_size())
+    seen = _relayed(result.relayed) if relayed else _reported(result.results)
+    _judge_traffic(head, seen, steps, want.numel() * want.element_size())
 
 
 def _hint(got: Any, rank: int, steps: Sequence[int], trajectory: list[torch.Tensor]) -> str:
@@ -182,7 +200,8 @@ def _hint(got: Any, rank: int, steps: Sequence[int], trajectory: list[torch.Tens
         return (
             f": they are still the ones it came back with, step {steps[rank]}'s. Copy them into "
             "the model: a tensor made from the parameters (torch.cat, parameters_to_vector) is "
-            "a copy, and receiving into it leaves the model as it was"
+            "a copy, and receiving into it leaves the model as it was (and a call made with "
+            "async_op=True fills its tensors only once it is waited on)"
         )
     for s in sorted(set(steps)):
         if s < ahead and torch.equal(got, trajectory[s]):
@@ -194,35 +213,83 @@ def _hint(got: Any, rank: int, steps: Sequence[int], trajectory: list[torch.Tens
     return ""
 
 
-def _record(result: Any, n: int) -> list[Call]:
-    """heal's call as the relay recorded it (under grading: nothing a rank reported)."""
-    return read_record(f"{NAME}'s run on {n} ranks", "", relayed_calls, result.relayed, n, 0)
+@dataclass
+class Traffic:
+    """What each rank put in, in bytes: ``sent`` its own data sent on (its sends, and the
+    broadcasts and scatters it was the root of), ``mixed`` what went into the collectives
+    that take every member's data (all-gathers, all-reduces, ...), ``stored`` what it wrote
+    to the relay's storage."""
+
+    sent: Counter = field(default_factory=Counter)
+    mixed: Counter = field(default_factory=Counter)
+    stored: Counter = field(default_factory=Counter)
 
 
-def _reported(results: list) -> list[Call]:
-    """heal's call as the ranks' recorders saw it (the notebook's path)."""
-    out = []
-    for rank, (_params, _returned, calls) in enumerate(results):
-        out += [
-            Call(name, tuple(group) or (rank,), (max(put_in, 0),)) for name, group, put_in in calls
-        ]
-    return out
+def _relayed(events: list) -> Traffic:
+    """The whole run's traffic as the relay recorded it (under grading: nothing a rank
+    reported; the check itself makes no call)."""
+    seen = Traffic()
+    for e in events:
+        if e.kind == "send":
+            seen.sent[e.src] += sum(e.nbytes)
+        elif e.kind == "put":
+            seen.stored[e.src] += sum(e.nbytes)
+        elif e.kind in COPIES and e.src in e.group:
+            seen.sent[e.src] += e.nbytes[e.group.index(e.src)]
+        elif e.kind in COLLECTIVE_KINDS and e.kind not in COPIES:
+            for member, nbytes in zip(e.group, e.nbytes, strict=False):
+                seen.mixed[member] += nbytes
+    return seen
 
 
-def _judge_traffic(head: str, calls: list[Call], model: int) -> None:
-    """The parameters travel as a copy: every collective but a broadcast carries the steps
-    only, a few bytes per rank."""
-    for call in calls:
-        if call.kind in COPIES or max(call.nbytes, default=0) <= SMALL:
-            continue
+def _reported(results: list) -> Traffic:
+    """The run's traffic as the ranks' recorders saw it (the notebook's path)."""
+    seen = Traffic()
+    for rank, (_params, _returned, (calls, sends)) in enumerate(results):
+        seen.sent[rank] += sends
+        for name, put_in, nbytes, root in calls:
+            if name in COPIES:
+                seen.sent[rank] += put_in if root == rank else 0
+            else:
+                seen.mixed[rank] += put_in if put_in >= 0 else nbytes
+    return seen
+
+
+def _judge_traffic(head: str, seen: Traffic, steps: Sequence[int], model: int) -> None:
+    """The parameters travel as copies from ranks ahead: no rank puts more than the steps
+    into collectives that take every member's data, and no rank behind sends its own."""
+    for rank in sorted(seen.stored):
         raise AssertionError(
-            f"{head} one {call.kind} took {count(max(call.nbytes), 'byte')} from each rank, and "
-            f"the model is {count(model, 'byte')}: the parameters went through it. A "
-            "rank that catches up needs one copy of a peer's parameters, from one rank "
-            "(a broadcast, or a send to each rank behind); a collective that moves every "
-            "rank's parameters moves the stale ones as well. Only the steps, a few bytes, "
-            f"need to go to every rank. {RULE}"
+            f"{head} rank {rank} wrote {count(seen.stored[rank], 'byte')} to the relay's "
+            "storage: in heal every byte travels in torch.distributed calls. " + RULE
         )
+    for rank in range(len(steps)):
+        if seen.mixed[rank] > SMALL:
+            put_in = (
+                f"{head} rank {rank} put {count(seen.mixed[rank], 'byte')} into collectives "
+                "that take every rank's data (all-gathers, all-reduces, and the object calls "
+                "built on them)"
+            )
+            if seen.mixed[rank] < model:
+                raise AssertionError(
+                    f"{put_in}: more than the steps need ({SMALL} bytes at most; a pickled "
+                    "tensor alone is hundreds). Exchange the steps as Python ints, or in one "
+                    f"small integer tensor. {RULE}"
+                )
+            raise AssertionError(
+                f"{put_in}, and the model is {count(model, 'byte')}: the parameters went "
+                "through them, the stale ones too. A rank that catches up needs a copy of one "
+                "peer's parameters, sent by that peer alone (a broadcast, a scatter, or a "
+                "send to each rank behind); only the steps, a few bytes, need to go to every "
+                f"rank. {RULE}"
+            )
+        if steps[rank] < max(steps) and seen.sent[rank] > SMALL:
+            raise AssertionError(
+                f"{head} rank {rank}, back at step {steps[rank]}, sent "
+                f"{count(seen.sent[rank], 'byte')} of its own (sends, or broadcasts and "
+                "scatters it was the root of): its parameters are stale, and nobody needs "
+                f"them. Only ranks at the largest step, {max(steps)}, send theirs. {RULE}"
+            )
 
 
 # --- the rank side ---------------------------------------------------------------------
@@ -234,12 +301,12 @@ def _heal(fn: Callable, mine: tuple[torch.Tensor, int]) -> tuple[torch.Tensor, A
     params, step = mine
     model = toy_model(0, WIDTH, DEPTH)
     nn.utils.vector_to_parameters(params, model.parameters())
-    relay.mark(0)  # under grading: where heal starts, in the relay's record
     with Recorder() as seen:
         returned = fn(model, step)
-    relay.mark(1)
-    calls = [(c.name, c.group, c.contributed) for c in seen.collectives]
-    return nn.utils.parameters_to_vector(model.parameters()).detach(), _step(returned), calls
+    calls = [(c.name, c.contributed, c.nbytes, c.root) for c in seen.collectives]
+    sends = sum(m.nbytes for m in seen.messages if m.op == "send")
+    params = nn.utils.parameters_to_vector(model.parameters()).detach()
+    return params, _step(returned), (calls, sends)
 
 
 def _step(returned: Any) -> Any:

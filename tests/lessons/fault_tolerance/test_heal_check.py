@@ -31,15 +31,23 @@ def test_wrong_heals_fail_on_gloo_with_their_hint(fn, hint):
     assert hint in str(failed.value)
 
 
-def test_the_states_are_one_trajectory_and_the_cases_mix_steps():
-    """Each step moves the parameters, the same seed gives the same run, and every case has
-    ranks ahead and ranks behind, one of them not at step 0."""
+def test_the_states_are_one_trajectory():
+    """Each step moves the parameters, and the same seed gives the same run."""
     run = states(3, seed=5)
     assert len(run) == 4
     assert all(not torch.equal(a, b) for a, b in itertools.pairwise(run))
     assert all(torch.equal(a, b) for a, b in zip(run, states(3, seed=5), strict=True))
-    assert any(0 < s < max(steps) for steps in CASES.values() for s in steps)
-    assert all(steps.count(max(steps)) >= 2 for steps in CASES.values())
+
+
+def test_no_fixed_rank_is_a_right_source_in_every_case():
+    """Every rank of 4 is behind in some case; in some case the first rank past step 0 is
+    behind; and the visible cases alone (3 ranks) leave no rank of 3 a right source."""
+    cases = [steps for per_size in CASES.values() for steps in per_size]
+    for rank in range(4):
+        assert any(rank < len(s) and s[rank] < max(s) for s in cases), rank
+        assert any(s[min(rank, len(s) - 1)] < max(s) for s in CASES[3]), rank
+    assert any(next(x for x in s if x > 0) < max(s) for s in cases)
+    assert all(0 in s and s.count(max(s)) < len(s) for s in cases)
 
 
 def test_the_try_table_shows_each_rank_before_and_after():
