@@ -75,8 +75,8 @@ def check_heal(fn: Callable[..., Any], world_sizes: Sequence[int] = (3, 4)) -> s
     for i, steps in enumerate(cases):
         _check_case(fn, len(steps), steps, seed + i)
     return (
-        f"{NAME} passed on {'; on '.join(_case_text(steps) for steps in cases)}: every rank "
-        "ended with a copy of the parameters of a rank furthest ahead, and its step."
+        f"{NAME} passed in {count(len(cases), 'case')}, {'; '.join(map(_case_text, cases))}: "
+        "every rank ended with a copy of the parameters of a rank furthest ahead, and its step."
     )
 
 
