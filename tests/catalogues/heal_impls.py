@@ -6,8 +6,10 @@ rank past step 0 is up to date, that the step need not travel with the parameter
 tensor made from the parameters is the parameters, that only the ranks behind need to call the
 collective, that gathering every model (whole, in small pieces, or functionally) and keeping
 the newest is a copy, that every rank may send its own and the newest kept, that a pickled
-tensor is as small as the step it holds, that the model may change dtype on the way, that an
-async broadcast lands without a wait. ``WRONG`` maps each to a phrase of the hint it must get.
+tensor is as small as the step it holds, that the model may change dtype on the way.
+``WRONG`` maps each to a phrase of the hint it must get. (A broadcast with ``async_op=True``
+never waited on is left out: on gloo and on the relay alike its tensor is filled whenever
+the data arrives, so whether the parameters are read before or after is a race.)
 """
 
 from __future__ import annotations
@@ -262,18 +264,6 @@ def halved(model, step):
     return max(steps)
 
 
-def never_waited(model, step):
-    """Broadcasts into the parameters with async_op=True, never waited on."""
-    ahead = torch.tensor([step])
-    dist.all_reduce(ahead, op=dist.ReduceOp.MAX)
-    mine = dist.get_rank() if step == int(ahead) else dist.get_world_size()
-    src = torch.tensor([mine])
-    dist.all_reduce(src, op=dist.ReduceOp.MIN)
-    for p in model.parameters():
-        dist.broadcast(p.data, src=int(src), async_op=True)
-    return int(ahead)
-
-
 RIGHT = (heal, per_parameter, sent_to_the_late, scattered)
 WRONG = {
     from_rank_zero: "the copy's source must be a rank at the largest step",
@@ -290,5 +280,4 @@ WRONG = {
     functional_gather: "the parameters went through them",
     steps_as_tensor_objects: "more than the steps need",
     halved: "torch.float16",
-    never_waited: "async_op=True",
 }

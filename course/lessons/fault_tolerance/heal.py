@@ -201,7 +201,7 @@ def _hint(got: Any, rank: int, steps: Sequence[int], trajectory: list[torch.Tens
             f": they are still the ones it came back with, step {steps[rank]}'s. Copy them into "
             "the model: a tensor made from the parameters (torch.cat, parameters_to_vector) is "
             "a copy, and receiving into it leaves the model as it was (and a call made with "
-            "async_op=True fills its tensors only once it is waited on)"
+            "async_op=True may not have filled its tensors until it is waited on)"
         )
     for s in sorted(set(steps)):
         if s < ahead and torch.equal(got, trajectory[s]):
