@@ -258,10 +258,11 @@ def _reported(results: list) -> Traffic:
 def _judge_traffic(head: str, seen: Traffic, steps: Sequence[int], model: int) -> None:
     """The parameters travel as copies from ranks ahead: no rank puts more than the steps
     into collectives that take every member's data, and no rank behind sends its own."""
-    for rank in sorted(seen.stored):
+    if seen.stored:
+        rank = min(seen.stored)
         raise AssertionError(
             f"{head} rank {rank} wrote {count(seen.stored[rank], 'byte')} to the relay's "
-            "storage: in heal every byte travels in torch.distributed calls. " + RULE
+            f"storage: in heal every byte travels in torch.distributed calls. {RULE}"
         )
     for rank in range(len(steps)):
         if seen.mixed[rank] > SMALL:
@@ -295,9 +296,10 @@ def _judge_traffic(head: str, seen: Traffic, steps: Sequence[int], model: int) -
 # --- the rank side ---------------------------------------------------------------------
 
 
-def _heal(fn: Callable, mine: tuple[torch.Tensor, int]) -> tuple[torch.Tensor, Any, list]:
+def _heal(fn: Callable, mine: tuple[torch.Tensor, int]) -> tuple[torch.Tensor, Any, tuple]:
     """On each rank: the model set to this rank's state, ``fn(model, step)`` recorded; the
-    parameters after, the step returned (an int, or what it was instead) and the calls."""
+    parameters after, the step returned (an int, or what it was instead), and the calls (each
+    collective's name, bytes put in, bytes of its tensors, root) with the bytes sent."""
     params, step = mine
     model = toy_model(0, WIDTH, DEPTH)
     nn.utils.vector_to_parameters(params, model.parameters())
