@@ -3,10 +3,9 @@ step the verdict it gets on gloo, its traffic read from the relay's own record?"
 
 from __future__ import annotations
 
-import inspect
-
 import diloco_impls
 import pytest
+from student_code import graded_cell
 
 from course.checks.teaching import CheckFailed
 from course.grading import sandbox
@@ -24,8 +23,7 @@ HEADER = "import torch, torch.distributed as dist\n"
 
 
 def _code(fn) -> StudentCode:
-    source = inspect.getsource(fn).replace(f"def {fn.__name__}(", "def diloco_outer_step(")
-    return StudentCode((("diloco_outer_step", HEADER + source),), "diloco_outer_step")
+    return graded_cell(fn, "diloco_outer_step", HEADER)
 
 
 @pytest.fixture(scope="module")

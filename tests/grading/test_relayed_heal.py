@@ -7,6 +7,7 @@ import inspect
 
 import heal_impls
 import pytest
+from student_code import graded_cell
 
 from course.checks.teaching import CheckFailed
 from course.grading import sandbox
@@ -24,8 +25,7 @@ HEADER = "import torch, torch.distributed as dist\nfrom torch import nn\n"
 
 
 def _code(fn) -> StudentCode:
-    source = inspect.getsource(fn).replace(f"def {fn.__name__}(", "def heal(")
-    return StudentCode((("heal", HEADER + source),), "heal")
+    return graded_cell(fn, "heal", HEADER)
 
 
 @pytest.fixture(scope="module")
@@ -64,24 +64,19 @@ def heal(model, step):
         nn.utils.vector_to_parameters(newest, model.parameters())
     return max(steps)
 '''
-LATE_MARK = '''
-import course.ranks.relay as relay
-
+# gathers_every_model, with a mark of the rank's own first, as if what follows were no part
+# of heal's run
+LATE_MARK = (
+    "import course.ranks.relay as relay\n\n\n"
+    + inspect.getsource(heal_impls.gathers_every_model)
+    + """
 
 def heal(model, step):
-    """A mark of its own first, as if what follows were no part of heal's run."""
     relay.mark(1)
     relay.mark = lambda tag: None
-    steps = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
-    dist.all_gather(steps, torch.tensor([step]))
-    steps = [int(s) for s in steps]
-    flat = nn.utils.parameters_to_vector(model.parameters()).detach().clone()
-    models = [torch.empty_like(flat) for _ in steps]
-    dist.all_gather(models, flat)
-    with torch.no_grad():
-        nn.utils.vector_to_parameters(models[steps.index(max(steps))], model.parameters())
-    return max(steps)
-'''
+    return gathers_every_model(model, step)
+"""
+)
 
 
 @pytest.mark.parametrize(

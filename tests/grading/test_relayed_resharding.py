@@ -8,6 +8,7 @@ import inspect
 
 import pytest
 import resharding_impls
+from student_code import graded_cell
 
 from course.checks.teaching import CheckFailed
 from course.grading import sandbox
@@ -31,8 +32,7 @@ RELAYED = {(resharding_impls.save_and_keep, resharding_impls.load_kept): "load_r
 
 
 def _code(fn, name: str) -> StudentCode:
-    source = inspect.getsource(fn).replace(f"def {fn.__name__}(", f"def {name}(")
-    return StudentCode(((name, HEADER + source),), name)
+    return graded_cell(fn, name, HEADER)
 
 
 def _pair(save, load) -> tuple[StudentCode, StudentCode]:

@@ -3,10 +3,9 @@ verdict it gets on gloo, with the relay's fault plan killing the rank, told to n
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import survive_impls
+from student_code import graded_cell
 
 from course.checks.teaching import CheckFailed
 from course.grading import sandbox
@@ -24,11 +23,7 @@ HEADER = "import torch, torch.distributed as dist\nimport torch.nn.functional as
 
 
 def _code(fn) -> StudentCode:
-    source = inspect.getsource(fn).replace(f"def {fn.__name__}(", "def fault_tolerant_step(")
-    helper = inspect.getsource(survive_impls.apply_step)
-    return StudentCode(
-        (("fault_tolerant_step", HEADER + helper + "\n\n" + source),), "fault_tolerant_step"
-    )
+    return graded_cell(fn, "fault_tolerant_step", HEADER, survive_impls.apply_step)
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,7 @@ from course.checks.teaching import (
     teaches,
     world_sizes_of,
 )
+from course.lessons.fault_tolerance.survive import BATCH, DEPTH, LR, WIDTH  # the same model
 from course.models import toy_model
 from course.ranks import confined
 from course.ranks.wording import count, ranks_text
@@ -47,8 +48,6 @@ from course.ring.relayed import NAMES as COLLECTIVE_KINDS
 __all__ = ["CASES", "check_heal", "states", "try_heal"]
 
 NAME = "heal"
-WIDTH, DEPTH, BATCH = 8, 2, 4  # the model: 2 bias-free 8x8 layers, 128 parameters
-LR = 0.1
 CASES = {  # world size -> its cases: each rank's step as it calls heal
     3: ((0, 3, 3), (3, 1, 0)),
     4: ((1, 3, 3, 0),),
@@ -118,6 +117,11 @@ def states(steps: int, seed: int) -> list[torch.Tensor]:
 
 
 def _case_text(steps: Sequence[int]) -> str:
+    return f"{len(steps)} ranks ({_who(steps)})"
+
+
+def _who(steps: Sequence[int]) -> str:
+    """Which ranks came back, from where, and which are ahead."""
     ahead = max(steps)
     back = [
         f"rank {r} {'with a fresh model' if s == 0 else f'from a checkpoint of step {s}'}"
@@ -125,7 +129,7 @@ def _case_text(steps: Sequence[int]) -> str:
         if s < ahead
     ]
     ahead_ranks = ranks_text(r for r, s in enumerate(steps) if s == ahead)
-    return f"{len(steps)} ranks ({', '.join(back)}; {ahead_ranks} at step {ahead})"
+    return f"{', '.join(back)}; {ahead_ranks} at step {ahead}"
 
 
 def _first(params: Any) -> str:
@@ -145,7 +149,7 @@ def _check_case(fn: Callable, n: int, steps: Sequence[int], seed: int) -> None:
     ahead = max(steps)
     trajectory = states(ahead, seed)
     result = _launch(fn, steps, trajectory)
-    doing = f" ({_case_text(steps)[len(f'{n} ranks (') : -1]})"
+    doing = f" ({_who(steps)})"
     if not result.ok:
         said = " ".join(f.message for f in result.failures.values())
         hint = (
