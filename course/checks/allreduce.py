@@ -59,7 +59,7 @@ __all__ = [
     "trace_collectives",
 ]
 
-LAUNCH_TIMEOUT = 10.0  # seconds per world size, start-up included: one deadlock costs this
+LAUNCH_TIMEOUT = 10.0  # seconds per world size, start-up included: a gloo deadlock costs this
 SHOWN = 4  # violations quoted in a failure message
 
 

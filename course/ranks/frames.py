@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 __all__ = [
-    "COLLECTIVES", "DTYPES", "LEN", "MAX_FRAME", "MAX_HEADER", "Event", "RelayError",
+    "COLLECTIVES", "DEADLOCK", "DTYPES", "LEN", "MAX_FRAME", "MAX_HEADER", "Event", "RelayError",
     "check_bytes", "check_recv", "describe", "fill_from", "fill_prefix", "frame", "raw_bytes",
     "read_frame", "recv_exact",
 ]  # fmt: skip
@@ -35,6 +35,12 @@ COLLECTIVES = {"allreduce", "broadcast", "allgather", "reduce_scatter", "barrier
 COLLECTIVES |= {"reduce", "gather", "scatter"}
 COLLECTIVES |= {"snapshot"}  # a barrier of every rank at which the relay measures their memory
 LEN = struct.Struct(">II")  # header length, payload length
+# What the relay says first when it fails the waits of a deadlock it found: gloo would wait
+# each out (course.ranks.router; course.ranks.report words the rank's failure from it).
+DEADLOCK = (
+    "deadlock: every rank has finished or waits in a call that no rank left can match (on gloo "
+    "each would wait out its timeout)"
+)
 
 
 class RelayError(RuntimeError):

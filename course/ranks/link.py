@@ -6,7 +6,10 @@
 
 Each request carries a number; the relay's reply names it, and :class:`Link` hands the reply
 to the call that waits on it (``on_reply`` turns its bytes into the call's result). A
-:class:`Work` is what torch's calls return: DDP's C++ waits on its future.
+:class:`Work` is what torch's calls return: DDP's C++ waits on its future. A wait that blocks
+first tells the relay which request it waits on (a frame of kind ``waiting``), so that the
+relay finds a deadlock as soon as every rank is stuck, not at its deadline; a wait inside
+torch's C++ says nothing, and is ended by the deadline.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Link:
         self._lock = threading.Lock()
         self._next = 0
         self._waiting: dict[int, tuple[Future, Any]] = {}
+        self._reqs: dict[int, int] = {}  # id of an unanswered future -> its request's number
         self.native: set[int] = set()  # ids of futures handed to torch's C++
         threading.Thread(target=self._read, name="relay-link", daemon=True).start()
 
@@ -52,8 +56,18 @@ class Link:
         with self._lock:
             req = self._next = self._next + 1
             self._waiting[req] = (fut, on_reply)
+            self._reqs[id(fut)] = req
             self.sock.sendall(frame({**header, "req": req}, payload))
         return fut
+
+    def wait(self, fut: Future) -> Any:
+        """Wait for ``fut``'s reply; if it has not come, first tell the relay this rank's job
+        is blocked on it."""
+        req = self._reqs.get(id(fut))
+        if req is not None and not fut.done():
+            with self._lock:
+                self.sock.sendall(frame({"kind": "waiting", "on": req}, b""))
+        return fut.wait()
 
     def _read(self) -> None:
         try:
@@ -76,6 +90,7 @@ class Link:
         fut, on_reply = self._waiting.pop(req, (None, None))
         if fut is None:  # an answer to a request this link never made
             return
+        self._reqs.pop(id(fut), None)
         if "error" in header:
             if header.get("partial") and payload:  # a failed all-reduce's partly summed buffer
                 with contextlib.suppress(Exception):
@@ -97,7 +112,7 @@ class Work(dist._Work):  # noqa: SLF001 - the Work base that C++ callers (DDP) w
         self._fut, self._link, self._sender = fut, link, sender
 
     def wait(self, timeout: timedelta | None = None) -> bool:  # noqa: ARG002 - torch's signature
-        self._fut.wait()  # the relay's own deadline ends every wait
+        self._link.wait(self._fut)  # the relay's own deadline ends every wait
         return True
 
     def is_completed(self) -> bool:

@@ -272,7 +272,7 @@ def _stored(header: dict[str, Any], payload: bytes = b"", on_reply: Any = None) 
         raise RelayError("the relay's storage is reached only from a relay run's ranks")
     header = {**header, "group": [dist.get_rank()]}
     reply = on_reply or (lambda _reply, _data: None)
-    return _LINK.request(header, payload, reply).wait()  # type: ignore[union-attr]
+    return _LINK.wait(_LINK.request(header, payload, reply))  # type: ignore[union-attr]
 
 
 def put(key: str, tensor: torch.Tensor) -> None:
@@ -302,7 +302,7 @@ def quorum() -> list[int]:
         raise RelayError("the relay's quorum is reached only from a relay run's ranks")
     header = {"kind": "quorum", "group": [dist.get_rank()]}
     reply = _LINK.request(header, b"", lambda reply, _data: list(reply["members"]))  # type: ignore[union-attr]
-    return reply.wait()
+    return _LINK.wait(reply)  # type: ignore[union-attr]
 
 
 BASELINE = -1  # the tag of a launch's snapshot before its job is unpickled (``measured``)

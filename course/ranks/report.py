@@ -21,11 +21,13 @@ from typing import Any
 from course.ranks import confined
 from course.ranks import plain as plain_data
 from course.ranks.failures import CAUSES, PEER_GONE, RankFailure, RunResult
+from course.ranks.frames import DEADLOCK
 from course.ranks.mistakes import native_crash, plain_gloo
 from course.ranks.wording import ranks_text
 
-# gloo's words for "my peer never answered"; a message from gloo's own C++ code names it
-_TIMED_OUT = re.compile(r"Timed out|timeout", re.IGNORECASE)
+# gloo's words for "my peer never answered" (the relay's too, and its word for a deadlock it
+# found before the deadline); a message from gloo's own C++ code names it
+_TIMED_OUT = re.compile(r"Timed out|timeout|deadlock", re.IGNORECASE)
 _FROM_GLOO = re.compile(r"\bgloo\b", re.IGNORECASE)
 _COURSE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 _LIBRARY_DIRS = tuple(
@@ -81,7 +83,10 @@ def _observe(r: Any, outcome: tuple, reason: str, timeout: float) -> dict[str, A
         at = f" at {where}" if where else ""
         summary = text.splitlines()[-1] if text else info["type"]
         message = f"raised {summary}{at}"
-        waiter = "the relay" if relayed else "gloo"
+        waiter = "gloo"
+        if relayed:  # on its deadline, or at once when it found that no rank could go on
+            found = DEADLOCK in info["text"]
+            waiter = "the relay, finding no rank could go on," if found else "the relay"
         return {"kind": "raised", "comm": comm, "message": message, "where": where, "tb": tb,
                 "waiter": waiter}  # fmt: skip
     if kind == "sys_exit":

@@ -8,17 +8,22 @@ Its thread (:mod:`course.ranks.switchboard`) routes point-to-point messages, com
 collective once every member called it (:mod:`course.ranks.combine`) and records each as
 an :class:`~course.ranks.frames.Event` from the bytes it received. It keeps the deadlines
 (a receive or a collective its peers never match fails after ``timeout`` seconds, naming
-whom it waited for) and refuses, to the calling rank, a frame that is malformed, too large
-or inconsistent; it holds what was sent until it is received, at most ``MAX_HELD`` bytes. It
-makes the stragglers a check asks for (:mod:`course.ranks.holds`), scales the all-gathers
-a check chose by their place in its marked parts (:mod:`course.ranks.rescale`), and keeps
-the storage a checkpoint is written to and read from (:mod:`course.ranks.objects`), and
-kills the rank a fault plan names, failing what needed it, and forms the quorum of the ranks
-left (:mod:`course.ranks.faults`).
+whom it waited for; at once, when every rank has returned or waits in a call that no rank
+left can match: a deadlock, which gloo would wait out) and refuses, to the calling rank, a
+frame that is malformed, too large or inconsistent; it holds what was sent until it is
+received, at most ``MAX_HELD`` bytes. It makes the stragglers a check asks for
+(:mod:`course.ranks.holds`), scales the all-gathers a check chose by their place in its
+marked parts (:mod:`course.ranks.rescale`), and keeps the storage a checkpoint is written to
+and read from (:mod:`course.ranks.objects`), and kills the rank a fault plan names, failing
+what needed it, and forms the quorum of the ranks left (:mod:`course.ranks.faults`).
+
+A deadlock is found from what the ranks say: a rank's wait first tells the relay which of its
+requests it blocks on (:mod:`course.ranks.link`), and the launcher tells it which ranks
+returned. A wait inside torch's C++ (DDP's buckets) says nothing: only the deadline ends it.
 
 It keeps gloo's semantics, so that a program that deadlocks or fails on gloo does so here: a
 send completes only once a receive takes it (a blocking ``dist.send`` to a rank that sends
-first waits forever, and fails on the deadline); a message larger than the buffer posted to
+first waits forever, and fails as a deadlock); a message larger than the buffer posted to
 receive it fails the receive (gloo aborts that rank), a smaller one fills the buffer's first
 bytes; every rank calls ``new_group`` for every group in the same order, and a group's
 members wait for each other there. Its error messages never quote what a peer sent (a
@@ -28,6 +33,7 @@ record counts.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -39,6 +45,7 @@ from course.ranks.combine import Call, Pending, compute
 from course.ranks.faults import Fault, Faults, Quorum
 from course.ranks.frames import (
     COLLECTIVES,
+    DEADLOCK,
     DTYPES,
     Event,
     RelayError,
@@ -90,11 +97,19 @@ class Relay(Faults, Switchboard):
         self.fault, self.dead, self.quorum = fault, set[int](), Quorum(world_size)
         self.stop_rank: Any = None  # rank -> None: kills its process (set by the launcher)
         self._doomed: tuple[tuple[int, ...], int] | None = None  # the call the fault's rank dies in
+        self._open: list[set[int]] = [set() for _ in range(world_size)]  # requests unanswered
+        self._blocked: dict[int, int] = {}  # rank -> the unanswered request its job waits on
+        self.finished: set[int] = set()  # ranks whose job returned (added by the launcher)
 
     # -- requests ------------------------------------------------------------------------
 
     def _handle(self, rank: int, header: dict[str, Any], payload: bytes, seq: int) -> None:
         kind = header["kind"]
+        if kind == "waiting":  # the rank's job blocks on one of its requests: not a call
+            if header.get("on") in self._open[rank]:
+                self._blocked[rank] = header["on"]
+            return
+        self._open[rank].add(header["req"])
         group = self._group(header, rank)
         if kind == "send":
             self._send(rank, group, header, payload, seq)
@@ -287,9 +302,37 @@ class Relay(Faults, Switchboard):
         flat = torch.frombuffer(bytearray(results[0]), dtype=torch.uint8).view(dtype)
         return [raw_bytes(self.rescale.scaled(flat))] * len(order)
 
+    def _reply(self, rank: int, header: dict[str, Any], payload: bytes = b"") -> None:
+        """Answer a request (:class:`Switchboard`), which no longer blocks its rank."""
+        req = header.get("req")
+        if req == -1:  # the link is refused: every call of the rank fails
+            self._open[rank].clear()
+        self._open[rank].discard(req)
+        if self._blocked.get(rank) not in self._open[rank]:
+            self._blocked.pop(rank, None)
+        super()._reply(rank, header, payload)
+
+    def _gone(self, rank: int) -> None:
+        """Rank ``rank``'s process ended: it waits on nothing (:class:`Faults` says the rest)."""
+        self._blocked.pop(rank, None)
+        super()._gone(rank)
+
     def _tick(self) -> None:
         self._release()
-        self._expire()
+        if self._deadlocked():
+            self._expire(math.inf, DEADLOCK)
+        else:
+            self._expire(time.monotonic() - self.timeout, f"timed out after {self.timeout:g} s")
+
+    def _deadlocked(self) -> bool:
+        """Whether no rank can go on: each has returned, died, or waits on a request of its
+        own that the relay holds (it said so), while no rank is held. What is held then can
+        only be matched by a call no rank will make."""
+        if self.holds.active or not self._blocked:
+            return False
+        finished = set(self.finished)  # a copy: the launcher's thread adds to it
+        alive = [r for r in range(self.world_size) if r not in self.dead and r not in finished]
+        return bool(alive) and all(r in self._blocked for r in alive)
 
     def _release(self) -> None:
         """End the holds that are due (:mod:`course.ranks.holds`), and read what each held."""
@@ -308,43 +351,38 @@ class Relay(Faults, Switchboard):
                                      time=self._now()))  # fmt: skip
             self.read_deferred(hold.rank)
 
-    def _expire(self) -> None:
-        """Fail every wait older than the timeout, naming whom it waited for."""
-        now = time.monotonic()
-        late = [p for p in self._recvs if now - p.since > self.timeout]
+    def _expire(self, before: float, said: str) -> None:
+        """Fail every wait that began before ``before``, saying ``said`` and whom it waited for."""
+        late = [p for p in self._recvs if p.since < before]
         for p in late:
             self._recvs.remove(p)
             src = p.header["src"]
             whom = "any rank" if src == ANY else f"rank {src}"
-            why = f"timed out after {self.timeout:g} s: rank {p.rank} waited for a message from {whom} that never came"  # noqa: E501
+            why = f"{said}: rank {p.rank} waited for a message from {whom} that never came"
             self._reply(p.rank, {"req": p.req, "error": why})
-        for sent in self._mail.expired(now - self.timeout):
+        for sent in self._mail.expired(before):
             why = (
-                f"timed out after {self.timeout:g} s: rank {sent.src} waited for rank "
-                f"{sent.dst} to receive its message (tag {sent.tag}), and it never did. As on "
-                "gloo, a send completes only once its receive is posted: two ranks that both "
-                "send first wait for each other forever"
+                f"{said}: rank {sent.src} waited for rank {sent.dst} to receive its message "
+                f"(tag {sent.tag}), and it never did. As on gloo, a send completes only once its "
+                "receive is posted: two ranks that both send first wait for each other forever"
             )
             self._reply(sent.src, {"req": sent.req, "error": why})
-        for calls, why in self._groups.expired(now - self.timeout):
+        for calls, why in self._groups.expired(before):
             for p in calls:
-                self._reply(
-                    p.rank, {"req": p.req, "error": f"timed out after {self.timeout:g} s: {why}"}
-                )
-        for calls in self.quorum.expired(now - self.timeout):
+                self._reply(p.rank, {"req": p.req, "error": f"{said}: {why}"})
+        for calls in self.quorum.expired(before):
             absent = [r for r in range(self.world_size) if r not in calls and r not in self.dead]
-            why = (f"timed out after {self.timeout:g} s: quorum() waited for rank(s) "
-                   f"{', '.join(map(str, absent))}, alive, which never asked for it")  # fmt: skip
+            why = (f"{said}: quorum() waited for rank(s) {', '.join(map(str, absent))}, alive, "
+                   "which never asked for it")  # fmt: skip
             for p in calls.values():
                 self._reply(p.rank, {"req": p.req, "error": why})
         for key, call in list(self._calls.items()):
-            oldest = min(p.since for p in call.calls.values())
-            if now - oldest > self.timeout:
+            if min(p.since for p in call.calls.values()) < before:
                 del self._calls[key]
                 absent = [r for r in call.group if r not in call.calls]
                 kind = next(iter(call.calls.values())).header["kind"]
-                why = (f"timed out after {self.timeout:g} s: {kind} waited for rank(s) "
-                       f"{', '.join(map(str, absent))}, which never called it")  # fmt: skip
+                why = (f"{said}: {kind} waited for rank(s) {', '.join(map(str, absent))}, which "
+                       "never called it")  # fmt: skip
                 for p in call.calls.values():
                     self._reply(p.rank, {"req": p.req, "error": why})
 

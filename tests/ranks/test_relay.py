@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
+import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from course.ranks import launch, relay
-from course.ranks.frames import Event
+from course.ranks.frames import DEADLOCK, Event
 
 pytestmark = [pytest.mark.ranks, pytest.mark.slow]
 
@@ -114,16 +115,77 @@ def waits_forever() -> None:
     dist.recv(torch.empty(1), peer)
 
 
-def test_a_deadlock_ends_on_the_relays_deadline() -> None:
-    """Do two ranks that both receive first fail after the relay's timeout, as a deadlock in
-    their own line, with who was waited for?"""
-    result = launch(waits_forever, 2, backend="relay", timeout=30, pg_timeout=2)
+def test_a_deadlock_is_found_at_once_not_on_the_deadline() -> None:
+    """Do two ranks that both receive first fail as a deadlock in their own line, with who was
+    waited for, as soon as both wait: long before the relay's 60 s timeout, which they would
+    otherwise take?"""
+    result = launch(waits_forever, 2, backend="relay", timeout=120, pg_timeout=60)
     assert {f.kind for f in result.failures.values()} == {"deadlock"}, result.failures
     first = result.failures[0]
     assert first.where.startswith("dist.recv at test_relay.py")
-    assert "the relay gave up waiting for its peer" in first.message
+    assert "the relay, finding no rank could go on, gave up waiting" in first.message
+    assert DEADLOCK in first.traceback and "timed out" not in first.traceback
     assert "rank 0 waited for a message from rank 1 that never came" in first.traceback
     assert result.relayed == ()
+
+
+def returns_or_waits() -> int:
+    """Rank 0 returns at once; rank 1 waits in a broadcast from rank 0 that never comes."""
+    if dist.get_rank() == 1:
+        dist.broadcast(torch.zeros(1), 0)
+    return dist.get_rank()
+
+
+def test_a_wait_on_a_rank_that_returned_is_found_at_once() -> None:
+    """Is a rank left waiting on a peer that already returned told so at once, blocked?"""
+    result = launch(returns_or_waits, 2, backend="relay", timeout=120, pg_timeout=60)
+    assert result.results[0] == 0 and list(result.failures) == [1], result.failures
+    failure = result.failures[1]
+    assert failure.kind == "blocked" and failure.where.startswith("dist.broadcast at")
+    assert "rank 0 had already finished" in failure.message
+    assert DEADLOCK in failure.traceback
+
+
+def works_while_its_peer_waits(seconds: float) -> float:
+    """Rank 1 waits in a receive and a barrier while rank 0 computes (sleeps) outside any call:
+    no deadlock, however long the wait."""
+    t = torch.zeros(1)
+    if dist.get_rank() == 0:
+        time.sleep(seconds)
+        w = dist.isend(torch.ones(1), 1)
+        time.sleep(seconds)  # its send is posted, not waited on: rank 1 takes it meanwhile
+        w.wait()
+    else:
+        dist.recv(t, 0)
+    dist.barrier()
+    return t.item()
+
+
+def test_a_rank_still_working_is_no_deadlock() -> None:
+    """While one rank computes outside any call, are its peer's waits left to the deadline,
+    and does the run end as it should?"""
+    result = launch(works_while_its_peer_waits, 2, 0.5, backend="relay", timeout=60)
+    assert result.ok, result.failures
+    assert result.results == [0.0, 1.0]
+
+
+def polls_a_receive() -> None:
+    """A wait that never says it blocks: it polls the call instead of waiting on it."""
+    if dist.get_rank() == 0:
+        work = dist.irecv(torch.zeros(1), 1)
+        while not work.is_completed():
+            time.sleep(0.01)
+        work.wait()  # answered by now: it raises what the relay said
+
+
+def test_a_wait_the_relay_is_not_told_of_ends_on_the_deadline() -> None:
+    """Does a rank that polls its receive (rank 1 returned) fail on the relay's own deadline,
+    since it never said it waits, and not before?"""
+    result = launch(polls_a_receive, 2, backend="relay", timeout=30, pg_timeout=2)
+    assert list(result.failures) == [0], result.failures
+    failure = result.failures[0]
+    assert failure.kind == "blocked" and "rank 1 had already finished" in failure.message
+    assert "timed out after 2 s: rank 0 waited for a message from rank 1" in failure.traceback
 
 
 def mismatched() -> None:
