@@ -325,7 +325,7 @@ check_answer(
 # other rank `send` first (`send_first` and `parity_ordered` are two choices of it), and
 # `isend_then_recv` posts its send without waiting; read them with
 # `course.ring.p2p.blocking_step??`. The cell runs a few of them with one element and with a
-# million, under an 8-second deadline, and prints how each rank ended (a run that hangs
+# million, under a 4-second deadline, and prints how each rank ended (a run that hangs
 # takes its whole deadline).
 
 # %% nbgrader={"grade": false, "grade_id": "ring_3_measure", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -339,7 +339,7 @@ for order, n, numel in (
     (p2p.isend_then_recv, 3, 1),
     (p2p.isend_then_recv, 4, 1_000_000),
 ):
-    result = launch(order, n, numel, timeout=8)
+    result = launch(order, n, numel, timeout=4)
     ends = [
         str(result.failures[r]) if r in result.failures else f"rank {r} {result.results[r]}"
         for r in range(n)

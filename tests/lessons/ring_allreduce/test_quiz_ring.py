@@ -138,7 +138,7 @@ def test_ring_3_fewest_ranks_that_receive_first() -> None:
         "all": lambda n: set(range(n)),
     }
     runs = {
-        (who, n): launch(p2p.blocking_step, n, 1, pick(n), timeout=5)
+        (who, n): launch(p2p.blocking_step, n, 1, pick(n), timeout=3)
         for who, pick in receivers.items()
         for n in sizes
     }
@@ -154,7 +154,7 @@ def test_ring_3_fewest_ranks_that_receive_first() -> None:
     assert supported(options) == KEYS["ring_3"]
     # what the explanation says: sending first everywhere sticks in dist.send, one element on
     # 3 ranks (the cell's case), and the fixes it names finish there
-    stuck = launch(p2p.send_first, 3, 1, timeout=5)
+    stuck = launch(p2p.send_first, 3, 1, timeout=3)
     assert len(stuck.failures) == 3
     assert all(f.kind == "deadlock" and "dist.send" in f.message for f in stuck.failures.values())
     assert launch(p2p.isend_then_recv, 3, 1, timeout=5).ok
