@@ -9,7 +9,8 @@ to the call that waits on it (``on_reply`` turns its bytes into the call's resul
 :class:`Work` is what torch's calls return: DDP's C++ waits on its future. A wait that blocks
 first tells the relay which request it waits on (a frame of kind ``waiting``), so that the
 relay finds a deadlock as soon as every rank is stuck, not at its deadline; a wait inside
-torch's C++ says nothing, and is ended by the deadline.
+torch's C++ says nothing, and is ended by the deadline. A rank whose job returned says so last
+(``finished``), after everything it sent.
 """
 
 from __future__ import annotations
@@ -65,9 +66,13 @@ class Link:
         is blocked on it."""
         req = self._reqs.get(id(fut))
         if req is not None and not fut.done():
-            with self._lock:
-                self.sock.sendall(frame({"kind": "waiting", "on": req}, b""))
+            self.tell({"kind": "waiting", "on": req})
         return fut.wait()
+
+    def tell(self, header: dict[str, Any]) -> None:
+        """Send the relay a notice, after every request sent before it: nothing answers it."""
+        with self._lock:
+            self.sock.sendall(frame(header, b""))
 
     def _read(self) -> None:
         try:

@@ -20,6 +20,7 @@ tensors of grading checks (``benchmarks/relay.py``), not a fast path for trainin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Sequence
@@ -35,8 +36,8 @@ from course.ranks.mailbox import ANY
 from course.ranks.objects import Stored
 
 __all__ = [
-    "BACKEND", "BASELINE", "RelayGroup", "get", "join", "keys", "mark", "put", "quorum",
-    "relayed", "snapshot",
+    "BACKEND", "BASELINE", "RelayGroup", "finished", "get", "join", "keys", "mark", "put",
+    "quorum", "relayed", "snapshot",
 ]  # fmt: skip
 
 BACKEND = "relay"
@@ -254,6 +255,15 @@ def _create(opts: Any, _backend_options: Any = None) -> RelayGroup:
 def relayed() -> bool:
     """Does this rank's default process group go through the relay?"""
     return _LINK is not None and dist.is_initialized() and dist.get_backend() == BACKEND
+
+
+def finished() -> None:
+    """Tell the relay this rank's job has returned: it will make no call again. Sent on the
+    link, after every request the job made, so the relay has read them all before it counts
+    the rank out (:meth:`course.ranks.router.Relay._deadlocked`)."""
+    if _LINK is not None:
+        with contextlib.suppress(OSError):  # the job closed the link: the deadline ends waits
+            _LINK.tell({"kind": "finished"})
 
 
 def mark(tag: int) -> None:

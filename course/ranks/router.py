@@ -17,9 +17,10 @@ marked parts (:mod:`course.ranks.rescale`), and keeps the storage a checkpoint i
 and read from (:mod:`course.ranks.objects`), and kills the rank a fault plan names, failing
 what needed it, and forms the quorum of the ranks left (:mod:`course.ranks.faults`).
 
-A deadlock is found from what the ranks say: a rank's wait first tells the relay which of its
-requests it blocks on (:mod:`course.ranks.link`), and the launcher tells it which ranks
-returned. A wait inside torch's C++ (DDP's buckets) says nothing: only the deadline ends it.
+A deadlock is found from what the ranks say, in order with their requests: a rank's wait
+first tells the relay which of its requests it blocks on (:mod:`course.ranks.link`), and a
+rank whose job returned says so last. A wait inside torch's C++ (DDP's buckets) says nothing:
+only the deadline ends it.
 
 It keeps gloo's semantics, so that a program that deadlocks or fails on gloo does so here: a
 send completes only once a receive takes it (a blocking ``dist.send`` to a rank that sends
@@ -99,15 +100,14 @@ class Relay(Faults, Switchboard):
         self._doomed: tuple[tuple[int, ...], int] | None = None  # the call the fault's rank dies in
         self._open: list[set[int]] = [set() for _ in range(world_size)]  # requests unanswered
         self._blocked: dict[int, int] = {}  # rank -> the unanswered request its job waits on
-        self.finished: set[int] = set()  # ranks whose job returned (added by the launcher)
+        self._finished: set[int] = set()  # ranks whose job returned (each said so, last)
 
     # -- requests ------------------------------------------------------------------------
 
     def _handle(self, rank: int, header: dict[str, Any], payload: bytes, seq: int) -> None:
         kind = header["kind"]
-        if kind == "waiting":  # the rank's job blocks on one of its requests: not a call
-            if header.get("on") in self._open[rank]:
-                self._blocked[rank] = header["on"]
+        if kind in ("waiting", "finished"):
+            self._notice(rank, kind, header)
             return
         self._open[rank].add(header["req"])
         group = self._group(header, rank)
@@ -135,6 +135,14 @@ class Relay(Faults, Switchboard):
             self._collective(rank, group, header, payload, seq)
         else:
             raise RelayError(f"the relay knows no call {kind!r}")
+
+    def _notice(self, rank: int, kind: str, header: dict[str, Any]) -> None:
+        """A rank's notice, not a call (nothing answers it): its job blocks on one of its
+        requests (``waiting``), or its job returned, after all it sent (``finished``)."""
+        if kind == "finished":
+            self._finished.add(rank)
+        elif header.get("on") in self._open[rank]:
+            self._blocked[rank] = header["on"]
 
     def _group(self, header: dict[str, Any], rank: int) -> tuple[int, ...]:
         group = header.get("group")
@@ -330,8 +338,8 @@ class Relay(Faults, Switchboard):
         only be matched by a call no rank will make."""
         if self.holds.active or not self._blocked:
             return False
-        finished = set(self.finished)  # a copy: the launcher's thread adds to it
-        alive = [r for r in range(self.world_size) if r not in self.dead and r not in finished]
+        gone = self.dead | self._finished
+        alive = [r for r in range(self.world_size) if r not in gone]
         return bool(alive) and all(r in self._blocked for r in alive)
 
     def _release(self) -> None:

@@ -259,8 +259,6 @@ class Supervisor:
             rank.exit_note = message[1:]
         elif rank.outcome is None:
             rank.outcome = message
-            if message[0] == "ok" and self.relay is not None:
-                self.relay.finished.add(rank.rank)  # it waits on nothing now: see _deadlocked
 
     def _collect_stacks(self) -> None:
         """Ask every still-running rank where it is, and wait briefly for the answers."""

@@ -94,8 +94,10 @@ def rank_main(
         else:
             store = dist.FileStore(os.path.join(run_dir, "store"), world_size)
             device = _init_process_group(rank, world_size, store, pg_timeout, backend)
-        value = _execute(cloudpickle.loads(payload), rank, world_size, device)
-        send(("ok", _dump_value(value, plain)))
+        value = _dump_value(_execute(cloudpickle.loads(payload), rank, world_size, device), plain)
+        if backend == "relay":
+            relay.finished()  # after all it sent: the relay counts it out of a deadlock
+        send(("ok", value))
     except SystemExit as exc:
         send(("sys_exit", _exit_code(exc.code), _frames(exc.__traceback__)))
     except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt included, goes to the caller
