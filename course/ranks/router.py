@@ -17,10 +17,9 @@ marked parts (:mod:`course.ranks.rescale`), and keeps the storage a checkpoint i
 and read from (:mod:`course.ranks.objects`), and kills the rank a fault plan names, failing
 what needed it, and forms the quorum of the ranks left (:mod:`course.ranks.faults`).
 
-A deadlock is found from what the ranks say, in order with their requests: a rank's wait
-first tells the relay which of its requests it blocks on (:mod:`course.ranks.link`), and a
-rank whose job returned says so last. A wait inside torch's C++ (DDP's buckets) says nothing:
-only the deadline ends it.
+A deadlock is found from what each rank says on its link, in order with its calls: which
+request its job blocks on (:mod:`course.ranks.link`), and, last, that its job returned. A wait
+inside torch's C++ (DDP's buckets) says nothing: only the deadline ends it.
 
 It keeps gloo's semantics, so that a program that deadlocks or fails on gloo does so here: a
 send completes only once a receive takes it (a blocking ``dist.send`` to a rank that sends
@@ -137,8 +136,7 @@ class Relay(Faults, Switchboard):
             raise RelayError(f"the relay knows no call {kind!r}")
 
     def _notice(self, rank: int, kind: str, header: dict[str, Any]) -> None:
-        """A rank's notice, not a call (nothing answers it): its job blocks on one of its
-        requests (``waiting``), or its job returned, after all it sent (``finished``)."""
+        """A notice, not a call: the job blocks on a request, or returned after all it sent."""
         if kind == "finished":
             self._finished.add(rank)
         elif header.get("on") in self._open[rank]:
@@ -313,9 +311,7 @@ class Relay(Faults, Switchboard):
     def _reply(self, rank: int, header: dict[str, Any], payload: bytes = b"") -> None:
         """Answer a request (:class:`Switchboard`), which no longer blocks its rank."""
         req = header.get("req")
-        if req == -1:  # the link is refused: every call of the rank fails
-            self._open[rank].clear()
-        self._open[rank].discard(req)
+        self._open[rank].difference_update(self._open[rank] if req == -1 else {req})  # -1: all
         if self._blocked.get(rank) not in self._open[rank]:
             self._blocked.pop(rank, None)
         super()._reply(rank, header, payload)
