@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from course import ranks
-from course.ranks import forkserver
+from course.ranks import forkserver, launcher
 
 # The catalogues of right and wrong solutions, and the quiz's helpers, for every test folder.
 CATALOGUES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "catalogues")
@@ -61,6 +61,26 @@ def _run_dirs() -> set[str]:
     """This process's run directories (other processes may be running ranks too)."""
     pattern = f"{forkserver.RUN_DIR_PREFIX}{os.getpid()}-*"
     return set(glob.glob(os.path.join(tempfile.gettempdir(), pattern)))
+
+
+SOONER = 0.4  # a test marked deadlocks: its runs' deadlines and gloo's timeout, scaled
+
+
+@pytest.fixture(autouse=True)
+def _deadlocks_end_sooner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked ``deadlocks`` asks what a check says of a deadlock, not when it says
+    it. A deadlock ends on the run's deadline or on gloo's timeout, whichever comes first:
+    there both are 0.4 times a notebook's (a 10 s deadline ends at 4 s, gloo's 10 s at 4 s),
+    so the same one comes first, and the check tells it as a notebook would."""
+    if not request.node.get_closest_marker("deadlocks"):
+        return
+    check = launcher._check_timeouts  # noqa: SLF001 - the one place a run's timeouts are set
+
+    def sooner(timeout: float, pg_timeout: float | None) -> tuple[float, float]:
+        return check(timeout * SOONER, pg_timeout and pg_timeout * SOONER)
+
+    monkeypatch.setattr(launcher, "MAX_PG_TIMEOUT", launcher.MAX_PG_TIMEOUT * SOONER)
+    monkeypatch.setattr(launcher, "_check_timeouts", sooner)
 
 
 @pytest.fixture

@@ -23,7 +23,14 @@ def test_right_outer_steps_pass(fn):
 
 
 @pytest.mark.parametrize(
-    ("fn", "hint"), diloco_impls.WRONG.items(), ids=lambda x: getattr(x, "__name__", "")
+    ("fn", "hint"),
+    [
+        pytest.param(fn, hint, marks=pytest.mark.deadlocks)
+        if fn is diloco_impls.deadlock
+        else (fn, hint)
+        for fn, hint in diloco_impls.WRONG.items()
+    ],
+    ids=lambda x: getattr(x, "__name__", ""),
 )
 def test_wrong_outer_steps_fail_with_their_hint(fn, hint):
     """Does each usual mistake fail, with a message that says which?"""

@@ -33,6 +33,7 @@ def test_wrong_saves_and_loads_fail_with_their_hint(pair, hint):
     assert hint in str(failed.value)
 
 
+@pytest.mark.deadlocks
 def test_a_deadlocked_load_fails_and_names_it():
     with pytest.raises(CheckFailed) as failed:
         check_resharding(

@@ -49,7 +49,10 @@ def test_the_model_solution_passes_the_defaults() -> None:
     assert "world sizes 2 and 3" in check_fsdp_mixed_precision(fully_shard)
 
 
-@pytest.mark.parametrize("name", sorted(WRONG))
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.deadlocks) if n == "deadlock" else n for n in sorted(WRONG)],
+)
 def test_a_wrong_fully_shard_fails_with_its_reason(name: str) -> None:
     """Does each known-wrong fully_shard fail its check with a message naming the mistake?"""
     _knobs, check, words = WRONG[name]

@@ -35,7 +35,11 @@ def test_correct_styles_pass(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(WRONG)]
+    "name",
+    [
+        pytest.param(n, marks=[pytest.mark.slow, pytest.mark.deadlocks]) if n in SLOW else n
+        for n in sorted(WRONG)
+    ],
 )
 def test_wrong_ring_fails_with_the_reason(name: str) -> None:
     """Does each wrong implementation fail its check, with a message naming the mistake?"""

@@ -31,7 +31,11 @@ def test_recursive_doubling_passes() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(TREES)]
+    "name",
+    [
+        pytest.param(n, marks=[pytest.mark.slow, pytest.mark.deadlocks]) if n in SLOW else n
+        for n in sorted(TREES)
+    ],
 )
 def test_wrong_tree_fails_with_the_reason(name: str) -> None:
     """Does each wrong tree fail its check with a message naming the mistake?"""
