@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import io
 import json
 import tokenize
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -44,13 +46,19 @@ def course_solutions(source_notebook: Path) -> list[str]:
 def near_copies(student: Iterable[str], solutions: Iterable[str]) -> list[str]:
     """Names the student's cells define as near copies of the solutions' definitions (one
     the comparison cannot read, nested too deeply for ``ast.unparse``, is not one)."""
-    theirs = {d.name: normalised(d) for source in solutions for d in _definitions(source)}
+    theirs = _solution_forms(tuple(solutions))
     found = []
     for source in student:
         for d in _definitions(source):
             if d.name in theirs and d.name not in found and _readable(d) == theirs[d.name]:
                 found.append(d.name)
     return found
+
+
+@functools.lru_cache(maxsize=4)
+def _solution_forms(solutions: tuple[str, ...]) -> dict[str, str]:
+    """Each solution definition's normal form, by name: made once for many students' cells."""
+    return {d.name: normalised(d) for source in solutions for d in _definitions(source)}
 
 
 def _readable(node: Definition) -> str | None:
@@ -160,23 +168,28 @@ def _rules(source: str) -> Iterator[tuple[str, list[str]]]:
                 yield f"{fn.name} (line {node.lineno})", tokens
 
 
-def _found(rule: list[str], tokens: list[str]) -> float:
-    """The share of ``rule``'s tokens that ``tokens`` holds, in order."""
-    blocks = difflib.SequenceMatcher(None, rule, tokens, autojunk=False).get_matching_blocks()
-    return sum(b.size for b in blocks) / len(rule)
+def _found(rule: list[str], within: difflib.SequenceMatcher) -> float:
+    """The share of ``rule``'s tokens found, in order, in ``within``'s second sequence."""
+    within.set_seq1(rule)
+    return sum(b.size for b in within.get_matching_blocks()) / len(rule)
 
 
 def shared_rules(shipped: dict[str, str], solutions: Iterable[str]) -> list[str]:
     """Functions of the ``shipped`` modules (name -> source) that hold a solution's rule."""
-    rules = [rule for source in solutions for rule in _rules(source)]
+    rules = [(where, rule, Counter(rule)) for s in solutions for where, rule in _rules(s)]
     found = []
     for module, source in shipped.items():
         tree = parse_cell(source)
         for fn in _functions(tree) if tree is not None else ():
             tokens = _shape(fn, _locals(fn))
+            counts, within = Counter(tokens), difflib.SequenceMatcher(None, autojunk=False)
+            within.set_seq2(tokens)  # what the matcher indexes, once for every rule
             found += [
                 f"{module}: {fn.name} holds the solution's {where} ({share:.0%})"
-                for where, rule in rules
-                if (share := _found(rule, tokens)) >= RULE_SHARE
+                for where, rule, needs in rules
+                # tokens held in order are held at all: a function without enough of the
+                # rule's tokens, counted, cannot hold the rule, and is not compared
+                if (needs & counts).total() >= RULE_SHARE * len(rule)
+                and (share := _found(rule, within)) >= RULE_SHARE
             ]
     return found
