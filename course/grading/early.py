@@ -8,10 +8,10 @@ the judge takes the box over (``course.grading.rankbox.start_early``), or it is 
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from course.grading.gradebook import nbgrader_quiet
 from course.grading.judge import Submission
 from course.grading.preload import box_options
 from course.grading.rankbox import discard_early, start_early
@@ -25,12 +25,11 @@ def start_rank_box(db_url: str, assignment: str, student: str, root: str) -> Non
     Judge starts another if the notebook it gets asks for a different one)."""
     import nbformat
     from nbgrader.api import Gradebook
-    from sqlalchemy.exc import SAWarning
 
     path = Path(root) / "submitted" / student / assignment / f"{assignment}.ipynb"
     try:
         nb = nbformat.read(path, as_version=4)
-        with warnings.catch_warnings(action="ignore", category=SAWarning), Gradebook(db_url) as gb:
+        with nbgrader_quiet(), Gradebook(db_url) as gb:
             sub = Submission(nb, gb.find_notebook(assignment, assignment))
     except Exception:  # noqa: BLE001 - nbgrader reads it again, and says what is wrong
         return

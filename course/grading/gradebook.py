@@ -10,10 +10,27 @@ import contextlib
 import os
 import sqlite3
 import sys
+import threading
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["env", "open_gradebook", "venv_on_path"]
+__all__ = ["env", "nbgrader_quiet", "open_gradebook", "venv_on_path"]
+
+_FILTERS = threading.RLock()  # the process's warning filters: one thread changes them at a time
+
+
+@contextlib.contextmanager
+def nbgrader_quiet() -> Iterator[None]:
+    """SQLAlchemy's warnings from nbgrader's own code, ignored. ``catch_warnings`` sets the
+    whole process's filters, and restores them when it ends: two threads inside it at once
+    (one merging a result, one reading a scratch gradebook) could each put back what the
+    other had replaced, and a warning came out. One thread at a time holds them here."""
+    from sqlalchemy.exc import SAWarning
+
+    with _FILTERS, warnings.catch_warnings(action="ignore", category=SAWarning):
+        yield
 
 
 def env() -> dict[str, str]:

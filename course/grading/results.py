@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import shutil
 import threading
-import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from course.grading.gradebook import open_gradebook
+from course.grading.gradebook import nbgrader_quiet, open_gradebook
 from course.grading.intake import write_inert
 
 __all__ = ["WRITING", "BadResultError", "check", "merge"]
@@ -89,8 +88,6 @@ def _replace(dest: Path, files: dict[str, bytes]) -> None:
 
 
 def _merge(root: Path, assignment: str, student: str, result: dict) -> tuple[float, float, list]:
-    from sqlalchemy.exc import SAWarning
-
     _replace(root / "autograded" / student / assignment, result["autograded"])
     feedback = root / "feedback" / student / assignment
     if result.get("feedback"):
@@ -100,7 +97,7 @@ def _merge(root: Path, assignment: str, student: str, result: dict) -> tuple[flo
         shutil.rmtree(feedback, ignore_errors=True)
     stamp = datetime.fromisoformat(result["timestamp"]) if result.get("timestamp") else None
     with (
-        warnings.catch_warnings(action="ignore", category=SAWarning),  # nbgrader's own noise
+        nbgrader_quiet(),
         open_gradebook(root / "gradebook.db") as gb,
     ):
         gb.update_or_create_student(student)

@@ -26,7 +26,6 @@ import socket
 import sqlite3
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -205,13 +204,11 @@ def _refusal(log: str) -> str | None:
 
 def _recorded(scratch: Path, names: tuple[str, str]) -> dict[str, Any]:
     """What nbgrader recorded in the scratch gradebook, as plain lists (grades, comments)."""
-    from sqlalchemy.exc import SAWarning
-
-    from course.grading.gradebook import open_gradebook
+    from course.grading.gradebook import nbgrader_quiet, open_gradebook
 
     student, assignment = names
     with (
-        warnings.catch_warnings(action="ignore", category=SAWarning),  # nbgrader's own noise
+        nbgrader_quiet(),
         open_gradebook(scratch / "gradebook.db") as gb,
     ):
         theirs = gb.find_submission(assignment, student)

@@ -61,3 +61,42 @@ def test_a_file_name_that_leaves_its_folder_is_refused(tmp_path: Path, name: str
     with pytest.raises(Rejected):
         merge(tmp_path, "a", "ada", {**GOOD, "autograded": {name: b"x"}})
     assert not (tmp_path / "escape.ipynb").exists()
+
+
+def test_nbgraders_warnings_stay_quiet_in_threads_at_once() -> None:
+    """Do threads that merge and read gradebooks at once (each ignoring nbgrader's SAWarnings)
+    let none of them out? ``catch_warnings`` alone sets the process's filters, so one
+    thread's exit could put back the filters another had replaced."""
+    import sys
+    import threading
+    import warnings
+
+    from sqlalchemy.exc import SAWarning
+
+    from course.grading.gradebook import nbgrader_quiet
+
+    escaped: list[str] = []
+    go = threading.Barrier(4)
+
+    def quiet_warnings() -> None:
+        go.wait()
+        for _ in range(10_000):
+            try:
+                with nbgrader_quiet():
+                    warnings.warn("not in session", SAWarning, stacklevel=1)
+            except SAWarning as warning:
+                escaped.append(str(warning))
+
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns often: without the lock, 4 to 11 escape
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", SAWarning)  # one that escapes raises in its thread
+            threads = [threading.Thread(target=quiet_warnings) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        sys.setswitchinterval(switching)
+    assert escaped == []
