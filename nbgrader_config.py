@@ -42,7 +42,10 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE"}
 # (course.grading.cells rebuilds the notebook's nbgrader metadata before nbgrader reads it,
 # and a grade cell the student deleted is put back). There is no switch: the tests and
 # `make demo` grade this way too.
-from course.grading.judge import autograde_preprocessors, sanitize_preprocessors  # noqa: E402 - the config above must not depend on the course
+from course.grading.gradebook import read_schema_here  # noqa: E402 - the config above must not depend on the course
+from course.grading.judge import autograde_preprocessors, sanitize_preprocessors  # noqa: E402
+
+read_schema_here()  # a new gradebook's schema revision, read here: no `alembic heads` process
 
 c.Autograde.sanitize_preprocessors = sanitize_preprocessors()
 c.Autograde.autograde_preprocessors = autograde_preprocessors()

@@ -1,7 +1,11 @@
 """The gradebook and nbgrader's environment, for every process that grades or reports.
 
-nbgrader runs ``alembic`` by name when it creates a gradebook, in its own process or in ours:
-:func:`env` and :func:`open_gradebook` put this interpreter's ``bin`` on PATH first.
+A new gradebook is stamped with the newest revision of nbgrader's schema. nbgrader reads it by
+running ``alembic heads`` in a second interpreter found by name on PATH (2.5 CPU-s a gradebook);
+:func:`read_schema_here` has it read from nbgrader's migrations in the process itself, and
+``nbgrader_config.py`` calls it in every nbgrader command. nbgrader still runs ``alembic`` by
+name to upgrade a gradebook: :func:`env` and :func:`open_gradebook` put this interpreter's
+``bin`` on PATH first.
 """
 
 from __future__ import annotations
@@ -16,7 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["env", "nbgrader_quiet", "open_gradebook", "venv_on_path"]
+__all__ = [
+    "env",
+    "nbgrader_quiet",
+    "open_gradebook",
+    "read_schema_here",
+    "schema_head",
+    "venv_on_path",
+]
 
 _FILTERS = threading.RLock()  # the process's warning filters: one thread changes them at a time
 
@@ -33,6 +44,25 @@ def nbgrader_quiet() -> Iterator[None]:
         yield
 
 
+def schema_head() -> str:
+    """The newest revision of nbgrader's gradebook schema, from its migrations, in this process
+    (what ``alembic heads`` prints for nbgrader's ``alembic.ini``)."""
+    import nbgrader.dbutil
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", nbgrader.dbutil.ALEMBIC_DIR)
+    return ScriptDirectory.from_config(config).get_current_head()
+
+
+def read_schema_here() -> None:
+    """Have nbgrader, in this process, stamp a new gradebook with :func:`schema_head`."""
+    import nbgrader.api
+
+    nbgrader.api.get_alembic_version = schema_head
+
+
 def env() -> dict[str, str]:
     """This process's environment with the venv's bin on PATH, for nbgrader's subprocesses."""
     venv_on_path()
@@ -40,11 +70,8 @@ def env() -> dict[str, str]:
 
 
 def venv_on_path() -> None:
-    """Put this interpreter's bin first on PATH: nbgrader runs ``alembic`` by name.
-
-    ``make autograde`` calls the venv's python without activating the venv, so without this
-    the first gradebook, opened in this process, fails half made (FileNotFoundError: alembic).
-    """
+    """Put this interpreter's bin first on PATH: nbgrader runs ``alembic`` by name to upgrade
+    a gradebook, and ``make autograde`` calls the venv's python without activating the venv."""
     here = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
     if here not in path.split(os.pathsep):
@@ -62,6 +89,7 @@ def open_gradebook(db: Path) -> Any:
     from nbgrader.api import Gradebook
 
     venv_on_path()
+    read_schema_here()
     if db.is_file():
         _stamp_if_unversioned(db)
     return Gradebook(f"sqlite:///{db.resolve()}")
@@ -69,13 +97,11 @@ def open_gradebook(db: Path) -> Any:
 
 def _stamp_if_unversioned(db: Path) -> None:
     """Give a gradebook made without ``alembic`` its ``alembic_version``, and say so."""
-    from nbgrader.api import get_alembic_version
-
     with contextlib.closing(sqlite3.connect(db)) as con, con:
         query = "SELECT name FROM sqlite_master WHERE type='table'"
         tables = {row[0] for row in con.execute(query)}
         if tables and "alembic_version" not in tables:
-            version = get_alembic_version()
+            version = schema_head()
             cut = "its creation was cut short"
             print(f"{db} had no alembic_version ({cut}): stamped {version}", flush=True)
             con.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")

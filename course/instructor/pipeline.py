@@ -201,7 +201,7 @@ def _ensure_released(root: Path, todo: list[str]) -> None:
                 missing.append(assignment)
     if missing:
         say(f"{', '.join(missing)} not in the gradebook yet: generating the release first")
-        release(root)
+        release(root, missing[0] if len(missing) == 1 else "*")  # one nbgrader for several
 
 
 def _autograde_course(root: Path, workers: int = 2, scheduler: str | None = None) -> int:

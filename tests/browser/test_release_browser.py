@@ -70,7 +70,18 @@ def _halves_animate(page: object, artifact: object) -> None:
     page.screenshot(path=artifact("zero-reduce-scatter.png"), full_page=False)
 
 
-AND_THEN = {"zero": _halves_animate}  # what else a notebook's release run is checked for
+def _ring_bytes(page: object, artifact: object) -> None:
+    """The ring release, run: does the measured bytes cell show gloo's ring's traffic?"""
+    bytes_cell = page.locator(".jp-CodeCell", has_text="with WireMeter() as wire:")
+    measured = bytes_cell.locator(".jp-OutputArea-output").first
+    measured.scroll_into_view_if_needed()
+    assert "6.00 MB to rank" in measured.text_content()  # gloo's ring: 2 (N-1)/N of 4 MB, N = 4
+    page.wait_for_timeout(500)
+    bytes_cell.screenshot(path=artifact("release-ring-bytes.png"))
+
+
+# What else a notebook's release run is checked for.
+AND_THEN = {"zero": _halves_animate, RING: _ring_bytes}
 
 
 @pytest.mark.slow
@@ -81,7 +92,7 @@ def test_restart_and_run_all_runs_every_cell_of_the_release(
     """As handed out, nothing answered: does Kernel > Restart and Run All run every code cell
     (an execution count on each, no error), the first item saying it is not answered yet, and
     no output but an item's own measurement showing one of its give-aways? (The zero
-    notebook's half widgets also draw and step.)"""
+    notebook's half widgets also draw and step; the ring's bytes cell shows gloo's traffic.)"""
     pages = [page, second_page][: len(names)]
     for each, name in zip(pages, names, strict=True):
         _start_release(each, lab, helpers, name)

@@ -366,6 +366,27 @@ def test_a_gradebook_left_without_alembic_version_is_stamped(tmp_path, capsys):
     assert "alembic_version" not in capsys.readouterr().out  # said once, when repaired
 
 
+def test_a_new_gradebook_is_stamped_with_the_head_alembic_prints(tmp_path, monkeypatch):
+    """Is a gradebook made here stamped, with no ``alembic`` process started, with the
+    revision ``alembic heads`` prints for nbgrader's migrations?"""
+    import nbgrader.api
+    from nbgrader.dbutil import write_alembic_ini
+
+    ini = tmp_path / "alembic.ini"
+    write_alembic_ini(str(ini), f"sqlite:///{tmp_path / 'other.db'}")
+    alembic = [str(Path(sys.executable).parent / "alembic"), "-c", str(ini), "heads"]
+    printed = subprocess.run(alembic, capture_output=True, text=True, check=True).stdout.split()[0]
+
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"a process was started: {args}")
+
+    monkeypatch.setattr(nbgrader.api.sp, "check_output", no_process)
+    with open_gradebook(tmp_path / "gradebook.db") as gb:
+        gb.add_student("ada")
+    with sqlite3.connect(tmp_path / "gradebook.db") as con:
+        assert con.execute("SELECT version_num FROM alembic_version").fetchall() == [(printed,)]
+
+
 def test_a_notebook_run_by_the_pipeline_keeps_no_widget_state(tmp_path: Path) -> None:
     """Does a notebook the pipeline runs carry its widget's view but not the widget's state
     (megabytes for the ring's), as JupyterLab saves none by default?"""
