@@ -7,12 +7,14 @@ import sqlite3
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
 import pytest
 from autograded import autograded_errors
 
+from course.grading.executors import executor_for
 from course.grading.gradebook import open_gradebook
 from course.instructor import commands, grades, pipeline, submissions
 from course.instructor.grades import GradeRow, check_expectations
@@ -137,12 +139,6 @@ def test_grade_table_has_a_row_per_cell_and_a_total():
 # --- the real nbgrader pipeline ---------------------------------------------------------------
 
 
-def _run(root: Path, specs: list[Submission], assignment: str) -> dict[str, float]:
-    commands.release(root, assignment)
-    submissions.submit(root, specs)
-    return pipeline.autograde(root, assignment)
-
-
 @pytest.mark.nbgrader
 @pytest.mark.slow
 def test_demo_on_the_toy_course(tmp_path, capsys):
@@ -166,21 +162,47 @@ def test_demo_on_the_toy_course(tmp_path, capsys):
     assert len(csv) == 1 + len(specs)
 
 
+# The samples graded here, by assignment: each test below says which it leaves to `make demo`.
+GRADED = {
+    "accumulation": ("cy",),
+    "zero": ("ada", "cy"),
+    "synchrony": ("cy", "eve"),
+    "fault_tolerance": ("cy", "eve"),
+    "fsdp": ("ben", "cy", "eve"),
+}
+
+
+@pytest.fixture(scope="module")
+def sample_class(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GRADED's samples in one course, graded as `make autograde` grades one: released by one
+    nbgrader command, then every assignment at once on one pool of two workers."""
+    root = pipeline.prepare_course(tmp_path_factory.mktemp("samples") / "course")
+    commands.release(root)
+    submissions.submit(root, [s for s in load_specs() if s.student in GRADED.get(s.assignment, ())])
+    pool, start = executor_for(None, 2), time.monotonic()
+    with ThreadPoolExecutor(max_workers=len(GRADED)) as threads:
+        runs = [threads.submit(pipeline.autograde, root, a, executor=pool) for a in GRADED]
+        outcomes = [o for run in runs for o in run.result()]
+    print(f"the sample class: {len(outcomes)} graded in {time.monotonic() - start:.0f} s")
+    return root
+
+
+def _unexpected(root: Path, assignment: str) -> list[str]:
+    """Where a grade of ``assignment``'s samples in GRADED differs from its spec."""
+    students = GRADED[assignment]
+    specs = [s for s in load_specs() if s.assignment == assignment and s.student in students]
+    return check_expectations(grades.grade_rows(root), specs)
+
+
 @pytest.mark.nbgrader
 @pytest.mark.ranks
 @pytest.mark.slow
-def test_a_hanging_uneven_loop_costs_one_gloo_timeout(tmp_path):
+def test_a_hanging_uneven_loop_costs_one_gloo_timeout(sample_class):
     """Does Cy's plain loop (it hangs on uneven data) lose only its own points, stopped by its
     check's gloo timeout, with a message that names the fix? (`make demo` grades the other
     accumulation samples; tests/lessons/accumulation/test_accumulation_check.py their checks.)"""
-    assignment = "accumulation"
-    root = pipeline.prepare_course(tmp_path / "course")
-    specs = [s for s in load_specs() if (s.student, s.assignment) == ("cy", assignment)]
-    start = time.monotonic()
-    seconds = _run(root, specs, assignment)
-    print(f"autograde {assignment}: {seconds} ({time.monotonic() - start:.0f} s in all)")
-    assert check_expectations(grades.grade_rows(root), specs) == []
-    errors = autograded_errors(root, "cy", assignment)
+    assert _unexpected(sample_class, "accumulation") == []
+    errors = autograded_errors(sample_class, "cy", "accumulation")
     assert list(errors) == ["train_uneven_finishes"], errors
     assert "did not finish" in errors["train_uneven_finishes"]
     assert "Agree each step" in errors["train_uneven_finishes"]
@@ -199,19 +221,14 @@ def test_the_zero_samples_cover_the_failure_kinds():
 @pytest.mark.nbgrader
 @pytest.mark.ranks
 @pytest.mark.slow
-def test_zero_samples_grade_as_their_specs_expect(tmp_path):
+def test_zero_samples_grade_as_their_specs_expect(sample_class):
     """Do the zero samples (right; wrong shards and full state) get their expected grades?
 
     Ben's blank notebook (every cell 0) is left to `make demo`: it adds a minute and
     tests nothing the others do not.
     """
-    root = pipeline.prepare_course(tmp_path / "course")
-    specs = [s for s in load_specs() if s.assignment == "zero" and s.student != "ben"]
-    start = time.monotonic()
-    seconds = _run(root, specs, "zero")
-    print(f"autograde zero: {seconds} ({time.monotonic() - start:.0f} s in all)")
-    assert check_expectations(grades.grade_rows(root), specs) == []
-    errors = autograded_errors(root, "cy", "zero")
+    assert _unexpected(sample_class, "zero") == []
+    errors = autograded_errors(sample_class, "cy", "zero")
     assert "chunk_bounds" in errors["reduce_scatter_sums"]
     assert "only this rank's shard" in errors["zero_optimizer_memory"]
 
@@ -231,18 +248,13 @@ def test_the_synchrony_samples_cover_the_failure_kinds():
 @pytest.mark.nbgrader
 @pytest.mark.ranks
 @pytest.mark.slow
-def test_synchrony_samples_grade_as_their_specs_expect(tmp_path):
+def test_synchrony_samples_grade_as_their_specs_expect(sample_class):
     """Do Cy's deadlocking tree and Eve's two attacks get their expected grades, each failure
     saying what happened? (Ada's and Ben's are left to `make demo`; the checks' own tests
     cover their code: tests/lessons/synchrony/test_tree_check.py, test_hierarchy_check.py,
     test_backups_check.py.)"""
-    root = pipeline.prepare_course(tmp_path / "course")
-    specs = [s for s in load_specs() if s.assignment == "synchrony" and s.student in ("cy", "eve")]
-    start = time.monotonic()
-    seconds = _run(root, specs, "synchrony")
-    print(f"autograde synchrony: {seconds} ({time.monotonic() - start:.0f} s in all)")
-    assert check_expectations(grades.grade_rows(root), specs) == []
-    cy, eve = (autograded_errors(root, s, "synchrony") for s in ("cy", "eve"))
+    assert _unexpected(sample_class, "synchrony") == []
+    cy, eve = (autograded_errors(sample_class, s, "synchrony") for s in ("cy", "eve"))
     assert "deadlock" in cy["tree_allreduce_sums"].lower()
     assert "waited for the straggler" in eve["step_with_backups_check"]
 
@@ -264,22 +276,15 @@ def test_the_fault_tolerance_samples_cover_the_failure_kinds():
 @pytest.mark.nbgrader
 @pytest.mark.ranks
 @pytest.mark.slow
-def test_fault_tolerance_samples_grade_as_their_specs_expect(tmp_path):
+def test_fault_tolerance_samples_grade_as_their_specs_expect(sample_class):
     """Do Cy's deadlocking outer step, whole-reading load, uncaught failed all-reduce and heal
     the ranks ahead skip, and Eve's heavy-ball step, rank-named shards, re-reduced partial
     buffer and averaged heal, get their expected grades, each failure saying what happened?
     (Ada's and Ben's are left to `make demo`; the checks' own tests cover their code:
     tests/lessons/fault_tolerance/test_outer_check.py, test_resharding_check.py,
     test_survive_check.py, test_heal_check.py.)"""
-    root = pipeline.prepare_course(tmp_path / "course")
-    specs = [
-        s for s in load_specs() if s.assignment == "fault_tolerance" and s.student in ("cy", "eve")
-    ]
-    start = time.monotonic()
-    seconds = _run(root, specs, "fault_tolerance")
-    print(f"autograde fault_tolerance: {seconds} ({time.monotonic() - start:.0f} s in all)")
-    assert check_expectations(grades.grade_rows(root), specs) == []
-    cy, eve = (autograded_errors(root, s, "fault_tolerance") for s in ("cy", "eve"))
+    assert _unexpected(sample_class, "fault_tolerance") == []
+    cy, eve = (autograded_errors(sample_class, s, "fault_tolerance") for s in ("cy", "eve"))
     assert "failed on 2 ranks" in cy["diloco_outer_step_check"]
     assert "plain momentum" in eve["diloco_outer_step_check"]
     assert "Read only the objects that overlap" in cy["resharding_check"]
@@ -306,17 +311,12 @@ def test_the_fsdp_samples_cover_the_failure_kinds():
 @pytest.mark.nbgrader
 @pytest.mark.ranks
 @pytest.mark.slow
-def test_fsdp_samples_grade_as_their_specs_expect(tmp_path):
+def test_fsdp_samples_grade_as_their_specs_expect(sample_class):
     """Do Ben's gather-once, Cy's deadlock and Eve's forged record get their expected
     grades, each failure saying what happened? (Ada's is left to `make demo`; the checks'
     own tests cover the model solution: tests/lessons/fsdp/test_fsdp_check.py.)"""
-    root = pipeline.prepare_course(tmp_path / "course")
-    specs = [s for s in load_specs() if s.assignment == "fsdp" and s.student != "ada"]
-    start = time.monotonic()
-    seconds = _run(root, specs, "fsdp")
-    print(f"autograde fsdp: {seconds} ({time.monotonic() - start:.0f} s in all)")
-    assert check_expectations(grades.grade_rows(root), specs) == []
-    ben, cy, eve = (autograded_errors(root, s, "fsdp") for s in ("ben", "cy", "eve"))
+    assert _unexpected(sample_class, "fsdp") == []
+    ben, cy, eve = (autograded_errors(sample_class, s, "fsdp") for s in ("ben", "cy", "eve"))
     assert "backward" in ben["fully_shard_traffic"]
     assert "deadlock" in cy["fully_shard_matches"].lower()
     assert "all_reduce" in eve["fully_shard_traffic"]
