@@ -405,5 +405,5 @@ def wait_for_idle(page: object, timeout_s: float = 45.0, all_run: bool = False) 
         }""",
         arg=all_run,
         timeout=timeout_s * 1000,
-        polling=500,  # not Playwright's default, every frame: each poll makes Chromium draw one
+        polling=500,  # not Playwright's default, a poll each frame: Chromium kept drawing frames
     )
