@@ -41,9 +41,10 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE"}
 # nothing are not run. Which cells grade, and for how many points, the gradebook says
 # (course.grading.cells rebuilds the notebook's nbgrader metadata before nbgrader reads it,
 # and a grade cell the student deleted is put back). There is no switch: the tests and
-# `make demo` grade this way too.
+# `make demo` grade this way too. Both pipelines name their preprocessors (strings), so only
+# `nbgrader autograde` imports the judge and torch; every other command starts without them.
 from course.grading.gradebook import read_schema_here  # noqa: E402 - the config above must not depend on the course
-from course.grading.judge import autograde_preprocessors, sanitize_preprocessors  # noqa: E402
+from course.grading.pipelines import autograde_preprocessors, sanitize_preprocessors  # noqa: E402
 
 read_schema_here()  # a new gradebook's schema revision, read here: no `alembic heads` process
 

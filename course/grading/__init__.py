@@ -4,8 +4,9 @@
 of a local pool or a Dask cluster as plain data, ``results`` checks and merges what comes
 back), ``scratch`` (one submission in a scratch course, as a uid ``slots`` leases for it,
 ``autograder`` and ``warm``: nbgrader autograde forked warm), ``judge`` (nbgrader's Execute
-replaced: ``quiz`` reads answers from the text, ``student`` and ``rankbox`` run the student's
-functions on confined ranks, in ``sandbox``; ``copies`` flags near copies of the solution).
+replaced, in the ``pipelines`` the config names: ``quiz`` reads answers from the text,
+``student`` and ``rankbox`` run the student's functions on confined ranks, in ``sandbox``;
+``copies`` flags near copies of the solution).
 """
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "intake",
     "judge",
     "limits",
+    "pipelines",
     "preload",
     "quiz",
     "rankbox",

@@ -13,12 +13,8 @@ itself, and nbgrader scores those outputs as usual (an error output: no points):
 
 Cells that grade nothing (measurements, widgets, benchmarks, the student's tries) are not
 run. Which cells are grade cells, and their points, the gradebook says
-(:mod:`course.grading.cells`, first in the sanitizing pipeline). Register both in
-``nbgrader_config.py``::
-
-    from course.grading.judge import autograde_preprocessors, sanitize_preprocessors
-    c.Autograde.sanitize_preprocessors = sanitize_preprocessors()
-    c.Autograde.autograde_preprocessors = autograde_preprocessors()
+(:mod:`course.grading.cells`, first in the sanitizing pipeline). ``nbgrader_config.py``
+registers both by name (:mod:`course.grading.pipelines`).
 """
 
 from __future__ import annotations
@@ -42,9 +38,7 @@ from course.ranks.magics import bound_names
 __all__ = [
     "GraderError",
     "Submission",
-    "autograde_preprocessors",
     "judge_cell",
-    "sanitize_preprocessors",
 ]
 
 
@@ -246,24 +240,3 @@ def __getattr__(name: str) -> type:
     if name == "Judge":
         return _LAZY.setdefault(name, _make_judge())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def autograde_preprocessors() -> list[type]:
-    """nbgrader 0.9.6's autograde pipeline with :class:`Judge` in place of ``Execute``."""
-    from nbgrader.converters import Autograde
-    from nbgrader.preprocessors import Execute
-
-    pipeline = list(Autograde.class_traits()["autograde_preprocessors"].default())
-    pipeline[pipeline.index(Execute)] = __getattr__("Judge")
-    return pipeline
-
-
-def sanitize_preprocessors() -> list[type]:
-    """nbgrader 0.9.6's sanitizing pipeline, after the gradebook has rebuilt the notebook's
-    nbgrader metadata (:class:`course.grading.cells.GradebookCells`)."""
-    from nbgrader.converters import Autograde
-
-    from course.grading import cells
-
-    pipeline = list(Autograde.class_traits()["sanitize_preprocessors"].default())
-    return [cells.__getattr__("GradebookCells"), *pipeline]
