@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+from collections.abc import Iterable
 from typing import Any
 
 from course.checks.refusals import Refusal
@@ -23,6 +24,7 @@ __all__ = [
     "POINT_TO_POINT",
     "box_options",
     "rank_imports",
+    "trains_ddp",
 ]
 
 
@@ -52,9 +54,10 @@ def _checks_called(sub: Any) -> set[str]:
     return called
 
 
-def _trains_ddp(sub: Any) -> bool:
-    """Might a grade cell's check train with DDP (any check not known to be point-to-point)?"""
-    return not _checks_called(sub) <= NO_DDP
+def trains_ddp(checks: Iterable[str]) -> bool:
+    """Might one of the ``check_*`` named train with DDP (any not known never to: NO_DDP)?
+    Its box's forkserver then preloads ``torch._dynamo``."""
+    return not set(checks) <= NO_DDP
 
 
 def rank_imports(sub: Any) -> tuple[str, ...]:
@@ -99,4 +102,4 @@ def _imported(module: str | None) -> Any:
 
 def box_options(sub: Any) -> dict[str, Any]:
     """How the submission's :class:`RankBox` is made: DDP or not, what it preloads."""
-    return {"ddp": _trains_ddp(sub), "preload": rank_imports(sub)}
+    return {"ddp": trains_ddp(_checks_called(sub)), "preload": rank_imports(sub)}

@@ -49,7 +49,7 @@ def register(name):
         return str(err)
     return "written"
 
-with RankBox():  # the uid is $COURSE_SANDBOX_UID's alone: cleaned after each launch
+with RankBox(ddp=False):  # the uid is $COURSE_SANDBOX_UID's alone: cleaned after each launch
     for _ in range(3):
         result = launch(register, 1, sys.argv[1], timeout=60)
         assert result.ok, result.failures
@@ -87,7 +87,7 @@ def _tracker_descriptor() -> str:
 
 def test_no_rank_holds_a_pipe_to_a_resource_tracker() -> None:
     """Every launch, not only the first, hands ranks /dev/null as their tracker."""
-    with RankBox(uid=sandbox.SANDBOX_UID):
+    with RankBox(uid=sandbox.SANDBOX_UID, ddp=False):
         seen = [launch(_tracker_descriptor, 1, timeout=30).results[0] for _ in range(3)]
     assert seen == ["/dev/null"] * 3
 
@@ -113,7 +113,7 @@ def test_a_rank_cannot_touch_the_folder_its_run_folders_are_made_in() -> None:
     """Run folders are made in a folder of root's: a rank can neither move its own nor add
     a link beside it for the next launch's folder to be swapped for. (A rank with a
     scratch folder of its own does all three there, out of the grader's sight.)"""
-    with RankBox(uid=sandbox.SANDBOX_UID) as box:
+    with RankBox(uid=sandbox.SANDBOX_UID, ddp=False) as box:
         runs = box._runs  # noqa: SLF001 - the folder the box makes run folders in
         result = launch(_swap_run_folder, 1, "/etc/shadow", timeout=30)
         left = os.listdir(runs)
@@ -139,7 +139,7 @@ def test_a_run_folder_swapped_for_a_link_is_not_followed(
         return path
 
     monkeypatch.setattr(tempfile, "mkdtemp", raced)
-    box = RankBox(uid=sandbox.SANDBOX_UID)
+    box = RankBox(uid=sandbox.SANDBOX_UID, ddp=False)
     share = box._share  # noqa: SLF001 - the share a RankBox passes on to its launches
     links = r"Too many levels of symbolic links|Not a directory"
     with (
@@ -182,7 +182,7 @@ def test_the_instructor_modules_and_their_bytecode_are_not_on_graded_ranks() -> 
     folder = Path(course.instructor.__file__).parent
     pyc = py_compile.compile(str(folder / "reference.py"), doraise=True)  # as any import leaves
     assert Path(pyc).stat().st_size > 0
-    with RankBox(uid=sandbox.SANDBOX_UID):
+    with RankBox(uid=sandbox.SANDBOX_UID, ddp=False):
         result = launch(_load_the_reference, 1, str(folder), timeout=30)
     assert result.ok, result.failures
     assert result.results[0] == {"readable": [], "loaded": "FileNotFoundError"}
@@ -255,7 +255,7 @@ def test_a_rank_sees_no_process_outside_its_submission() -> None:
     marker = f"course-neighbour-{secrets.token_hex(4)}"
     neighbour = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", marker])
     try:
-        with RankBox(uid=sandbox.SANDBOX_UID):
+        with RankBox(uid=sandbox.SANDBOX_UID, ddp=False):
             result = launch(_processes_in_view, 2, timeout=30)
     finally:
         neighbour.kill()
@@ -293,7 +293,7 @@ def _cwd() -> str:
 def test_a_rank_cannot_reach_its_forkserver() -> None:
     """A graded rank has a PID namespace of its own: its parent and its forkserver are not in
     view, so it stops nothing, and the next launch runs."""
-    with RankBox(uid=sandbox.SANDBOX_UID):
+    with RankBox(uid=sandbox.SANDBOX_UID, ddp=False):
         assert launch(_stop_every_process_in_view, 2, timeout=60).results == [[], []]
         assert launch(_pid, 2, timeout=30).ok
 
@@ -306,7 +306,7 @@ def test_a_stopped_forkserver_fails_the_next_launch_quickly(
     after runs on a fresh forkserver, and the scratch tmpfs is unmounted."""
     import signal
 
-    with RankBox(uid=sandbox.SANDBOX_UID) as box:
+    with RankBox(uid=sandbox.SANDBOX_UID, ddp=False) as box:
         cwd = launch(_cwd, 1, timeout=60).results[0]  # warm: a cold start imports torch
         scratch = cwd[: cwd.index("/scratch") + len("/scratch")]
         os.kill(box.server.server_pid(), signal.SIGSTOP)
@@ -367,7 +367,7 @@ def test_nothing_a_submission_started_outlives_it() -> None:
     it; what the box itself runs (its forkserver) is in the box's cgroups, killed with them
     when the box ends."""
     with lease_uid() as lease:
-        with RankBox(uid=lease.uid) as box:
+        with RankBox(uid=lease.uid, ddp=False) as box:
             namespace = launch(_hide_a_daemon, 1, timeout=60).results[0]
             end = time.monotonic() + 5.0  # SIGKILLed with its rank: gone once torn down
             while namespace in _ipc_namespaces() and time.monotonic() < end:
@@ -400,7 +400,7 @@ def test_a_submission_whose_forkserver_stopped_is_graded(monkeypatch: pytest.Mon
     cells = (("setup", setup), ("ring_allreduce", ring))
     sub = SimpleNamespace(setup=[setup], student=list(cells))
     sub.code = lambda name: StudentCode(cells, name)
-    with RankBox(uid=sandbox.SANDBOX_UID) as box:
+    with RankBox(uid=sandbox.SANDBOX_UID, ddp=False) as box:
         assert launch(_pid, 1, timeout=60).ok  # warm: a cold start imports torch
         os.kill(box.server.server_pid(), signal.SIGSTOP)
         monkeypatch.setattr(forkserver, "START_WAIT", 5.0, raising=False)

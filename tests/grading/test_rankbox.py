@@ -56,7 +56,7 @@ def _where_am_i() -> dict:
 
 
 def test_graded_ranks_are_confined_and_cannot_reach_the_reference() -> None:
-    with RankBox(uid=sandbox.SANDBOX_UID):
+    with RankBox(uid=sandbox.SANDBOX_UID, ddp=False):
         result = launch(_where_am_i, 2, timeout=30)
     assert result.ok, result.failures
     for seen in result.results:
@@ -78,7 +78,7 @@ def _own_and_seen(mine: str) -> tuple:
 
 def test_each_rank_is_sent_its_own_share_only() -> None:
     shares = PerRank([f"secret-{r}-{'x' * 20}" for r in range(3)])
-    with RankBox():
+    with RankBox(ddp=False):
         result = launch(_own_and_seen, 3, shares, timeout=30)
     assert result.ok, result.failures
     for rank, (mine, seen) in enumerate(result.results):
@@ -99,7 +99,7 @@ def test_a_file_a_rank_wrote_is_never_followed(tmp_path: Path) -> None:
     """A rank that turns its output file into a link gets nothing read through it."""
     secret = tmp_path / "secret.txt"
     secret.write_text("TOPSECRET")
-    with RankBox():
+    with RankBox(ddp=False):
         result = launch(_swap_stdout_for, 2, str(secret), timeout=30)
     assert result.ok, result.failures
     assert all("TOPSECRET" not in out for out in result.stdout)
@@ -110,7 +110,7 @@ def _not_plain() -> object:
 
 
 def test_a_value_that_is_not_plain_data_is_refused_on_the_rank() -> None:
-    with RankBox():
+    with RankBox(ddp=False):
         result = launch(_not_plain, 1, timeout=30)
     assert not result.ok
     assert "cannot be sent back" in result.failures[0].message
@@ -121,7 +121,7 @@ def test_student_code_is_defined_on_the_rank_only() -> None:
     code = StudentCode(cells, "double")
     with pytest.raises(RuntimeError, match="runs only on ranks"):
         code(1)
-    with RankBox():
+    with RankBox(ddp=False):
         result = launch(_apply, 1, code, timeout=30)
     assert result.ok and result.results == [6]
     assert StudentCode(cells, "double").stub_message() is None
@@ -134,15 +134,17 @@ def _imported(name: str) -> bool:
 
 
 def test_a_preloaded_module_is_imported_once_for_every_rank() -> None:
-    with RankBox():
+    with RankBox(ddp=False):
         assert launch(_imported, 1, "tabnanny", timeout=30).results == [False]
-    with RankBox(preload=("tabnanny", "course.checks.check_answer")):  # the second: no module
+    with RankBox(
+        preload=("tabnanny", "course.checks.check_answer"), ddp=False
+    ):  # the second: no module
         result = launch(_imported, 2, "tabnanny", timeout=30)
     assert result.ok and result.results == [True, True]
 
 
 def test_closing_a_box_kills_its_forkserver_at_once() -> None:
-    box = RankBox()
+    box = RankBox(ddp=False)
     with box:
         assert launch(_imported, 1, "torch", timeout=30).results == [True]
         server = psutil.Process(box.server.pid()).children(recursive=True)
@@ -156,11 +158,11 @@ def test_closing_a_box_kills_its_forkserver_at_once() -> None:
 
 
 def test_a_box_started_early_is_taken_over_by_the_next_box_alike() -> None:
-    start_early(preload=("tabnanny",))
+    start_early(preload=("tabnanny",), ddp=False)
     early = _EARLY[0].server.pid()
-    with RankBox() as other:  # not alike (no preload): starts its own
+    with RankBox(ddp=False) as other:  # not alike (no preload): starts its own
         assert other.server.pid() != early
-    with RankBox(preload=("tabnanny",)) as box:
+    with RankBox(preload=("tabnanny",), ddp=False) as box:
         assert box.server.pid() == early and not _EARLY
         assert launch(_imported, 1, "tabnanny", timeout=30).results == [True]
     start_early(ddp=False)
@@ -185,7 +187,7 @@ def _half_a_message() -> None:
 
 
 def test_a_rank_that_stops_halfway_through_a_message_cannot_hang_the_grader() -> None:
-    with RankBox():
+    with RankBox(ddp=False):
         result = launch(_half_a_message, 2, timeout=8)
     assert not result.ok
     assert result.elapsed < WALL_FACTOR * 8 + 2 * 5 + 5  # the deadline, each rank's message wait
@@ -211,7 +213,7 @@ def test_a_reply_of_the_wrong_shape_fails_the_cell_not_the_grader() -> None:
     cells = (("setup", setup), ("ring_allreduce", FORGED_SHAPE))
     sub = SimpleNamespace(setup=[setup], student=list(cells))
     sub.code = lambda name: StudentCode(cells, name)
-    with RankBox():
+    with RankBox(ddp=False):
         passed, text = judge_cell(sub, "print(check_ring_sums(ring_allreduce, world_sizes=(2,)))")
     assert not passed
     assert "not what this check reads" in text
@@ -232,7 +234,7 @@ def _fill_the_disk() -> tuple[int, str]:
 
 def test_what_a_submission_writes_is_capped() -> None:
     """Its only writable folder is a tmpfs of SCRATCH_SIZE; each file is capped too."""
-    with RankBox():
+    with RankBox(ddp=False):
         result = launch(_fill_the_disk, 1, timeout=60)
     written, stopped = result.results[0]
     assert written <= 256 * 2**20
@@ -264,7 +266,7 @@ def _siblings_and_server() -> list[str]:
 
 def test_a_rank_cannot_read_another_ranks_memory_or_the_forkservers() -> None:
     """Graded ranks and their forkserver are not dumpable: same uid, still closed."""
-    with RankBox():
+    with RankBox(ddp=False):
         result = launch(_siblings_and_server, 2, timeout=30)
     assert result.ok, result.failures
     for seen in result.results:

@@ -12,9 +12,9 @@ import inspect
 import pytest
 import synchrony_impls
 import wrong_backups
+from boxes import graded_box
 
 from course.grading import sandbox
-from course.grading.rankbox import RankBox
 from course.grading.student import StudentCode
 from course.lessons.synchrony import check_step_with_backups
 
@@ -72,7 +72,7 @@ def _as_step(module: object, name: str) -> str:
 
 
 def test_the_model_step_passes_through_the_relay() -> None:
-    with RankBox():
+    with graded_box(check_step_with_backups):
         report = check_step_with_backups(
             _code(_source(synchrony_impls, "step_with_backups")), world_sizes=(3, 4)
         )
@@ -91,7 +91,10 @@ def test_waiting_with_the_clocks_stopped_earns_nothing() -> None:
     namespace: dict = {}
     exec(HEADER + attack, namespace)  # noqa: S102 - defined here, run on the ranks only
     assert "passed" in str(check_step_with_backups(namespace["step_with_backups"], (3,)))
-    with RankBox(), pytest.raises(AssertionError, match="it waited for the straggler"):
+    with (
+        graded_box(check_step_with_backups),
+        pytest.raises(AssertionError, match="it waited for the straggler"),
+    ):
         check_step_with_backups(_code(attack), world_sizes=(3,))
 
 
@@ -108,7 +111,7 @@ def test_waiting_with_the_clocks_stopped_earns_nothing() -> None:
 def test_each_misconception_gets_the_notebooks_verdict_graded(impl: str, words: str) -> None:
     """Does each wrong step fail graded as it fails in a notebook (where its straggler sleeps),
     for the same reason, though no rank is told who the straggler is?"""
-    with RankBox(), pytest.raises(AssertionError, match=words):
+    with graded_box(check_step_with_backups), pytest.raises(AssertionError, match=words):
         check_step_with_backups(_code(_as_step(wrong_backups, impl)), world_sizes=(3,))
 
 
@@ -117,7 +120,7 @@ def test_a_reply_in_two_messages_passes_on_both_paths() -> None:
     pass in a notebook and graded?"""
     impl = synchrony_impls.step_with_backups_in_two_messages
     assert "passed" in str(check_step_with_backups(impl, world_sizes=(4,)))
-    with RankBox():
+    with graded_box(check_step_with_backups):
         report = check_step_with_backups(
             _code(_as_step(synchrony_impls, "step_with_backups_in_two_messages")), (4,)
         )
@@ -144,6 +147,6 @@ def test_no_rank_is_told_who_the_straggler_is() -> None:
         + "\ndef step_with_backups(grad, backups):\n"
         + "    raise RuntimeError('stragglers ' + _peek())\n"
     )
-    with RankBox(), pytest.raises(AssertionError) as failed:
+    with graded_box(check_step_with_backups), pytest.raises(AssertionError) as failed:
         check_step_with_backups(_code(attack), world_sizes=(3,))
     assert "RuntimeError: stragglers [None]" in str(failed.value)

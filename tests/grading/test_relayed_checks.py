@@ -9,9 +9,9 @@ each earns nothing, and honest code still passes.
 from __future__ import annotations
 
 import pytest
+from boxes import graded_box
 
 from course.grading import sandbox
-from course.grading.rankbox import RankBox
 from course.grading.student import StudentCode
 from course.lessons.accumulation import check_accumulation_syncs
 from course.lessons.ring_allreduce import check_ring_pattern, check_ring_sums
@@ -88,7 +88,7 @@ def _code(source: str) -> StudentCode:
 
 
 def test_an_honest_ring_passes_through_the_relay() -> None:
-    with RankBox():
+    with graded_box(check_ring_sums, check_ring_pattern):
         assert "correct in-place sums" in str(check_ring_sums(_code(HONEST), world_sizes=(2, 3)))
         assert "a ring pattern" in str(check_ring_pattern(_code(HONEST), world_sizes=(3, 4)))
 
@@ -103,7 +103,7 @@ def test_an_honest_ring_passes_through_the_relay() -> None:
 def test_no_route_to_a_collective_earns_the_sums(attack: str, told: str) -> None:
     """Do gloo's backend object and the dispatcher's op, which the ranks' own recorder did not
     see, fail the sums (there is no gloo; the relay records the all-reduce)?"""
-    with RankBox(), pytest.raises(AssertionError, match=told):
+    with graded_box(check_ring_sums), pytest.raises(AssertionError, match=told):
         check_ring_sums(_code(attack), world_sizes=(2,))
 
 
@@ -115,7 +115,10 @@ def test_forged_ring_messages_earn_no_pattern() -> None:
     namespace: dict = {}
     exec(FORGED_RING, namespace)  # noqa: S102 - the attack, run where it still works
     assert "a ring pattern" in str(check_ring_pattern(namespace["ring_allreduce"], (3,)))
-    with RankBox(), pytest.raises(AssertionError, match="not a sum of whole ranks' inputs"):
+    with (
+        graded_box(check_ring_pattern),
+        pytest.raises(AssertionError, match="not a sum of whole ranks' inputs"),
+    ):
         check_ring_pattern(forged, world_sizes=(3,))
 
 
@@ -161,7 +164,7 @@ def test_communication_hidden_from_the_ranks_count_fails_the_syncs() -> None:
     namespace: dict = {}
     exec(HIDDEN_SYNCS, namespace)  # noqa: S102 - the attack, run where it still works
     assert "once per step" in check_accumulation_syncs(namespace["accumulation_step"])
-    with RankBox():
+    with graded_box(check_accumulation_syncs):
         assert "once per step" in check_accumulation_syncs(_step(HONEST_STEP))
         with pytest.raises(AssertionError, match="collective call\\(s\\) of its own"):
             check_accumulation_syncs(_step(HIDDEN_SYNCS))
@@ -224,7 +227,7 @@ def test_a_forged_reduce_scatter_earns_no_pattern() -> None:
     exec(FORGED_REDUCE_SCATTER, namespace)  # noqa: S102 - the attack, run where it still works
     passed = check_halves_pattern(namespace["reduce_scatter"], namespace["all_gather"], (3,))
     assert "each half a ring" in passed
-    with RankBox():
+    with graded_box(check_halves_pattern):
         assert "each half a ring" in check_halves_pattern(*_halves(HALVES), world_sizes=(3, 4))
         with pytest.raises(AssertionError, match="not a sum of inputs"):
             check_halves_pattern(*_halves(FORGED_REDUCE_SCATTER), world_sizes=(3,))
@@ -253,7 +256,10 @@ def test_an_uncompressed_hook_earns_nothing_graded() -> None:
     namespace: dict = {}
     exec(UNCOMPRESSED, namespace)  # noqa: S102 - the attack, run where it still works
     assert "within 5%" in check_error_feedback_hook(namespace["ef_fp16_hook"])
-    with RankBox(), pytest.raises(AssertionError, match="bytes a gradient element a step"):
+    with (
+        graded_box(check_error_feedback_hook),
+        pytest.raises(AssertionError, match="bytes a gradient element a step"),
+    ):
         check_error_feedback_hook(StudentCode((("ef", UNCOMPRESSED),), "ef_fp16_hook"))
 
 
@@ -296,7 +302,7 @@ def ef_fp16_hook(state, bucket):
 def test_marks_of_the_students_own_hide_no_traffic() -> None:
     """Do syncs made before a mark the step sent itself, and a float32 hook counted from its
     own mark, still fail graded (counts over the whole run)?"""
-    with RankBox():
+    with graded_box(check_accumulation_syncs):
         with pytest.raises(AssertionError, match="all-reduced the gradients 4 times"):
             check_accumulation_syncs(
                 StudentCode((("acc", SYNCS_BEFORE_ITS_MARK),), "accumulation_step")

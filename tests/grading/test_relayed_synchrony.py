@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from boxes import graded_box
 
 from course.grading import sandbox
-from course.grading.rankbox import RankBox
 from course.grading.student import StudentCode
 from course.lessons.synchrony import (
     check_hierarchical_pattern,
@@ -90,7 +90,7 @@ def test_honest_tree_and_hierarchy_pass_through_the_relay() -> None:
     tree = StudentCode((("impls", impls),), "tree_allreduce")
     hier = StudentCode((("impls", impls),), "hierarchical_allreduce")
     fresh = StudentCode((("wrong", _source("wrong_synchrony")),), "uncached_groups")
-    with RankBox():
+    with graded_box(check_tree_sums, check_tree_pattern, check_hierarchical_sums):
         assert "correct in-place sums" in str(check_tree_sums(tree, world_sizes=(3,)))
         assert "recursive doubling in" in str(check_tree_pattern(tree, world_sizes=(5, 8)))
         assert "passed" in check_hierarchical_sums(hier, layouts=((4, 2),))
@@ -105,7 +105,10 @@ def test_forged_tree_messages_earn_no_pattern() -> None:
     exec(FORGED_TREE, namespace)  # noqa: S102 - the attack, run where it still works
     assert "recursive doubling in" in str(check_tree_pattern(namespace["tree_allreduce"], (5,)))
     forged = StudentCode((("tree", FORGED_TREE),), "tree_allreduce")
-    with RankBox(), pytest.raises(AssertionError, match="not a sum of whole ranks' inputs"):
+    with (
+        graded_box(check_tree_pattern),
+        pytest.raises(AssertionError, match="not a sum of whole ranks' inputs"),
+    ):
         check_tree_pattern(forged, world_sizes=(5,))
 
 
@@ -116,7 +119,7 @@ def test_a_flat_allreduce_wiped_from_the_ranks_record_earns_nothing() -> None:
     exec(HIDDEN_FLAT, namespace)  # noqa: S102 - the attack, run where it still works
     assert "passed" in check_hierarchical_sums(namespace["hierarchical_allreduce"], ((4, 2),))
     hidden = StudentCode((("hier", HIDDEN_FLAT),), "hierarchical_allreduce")
-    with RankBox():
+    with graded_box(check_hierarchical_sums, check_hierarchical_pattern):
         with pytest.raises(AssertionError, match="over the whole world"):
             check_hierarchical_sums(hidden, layouts=((4, 2),))
         with pytest.raises(AssertionError, match="ran over the whole world"):
@@ -143,7 +146,13 @@ def test_each_wrong_tree_and_hierarchy_gets_the_notebooks_verdict_graded(name: s
         ("sums", False): lambda c: check_hierarchical_sums(c, layouts=((6, 2),)),
         ("pattern", False): lambda c: check_hierarchical_pattern(c, layouts=((6, 2),)),
     }[check, name in TREES]
-    with RankBox(), pytest.raises(AssertionError) as failure:
+    checks = (
+        check_tree_sums,
+        check_tree_pattern,
+        check_hierarchical_sums,
+        check_hierarchical_pattern,
+    )
+    with graded_box(*checks), pytest.raises(AssertionError) as failure:
         run(_catalogued(name))
     message = str(failure.value)
     assert all(w in message for w in words), message
@@ -153,5 +162,5 @@ def test_a_leader_based_hierarchy_earns_its_sums_graded() -> None:
     """Does a leader-based all-reduce (dist.reduce to a node's first rank, an all-reduce among
     the leaders, dist.broadcast back) earn the sums graded, as in a notebook, with no error
     about backends?"""
-    with RankBox():
+    with graded_box(check_hierarchical_sums):
         assert "passed" in check_hierarchical_sums(_catalogued("leader_based"), ((6, 2),))

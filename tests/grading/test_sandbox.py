@@ -81,7 +81,7 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (root / "gradebook.db").write_text("secret grades")
     listener = socket.create_server(("127.0.0.1", 0))
     try:
-        with RankBox(uid=sandbox.SANDBOX_UID):
+        with RankBox(uid=sandbox.SANDBOX_UID, ddp=False):
             result = launch(_probe, 2, str(root), listener.getsockname()[1],
                             str(Path(course.__file__).parent), timeout=120)  # fmt: skip
     finally:
