@@ -3,9 +3,10 @@
 Each case is a test of ``DistributedTest._DistTestBase`` from
 ``torch.testing._internal.distributed.distributed_test``, the suite that torch runs against
 its own backends, with torch's harness (``TestDistBackend``: its file barrier, its per-rank
-processes, its return-code checks). Two things differ from torch's run of it: the ranks are
-forked, not spawned, and on the relay each rank joins a :class:`~course.ranks.router.Relay`
-made here (``course.ranks.relay.join``) where torch would call ``init_process_group``. The
+processes, its return-code checks). Three things differ from torch's run of it: the ranks are
+forked, not spawned; the harness looks at its barrier and its ranks every 10 ms, not 100 ms;
+and on the relay each rank joins a :class:`~course.ranks.router.Relay` made here
+(``course.ranks.relay.join``) where torch would call ``init_process_group``. The
 suite is imported with ``BACKEND=gloo``, so its skip decorators choose the cases gloo runs,
 and each case runs on the world size torch's decorators ask of it: 3 ranks (torch's own
 CPU runs), 4 (``require_exact_world_size(4)``) or 8 (the "group" cases, new_group([1, 2]),
@@ -30,6 +31,7 @@ import functools
 import os
 import random
 import sys
+import time
 import types
 import unittest
 from collections.abc import Iterator
@@ -46,6 +48,8 @@ WORLD_SIZE = 3  # torch's CPU runs of this suite use 3 ranks
 IMPORTED_AS = 4  # the world size its decorators see at import: ON_FOUR's need it, no case less
 RELAY_TIMEOUT = 10.0  # seconds a receive or collective waits on the relay before it fails
 DEADLINE = 60  # seconds torch's harness waits for a case's ranks before it kills them
+HARNESS_POLL = 0.1  # seconds torch's harness sleeps between looks at its barrier and its ranks
+POLL = 0.01  # ... here: those sleeps were two thirds of a case's 0.45 s
 
 pytestmark = [pytest.mark.conformance, pytest.mark.ranks, pytest.mark.slow]
 
@@ -201,7 +205,21 @@ def _import_suite() -> tuple[type, type]:
         )
 
     common_distributed.TIMEOUT_DEFAULT = DEADLINE  # what get_timeout gives every case here
+    distributed_test = sys.modules[DistributedTest.__module__]
+    common_distributed.time = distributed_test.time = _QuickPolls()  # its ranks fork with it
     return TestDistBackend, DistributedTest._DistTestBase  # noqa: SLF001 - torch's suite
+
+
+class _QuickPolls(types.SimpleNamespace):
+    """``time`` as torch's harness sees it, its polls (the file barrier every rank waits at,
+    the parent's wait for its ranks' exits) every POLL seconds instead of HARNESS_POLL."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(POLL if seconds == HARNESS_POLL else seconds)
 
 
 def _join_relay(relay: Relay | None, rank: int) -> None:
