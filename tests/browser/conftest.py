@@ -127,13 +127,23 @@ def stderr_errors(page: object) -> list[str]:
     return [t for t in page.locator(STDERR).all_text_contents() if "Error" in t]
 
 
-def saved_notebook(page: object, lab: Lab, path: str) -> nbformat.NotebookNode:
-    """Save the notebook open in ``page`` (Ctrl+S) and read the file back: it holds every
-    output, rendered on the page or not."""
+def saved_notebook(
+    page: object, lab: Lab, path: str, timeout_s: float = 30.0
+) -> nbformat.NotebookNode:
+    """Save the notebook open in ``page`` (Ctrl+S) and read the file back once the save is
+    done: it holds every output, rendered on the page or not. (Jupyter's save copies the
+    file to ``.~<name>``, writes the file in place, then removes the copy.)"""
+    file = lab.root_dir / path
+    copy = file.with_name(f".~{file.name}")
+    before = file.stat().st_mtime_ns
     page.locator(".jp-Notebook").first.click()
     page.keyboard.press("Control+s")
-    page.wait_for_timeout(2000)
-    return nbformat.read(lab.root_dir / path, as_version=4)
+    deadline = time.monotonic() + timeout_s
+    while file.stat().st_mtime_ns == before or copy.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"JupyterLab did not save {path} in {timeout_s:.0f} s")
+        time.sleep(0.05)
+    return nbformat.read(file, as_version=4)
 
 
 def write_notebook(root: Path, name: str, cells: list[str]) -> str:
