@@ -6,8 +6,10 @@
 
 The only module of the package that imports ipywidgets. The picture is
 ``figures.RingView`` (the same drawing as the kernel-free ``ring_figure``) in a plotly
-``FigureWidget``; a step only pushes the properties that change. The widget has one heading
-and one step counter, in the status line above the figure (the figure itself has no title).
+``FigureWidget``; a step only pushes the properties that change, and a new size redraws the
+same ``FigureWidget`` (each new one would send plotly.js, 5 MB, to the browser). The widget
+has one heading and one step counter, in the status line above the figure (the figure itself
+has no title).
 """
 
 from __future__ import annotations
@@ -53,8 +55,12 @@ class RingWidget(widgets.VBox):
         self.label, self.itemsize, self.formulas = label, trace.itemsize, formulas
         rows: list[widgets.Widget] = [self._controls("step")]
         if simulate:
-            self.world_size = widgets.IntSlider(
-                value=trace.world_size, min=2, max=MAX_WORLD_SIZE, description="world_size"
+            self.world_size = widgets.IntSlider(  # a redraw when let go, not at every rank
+                value=trace.world_size,
+                min=2,
+                max=MAX_WORLD_SIZE,
+                description="world_size",
+                continuous_update=False,
             )
             self.numel = widgets.BoundedIntText(
                 value=trace.numel, min=1, max=1 << 16, description="numel"
@@ -62,7 +68,7 @@ class RingWidget(widgets.VBox):
             self.world_size.observe(self._on_world_size, "value")
             self.numel.observe(self._on_size, "value")
             rows.append(widgets.HBox([self.world_size, self.numel]))
-        self.figure = self._figure(trace)
+        self.figure = go.FigureWidget(self._figure(trace))
         super().__init__([*rows, self.status, self.figure, self.report])
         self.slider.observe(lambda change: self.show(change["new"]), "value")
         self.show(0)
@@ -80,8 +86,8 @@ class RingWidget(widgets.VBox):
         self.report = widgets.HTML().add_class("ring-report")
         return widgets.HBox([self.play, self.back, self.forward, self.slider, self.speed])
 
-    def _figure(self, trace: Trace) -> go.FigureWidget:
-        """A FigureWidget already at step 0, so nothing is sent before the browser draws it."""
+    def _figure(self, trace: Trace) -> go.Figure:
+        """The figure at step 0, so nothing is sent before the browser draws it."""
         self.view = self._view(trace)
         self.play.playing = False
         self.play.value = self.slider.value = 0
@@ -90,15 +96,19 @@ class RingWidget(widgets.VBox):
         self.view.apply(fig, self.view.frame(0))
         # No play button or slider inside, and no title: the status line above is the title.
         fig.update_layout(height=540, margin_b=45, margin_t=10, title_text="")
-        return go.FigureWidget(fig)
+        return fig
 
     def _view(self, trace: Trace) -> RingView:
         return RingView(trace, self.label, self.formulas)
 
     def load(self, trace: Trace) -> None:
-        """Show another trace from its first step (a new world size redraws every trace)."""
-        self.figure = self._figure(trace)
-        self.children = [*self.children[:-2], self.figure, self.report]
+        """Show another trace from its first step, in the same ``FigureWidget``: its traces
+        and layout are replaced in place. (Each new ``FigureWidget`` sends plotly.js, 5 MB,
+        to the browser, which loads it again, and the old one would stay in the kernel.)"""
+        fig = self._figure(trace)
+        self.figure.data = ()  # plotly sets a figure's data only to a subset of it: none here
+        self.figure.layout = fig.layout  # every view draws the same layout keys
+        self.figure.add_traces(fig.data)
         self.show(0)
 
     def show(self, step: int) -> None:

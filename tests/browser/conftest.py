@@ -63,6 +63,7 @@ __all__ = [
     "run_all",
     "running_lab",
     "stderr_errors",
+    "wait_for_figures",
     "wait_for_idle",
     "write_finished",
     "write_notebook",
@@ -296,6 +297,9 @@ def _fresh_page(browser: object, request: pytest.FixtureRequest, name: str) -> I
     context = browser.new_context(viewport={"width": 1280, "height": 1000})
     context.set_default_timeout(30_000)
     new_page = context.new_page()
+    new_page.errors = []  # what the page's scripts threw or logged as errors, for a failure
+    new_page.on("pageerror", lambda error: new_page.errors.append(f"uncaught: {error}"))
+    new_page.on("console", lambda m: m.type == "error" and new_page.errors.append(m.text))
     yield new_page
     report = getattr(request.node, "report_call", None)
     if report is not None and report.failed:
@@ -417,3 +421,32 @@ def wait_for_idle(page: object, timeout_s: float = 45.0, all_run: bool = False) 
         timeout=timeout_s * 1000,
         polling=500,  # not Playwright's default, a poll each frame: Chromium kept drawing frames
     )
+
+
+def wait_for_figures(page: object, count: int, timeout_s: float = 120.0) -> None:
+    """Wait until ``count`` plotly heatmaps are drawn on the page; if they are not, fail saying
+    what each output shows (a widget's error, an empty plot) and what the page's scripts
+    threw. Polled twice a second: a look each frame kept Chromium drawing frames."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(
+            "(n) => document.querySelectorAll('.js-plotly-plot .heatmaplayer').length >= n",
+            arg=count,
+            timeout=timeout_s * 1000,
+            polling=500,
+        )
+    except PlaywrightTimeout:
+        outputs = page.evaluate(
+            """() => [...document.querySelectorAll('.jp-OutputArea-output')].map((o, i) =>
+                `output ${i}: ${o.querySelectorAll('.js-plotly-plot').length} plot(s), ` +
+                `${o.querySelectorAll('.heatmaplayer').length} heatmap(s), ` +
+                `text ${JSON.stringify(o.innerText.slice(0, 160))}`)"""
+        )
+        errors = getattr(page, "errors", [])[-10:]
+        raise AssertionError(
+            f"fewer than {count} heatmaps drawn in {timeout_s:.0f} s\n"
+            + "\n".join(outputs)
+            + "\npage errors:\n"
+            + ("\n".join(errors) or "(none)")
+        ) from None

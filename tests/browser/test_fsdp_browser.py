@@ -19,14 +19,12 @@ def _step(page) -> str:
     return page.locator(".ring-step").first.inner_text()
 
 
-def test_fsdp_widget_draws_steps_and_resets(run_notebook, artifact) -> None:
+def test_fsdp_widget_draws_steps_and_resets(run_notebook, artifact, helpers) -> None:
     """Does the widget render mid-backward, move one event with the forward button, and start
     again from event 0 with one gather per unit once reshard_after_forward is unticked?"""
     page = run_notebook("fsdp_widget.ipynb", [WIDGET])
     page.wait_for_selector(".ring-step")
-    page.wait_for_function(
-        "document.querySelectorAll('.js-plotly-plot .heatmaplayer').length >= 1", timeout=60_000
-    )
+    helpers.wait_for_figures(page, 1)
     assert _step(page).startswith("event 10 / 21 - backward: all-gather unit 2 again")
     output = page.locator(".jp-OutputArea-output").first
     output.locator("button[title='one event forward']").click()

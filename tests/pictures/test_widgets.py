@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
+import plotly.io
 import pytest
 
+from course.lessons.fsdp.picture import fsdp_widget
 from course.pictures.figures import BAD, BAD_ARROWS, FORMULA, GRID, RANKS, WAITING
-from course.pictures.widgets import RingWidget, animate, ring_widget, show_trace
+from course.pictures.widgets import RingWidget, animate, half_widget, ring_widget, show_trace
 from course.ring.trace import ring_trace
 
 
@@ -54,6 +57,37 @@ def test_world_size_control_rebuilds_from_the_simulator() -> None:
     assert w.figure in w.children
     w.numel.value = 3  # fewer elements than ranks: four empty chunks
     assert np.isnan(_z(w)).sum() == 7 * 4
+
+
+def _drawn(w: RingWidget) -> dict:
+    """The figure as the browser receives it, less the traces' random ids."""
+    fig = json.loads(plotly.io.to_json(w.figure))
+    for trace in fig["data"]:
+        trace.pop("uid", None)
+    return fig
+
+
+@pytest.mark.parametrize(
+    ("make", "resize"),
+    [
+        (lambda n: ring_widget(world_size=n), "world_size"),
+        (lambda n: half_widget("all-gather", world_size=n), "world_size"),
+        (lambda n: fsdp_widget(units=3, world_size=n), "world_size"),
+    ],
+    ids=["ring", "half", "fsdp"],
+)
+def test_a_new_size_is_drawn_in_the_figure_already_shown(make, resize) -> None:
+    """Does a new size redraw the same FigureWidget (not a new one: each sends plotly.js, 5 MB,
+    to the browser again) into what a widget made at that size draws? The browser merges the
+    new layout into the old, so every size must draw the same layout keys."""
+    w = make(4)
+    figure = w.figure
+    getattr(w, resize).value = 6
+    assert w.figure is figure, "a new size made a new FigureWidget"
+    assert _drawn(w) == _drawn(make(6))
+    assert not getattr(w, resize).continuous_update  # redrawn when the slider is let go
+    keys = {tuple(sorted(make(n).figure.layout.to_plotly_json())) for n in (2, 3, 8)}
+    assert len(keys) == 1
 
 
 def test_deviation_report_names_the_wrong_message() -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+import plotly.graph_objects as go
+
 from course.lessons.fsdp.schedule import Schedule, fsdp_schedule
 from course.lessons.fsdp.view import HEIGHT, FsdpView
 from course.pictures.style import BAD
@@ -37,7 +39,7 @@ class FsdpWidget(RingWidget):
         rows: list[widgets.Widget] = [self._controls("event")]
         if simulate:
             rows.append(self._settings(schedule, prefetch_control))
-        self.figure = self._figure(schedule)  # type: ignore[arg-type]
+        self.figure = go.FigureWidget(self._figure(schedule))  # type: ignore[arg-type]
         widgets.VBox.__init__(self, [*rows, self.status, self.figure, self.report])
         self.slider.observe(lambda change: self.show(change["new"]), "value")
         self.show(0)
@@ -46,10 +48,11 @@ class FsdpWidget(RingWidget):
         """World size, units, and the FSDP settings (prefetch unless ``prefetch_control`` is
         off, as where a quiz asks what a prefetch holds): each change redraws from event 0."""
         # A slider's description takes the width it needs and the track keeps 160 px: in an
-        # HBox at 1280 px the defaults squeeze a track to about 25 px.
+        # HBox at 1280 px the defaults squeeze a track to about 25 px. It redraws when let go.
         slider = {
             "style": {"description_width": "initial"},
             "layout": widgets.Layout(width="260px"),
+            "continuous_update": False,
         }
         box = {"indent": False, "layout": widgets.Layout(width="auto", margin="0 0 0 16px")}
         self.world_size = widgets.IntSlider(
