@@ -12,7 +12,7 @@ judge made it 2.9 (``nbgrader export``, ``generate_feedback``, the formgrader's 
 
 from __future__ import annotations
 
-__all__ = ["JUDGE", "autograde_preprocessors", "sanitize_preprocessors"]
+__all__ = ["autograde_preprocessors", "sanitize_preprocessors"]
 
 JUDGE = "course.grading.judge.Judge"  # built on first use (the module's __getattr__)
 GRADEBOOK_CELLS = "course.grading.cells.GradebookCells"
@@ -32,8 +32,10 @@ def _stock(trait: str) -> list[str]:
 def autograde_preprocessors() -> list[str]:
     """nbgrader's autograde pipeline with :class:`~course.grading.judge.Judge` in place of
     ``Execute``: no kernel runs the submission."""
+    from nbgrader.preprocessors import Execute
+
     pipeline = _stock("autograde_preprocessors")
-    pipeline[pipeline.index("nbgrader.preprocessors.execute.Execute")] = JUDGE
+    pipeline[pipeline.index(_name(Execute))] = JUDGE
     return pipeline
 
 
