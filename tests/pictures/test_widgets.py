@@ -68,24 +68,24 @@ def _drawn(w: RingWidget) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("make", "resize"),
+    "make",
     [
-        (lambda n: ring_widget(world_size=n), "world_size"),
-        (lambda n: half_widget("all-gather", world_size=n), "world_size"),
-        (lambda n: fsdp_widget(units=3, world_size=n), "world_size"),
+        lambda n: ring_widget(world_size=n),
+        lambda n: half_widget("all-gather", world_size=n),
+        lambda n: fsdp_widget(units=3, world_size=n),
     ],
     ids=["ring", "half", "fsdp"],
 )
-def test_a_new_size_is_drawn_in_the_figure_already_shown(make, resize) -> None:
-    """Does a new size redraw the same FigureWidget (not a new one: each sends plotly.js, 5 MB,
-    to the browser again) into what a widget made at that size draws? The browser merges the
-    new layout into the old, so every size must draw the same layout keys."""
+def test_a_new_size_is_drawn_in_the_figure_already_shown(make) -> None:
+    """Does a new world size redraw the same FigureWidget (not a new one: each sends plotly.js,
+    5 MB, to the browser again) into what a widget made at that size draws? The browser merges
+    the new layout into the old, so every size must draw the same layout keys."""
     w = make(4)
     figure = w.figure
-    getattr(w, resize).value = 6
+    w.world_size.value = 6
     assert w.figure is figure, "a new size made a new FigureWidget"
     assert _drawn(w) == _drawn(make(6))
-    assert not getattr(w, resize).continuous_update  # redrawn when the slider is let go
+    assert not w.world_size.continuous_update  # redrawn when the slider is let go
     keys = {tuple(sorted(make(n).figure.layout.to_plotly_json())) for n in (2, 3, 8)}
     assert len(keys) == 1
 
