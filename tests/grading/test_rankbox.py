@@ -136,9 +136,8 @@ def _imported(name: str) -> bool:
 def test_a_preloaded_module_is_imported_once_for_every_rank() -> None:
     with RankBox(ddp=False):
         assert launch(_imported, 1, "tabnanny", timeout=30).results == [False]
-    with RankBox(
-        preload=("tabnanny", "course.checks.check_answer"), ddp=False
-    ):  # the second: no module
+    preload = ("tabnanny", "course.checks.check_answer")  # the second is no module
+    with RankBox(preload=preload, ddp=False):
         result = launch(_imported, 2, "tabnanny", timeout=30)
     assert result.ok and result.results == [True, True]
 
