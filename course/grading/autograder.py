@@ -5,10 +5,10 @@
 The process is nbgrader's own command line, run in the scratch course (its
 ``nbgrader_config.py`` puts the judge in place of a kernel), its log in ``autograde.log``.
 It is forked warm (:mod:`course.grading.warm`: nbgrader, the judge and torch already
-imported), starts the submission's confined forkserver before nbgrader's own start-up (its
-imports overlap it; the judge takes it over), gets SIGKILL if the worker that started it dies
-(a killed Dask worker leaves no grader behind), and is killed with its process group when the
-time cap is reached.
+imported), starts the submission's confined forkserver before nbgrader's own start-up (forked
+from this process's template, :mod:`course.grading.template`; the judge takes it over), gets
+SIGKILL if the worker that started it dies (a killed Dask worker leaves no grader behind),
+and is killed with its process group when the time cap is reached.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from course.grading.gradebook import env
 from course.grading.sandbox import UID_ENV
 from course.grading.slots import Lease
+from course.grading.template import template_env
 from course.grading.warm import run_warm
 
 __all__ = ["arguments", "autograde_process"]
@@ -52,9 +53,10 @@ def autograde_process(
 
     Raises TimeoutError when it runs past ``timeout`` seconds (it is killed first).
     """
-    run_env = {**env(), UID_ENV: str(lease.uid)}  # the uid its sandboxed processes run as
+    # The uid its sandboxed processes run as, and the template its box's forkserver forks from.
+    run_env = {**env(), UID_ENV: str(lease.uid), **template_env()}
     argv = arguments(scratch, assignment, student)
-    # The confined forkserver starts (importing torch) while nbgrader starts up.
+    # The confined forkserver starts while nbgrader starts up.
     db_url = f"sqlite:///{scratch / 'gradebook.db'}"
     box = functools.partial(_rank_box, db_url, assignment, student, str(scratch))
     return run_warm(scratch, argv, run_env, scratch / "autograde.log", timeout, around=box)

@@ -3,15 +3,17 @@
     with RankBox() as box:          # every course.ranks launch in here runs confined
         check_ring_sums(StudentCode(cells, "ring_allreduce"))
 
-The forkserver is a fresh Python started inside :func:`course.grading.sandbox.confine`
-(no network, a read-only view of Python and the ``course`` package with the instructor's
-modules and their bytecode left out, none of the course's sources, gradebook or submissions),
-as the uid in ``COURSE_SANDBOX_UID`` (one per submission graded at a time, so the process
-limit, counted per uid, is its own), with a size-capped scratch folder as the only place it
-may write. It and its ranks have a PID namespace of their own (no other process is in their
-view: not the grader's, not another submission's); the launcher translates the pids the
-forkserver reports into its own, so it stops them as usual, and what they send back is plain
-data (:mod:`course.ranks.confined`).
+The forkserver runs inside :func:`course.grading.sandbox.confine` (no network, a read-only
+view of Python and the ``course`` package with the instructor's modules and their bytecode
+left out, none of the course's sources, gradebook or submissions), as the uid in
+``COURSE_SANDBOX_UID`` (one per submission graded at a time, so the process limit, counted
+per uid, is its own), with a size-capped scratch folder as the only place it may write. It
+is forked there from this grading process's template, torch already imported
+(:mod:`course.grading.template`), or, where that cannot be, started there fresh. It and its
+ranks have a PID namespace of their own (no other process is in their view: not the
+grader's, not another submission's); the launcher translates the pids the forkserver
+reports into its own, so it stops them as usual, and what they send back is plain data
+(:mod:`course.ranks.confined`).
 
 The scratch folder is root's (``0711``): the ranks write their own working folder in it,
 ``work/``, and the run folders the launcher makes in ``runs/`` (root's too), so no folder in
@@ -33,15 +35,15 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import Any, Self
 
 import psutil
 
 from course.grading.cgroups import Cgroups
 from course.grading.sandbox import Limits, confine, give_to_sandbox, sandbox_uid
 from course.grading.slots import owned_by
+from course.grading.template import BoxServer
 from course.ranks.confined import confined_launches
-from course.ranks.forkserver import Server
 
 __all__ = ["HIDDEN", "RankBox", "discard_early", "start_early", "sweep_stale_scratch"]
 
@@ -60,7 +62,8 @@ class RankBox:
         self, uid: int | None = None, ddp: bool = True, preload: tuple[str, ...] = ()
     ) -> None:
         """``uid``: default ``COURSE_SANDBOX_UID``, which is then this submission's alone;
-        ``ddp``: the checks train with DDP (its forkserver then imports ``torch._dynamo``);
+        ``ddp``: the checks train with DDP (a forkserver started fresh then imports
+        ``torch._dynamo``; the template has);
         ``preload``: more modules the forkserver imports once, so that no rank forked from it
         imports them again (the instructor's setup imports, the built-ins the checks refuse)."""
         self.uid = sandbox_uid() if uid is None else uid
@@ -107,15 +110,23 @@ class RankBox:
         # Killed as a whole when the box ends (course.grading.cgroups), whatever hid in it.
         self.cgroups = self._stack.enter_context(Cgroups())
         join = "".join(f"echo $$ > {shlex.quote(f)} || exit 70\n" for f in self.cgroups.procs)
-        wrapper = private / "python"
         hide = [str(p) for p in HIDDEN]
-        argv = confine([sys.executable], rw=[str(scratch)], cwd=str(work), limits=LIMITS,
-                       uid=self.uid, hide=hide)  # fmt: skip
-        wrapper.write_text(f'#!/bin/sh\n{join}exec {shlex.join(argv)} "$@"\n')
-        wrapper.chmod(0o700)
+        wrappers = {}  # the cold forkserver's Python, and the stub a warm one enters
+        for name, cmd in (
+            ("python", [sys.executable]),
+            ("stub", [shutil.which("sleep") or "sleep", "infinity"]),
+        ):
+            argv = confine(
+                cmd, rw=[str(scratch)], cwd=str(work), limits=LIMITS, uid=self.uid, hide=hide
+            )
+            wrappers[name] = private / name
+            wrappers[name].write_text(f'#!/bin/sh\n{join}exec {shlex.join(argv)} "$@"\n')
+            wrappers[name].chmod(0o700)
         preload = ("course.ranks.nodump", "course.checks", "course.grading.student", *self.preload)
-        server = Server if self.ddp else _P2PServer
-        self.server = server(str(wrapper), preload=preload, own_pids=True)
+        entry = {"procs": self.cgroups.procs, "cwd": str(work), "uid": self.uid, "limits": LIMITS}
+        self.server = BoxServer(
+            str(wrappers["python"]), str(wrappers["stub"]), entry, preload, self.ddp
+        )
         self._stack.callback(self.server.stop)
         self._stack.callback(self._kill_server)  # first: stop() then only reaps
         self._runs = str(runs)
@@ -145,10 +156,10 @@ class RankBox:
         anything they started in a session of its own): only when the uid is ours alone."""
         if not self.exclusive or os.geteuid() != 0:
             return
-        keep = self.server.server_pid()
+        keep = (self.server.server_pid(), self.server.stub_pid())
         for proc in owned_by(self.uid):
             with contextlib.suppress(psutil.Error):
-                if proc.pid != keep:
+                if proc.pid not in keep:
                     proc.kill()
 
 
@@ -168,13 +179,6 @@ def discard_early() -> None:
     """Stop every forkserver started early that no box took over."""
     while _EARLY:
         _EARLY.pop()._stack.close()  # noqa: SLF001 - the same class's
-
-
-class _P2PServer(Server):
-    """A forkserver for checks that never train with DDP: without ``torch._dynamo``, whose
-    import (seconds of a submission's start) only DDP's first forward needs."""
-
-    PRELOAD: ClassVar = [m for m in Server.PRELOAD if m != "torch._dynamo"]
 
 
 PREFIX, OWNER = "course-grader-", "owner"

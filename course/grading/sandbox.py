@@ -41,6 +41,7 @@ __all__ = [
     "available",
     "confine",
     "give_to_sandbox",
+    "sandbox_env",
     "sandbox_uid",
 ]
 
@@ -202,7 +203,7 @@ def confine(
             ["--tmpfs", p, "--remount-ro", p] if os.path.isdir(p) else ["--ro-bind", "/dev/null", p]
         )
     argv += ["--chdir", os.path.realpath(cwd) if cwd else "/tmp", "--clearenv"]
-    for key, value in _sandbox_env(env).items():
+    for key, value in sandbox_env(env).items():
         argv += ["--setenv", key, value]
     argv += ["prlimit", f"--as={limits.address_space}", f"--nproc={limits.processes}"]
     argv += [f"--nofile={limits.open_files}", f"--fsize={limits.file_size}", "--core=0", "--"]
@@ -212,7 +213,7 @@ def confine(
     return argv + list(cmd)
 
 
-def _sandbox_env(extra: dict[str, str] | None) -> dict[str, str]:
+def sandbox_env(extra: dict[str, str] | None) -> dict[str, str]:
     """A clean environment: a whitelist of the caller's, plus writable homes in /tmp."""
     env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
     env["PATH"] = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"

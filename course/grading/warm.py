@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from course.grading.template import template_env
 from course.ranks.forkserver import RankProcess, Server
 
 __all__ = ["PRELOAD", "GraderProcess", "run_warm", "warm_up"]
@@ -53,10 +54,12 @@ def _server() -> Server:
 
 
 def warm_up() -> None:
-    """Start the forkserver's imports now (in the background), before the first submission
-    needs them: the coordinator's own work before grading (inspecting, reading) then
-    overlaps them."""
+    """Start the forkserver's imports now (in the background), and those of the template
+    its graders' rank boxes fork from (:mod:`course.grading.template`), before the first
+    submission needs them: the coordinator's own work before grading (inspecting, reading)
+    then overlaps them."""
     _server().get()
+    template_env()
 
 
 class GraderProcess(RankProcess):

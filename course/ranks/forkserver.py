@@ -50,8 +50,8 @@ from course.ranks.processes import (
 )
 
 __all__ = [
-    "IDLE_SHUTDOWN", "RUN_DIR_PREFIX", "SERVER", "START_WAIT", "RankProcess", "RankStartError",
-    "Server", "kill", "sweep_stale_run_dirs",
+    "IDLE_SHUTDOWN", "RUN_DIR_PREFIX", "SERVER", "START_WAIT", "PrivateForkServer",
+    "RankProcess", "RankStartError", "Server", "kill", "sweep_stale_run_dirs",
 ]  # fmt: skip
 
 # Seconds a server may take to fork a rank (a cold one imports torch first), and a rank to
@@ -92,7 +92,7 @@ class Server:
                 self._discard()
             if self._server is None:
                 sweep_stale_run_dirs()
-                self._server = _ForkServer(confined=self._executable is not None)
+                self._server = PrivateForkServer(confined=self._executable is not None)
                 self._server.set_forkserver_preload(self._preload)
                 self._start(self._server)
             self._used = time.monotonic()
@@ -133,7 +133,7 @@ class Server:
             reap(pid)
             return
 
-    def _start(self, server: _ForkServer) -> None:
+    def _start(self, server: PrivateForkServer) -> None:
         """Start ``server``, through our executable if we have one (multiprocessing's hook)."""
         if self._executable is None:
             server.start()
@@ -199,7 +199,7 @@ class Server:
             os.unlink(address)
 
 
-class _ForkServer(forkserver.ForkServer):
+class PrivateForkServer(forkserver.ForkServer):
     """multiprocessing's ForkServer, started only by :meth:`start`: a server that died is
     replaced by :class:`Server` (through its executable), never by the stdlib's restart."""
 

@@ -25,7 +25,7 @@ import psutil
 from course.ranks.clock import Deadline
 
 __all__ = [
-    "RUN_DIR_PREFIX", "NamespacePid", "RankStartError", "host_pid", "kill", "reap",
+    "RUN_DIR_PREFIX", "NamespacePid", "RankStartError", "host_pid", "kill", "ns_member", "reap",
     "sweep_stale_run_dirs", "wait_within", "write_within",
 ]  # fmt: skip
 
@@ -44,7 +44,13 @@ def host_pid(outer: int, ns_pid: int) -> int:
         inside = init.children(recursive=True)
     except (psutil.Error, IndexError, OSError) as err:
         raise RankStartError("the forkserver's sandbox is gone") from err
-    for proc in inside:
+    return ns_member(inside, namespace, ns_pid)
+
+
+def ns_member(procs: list[psutil.Process], namespace: str, ns_pid: int) -> int:
+    """The pid of the one of ``procs`` that is process ``ns_pid`` of PID namespace
+    ``namespace`` (as ``readlink /proc/PID/ns/pid`` names it)."""
+    for proc in procs:
         with contextlib.suppress(OSError):
             if os.readlink(f"/proc/{proc.pid}/ns/pid") == namespace:
                 with open(f"/proc/{proc.pid}/status") as f:
