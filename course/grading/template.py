@@ -34,6 +34,7 @@ import shlex
 import shutil
 import sys
 import threading
+import time
 from multiprocessing import reduction, util
 from pathlib import Path
 from typing import Any
@@ -112,11 +113,8 @@ class _Attached(Server):
         self._server = self._attached
 
     def get(self) -> PrivateForkServer:
+        """The template as handed down (one that died since makes the box start cold)."""
         return self._attached
-
-    @staticmethod
-    def _alive(server: PrivateForkServer) -> bool:
-        return psutil.pid_exists(server._forkserver_pid)  # noqa: SLF001 - multiprocessing internals, see course.ranks.forkserver
 
 
 class BoxServer(Server):
@@ -156,25 +154,26 @@ class BoxServer(Server):
         self._stub_proc = stub
         alive_r, alive_w = os.pipe()
         report_r, report_w = os.pipe()
+        pinned: list[int] = []
         try:
+            pinned = _pin(stub)
             with socket.socket(socket.AF_UNIX) as listener:
                 listener.bind(address)
                 os.chmod(address, 0o600)
                 listener.listen()
                 fds = tuple(map(_Fd, (listener.fileno(), alive_r, report_w, 1, 2)))
-                entry = _Entry(args=(stub.pid, self._entry, self._preload, fds), name="box-entry")
+                args = (self._entry, self._preload, [_Fd(fd) for fd in pinned], fds)
+                entry = _Entry(args=args, name="box-entry")
                 entry.server = warm
                 entry.start()
                 os.close(report_w)
                 report_w = -1
-                inner = _report(report_r, outer)
+                inner = _report(report_r, entry.pid)
             server._forkserver_address, server._forkserver_pid = address, outer  # noqa: SLF001 - multiprocessing internals, see course.ranks.forkserver
             server._forkserver_alive_fd, alive_w = alive_w, -1  # noqa: SLF001 - multiprocessing internals, see course.ranks.forkserver
             return inner
         finally:
-            for fd in (alive_r, alive_w, report_r, report_w):
-                if fd >= 0:
-                    os.close(fd)
+            _close([fd for fd in (alive_r, alive_w, report_r, report_w, *pinned) if fd >= 0])
             if alive_w >= 0:  # not started: the stub and its namespace go
                 kill(os.kill, outer)
                 with contextlib.suppress(ChildProcessError):
@@ -208,11 +207,14 @@ class BoxServer(Server):
         return super()._alive(server) and (self._entered is None or _running(self._entered))
 
     def _discard(self) -> None:
-        """Forget the server; a warm one's stub and namespace go with their bubblewrap."""
+        """Forget the server. A warm one's namespace goes with bubblewrap's init (then its
+        bubblewrap exits, as a cold one's does when its forkserver ends)."""
         pid, entered = self.pid(), self._entered
         super()._discard()
-        if entered is not None:
-            kill(os.kill, pid)
+        if entered is not None and pid is not None:
+            with contextlib.suppress(psutil.Error):
+                for init in psutil.Process(pid).children():
+                    init.kill()
 
 
 def _running(proc: psutil.Process) -> bool:
@@ -234,8 +236,9 @@ def _start_stub(wrapper: str) -> tuple[int, psutil.Process]:
                     return outer, proc
         if os.waitpid(outer, os.WNOHANG)[0]:
             raise RankStartError("the box's bubblewrap exited before its stub ran")
-        threading.Event().wait(0.005)
+        time.sleep(0.005)
     kill(os.kill, outer)
+    os.waitpid(outer, 0)
     raise RankStartError(f"the box's stub did not start in {START_WAIT:.0f} s")
 
 
@@ -245,15 +248,22 @@ def _inside(outer: int) -> list[psutil.Process]:
     return init[0].children(recursive=True) if init else []
 
 
-def _report(report: int, outer: int) -> psutil.Process:
-    """Read the forkserver's pid (from the entry) and its "ready" (from the forkserver)."""
-    deadline = Deadline(START_WAIT, lambda: (outer,))
+def _report(report: int, entry: int | None) -> psutil.Process:
+    """Read the forkserver's pid (from the entry) and its "ready" (from the forkserver),
+    within a deadline charged to the two (what they waited for a CPU is not charged)."""
     got = b""
+
+    def working() -> tuple[int | None, ...]:
+        said = got.split()
+        return (entry, int(said[0])) if said and said[0].isdigit() else (entry,)
+
+    deadline = Deadline(START_WAIT, working)
     while not got.endswith(b"ready"):
         wait_within(report, deadline, "the box's forkserver did not start")
-        more = os.read(report, 64)
-        if not more:
-            raise RankStartError("the box's forkserver stopped before it was ready")
+        more = os.read(report, 256)
+        if not more or (got + more).startswith(b"error"):
+            said = (got + more).decode(errors="replace")
+            raise RankStartError(f"the box's forkserver stopped before it was ready: {said}")
         got += more
     return psutil.Process(int(got.split()[0]))
 
@@ -262,21 +272,13 @@ class _Entry(RankProcess):
     """Forked by the template: joins a box and forks its forkserver there."""
 
     def run(self) -> None:
-        stub, entry, preload, fds = self._args
+        entry, preload, pinned, fds = self._args
         listener, alive_r, report, out, err = fds
-        for procs in entry["procs"]:  # first: the box's cgroups are not in its view
-            Path(procs).write_text(str(os.getpid()))
-        spaces = [os.open(f"/proc/{stub}/ns/{ns}", os.O_RDONLY) for ns in NAMESPACES]
-        root = os.open(f"/proc/{stub}/root", os.O_RDONLY | os.O_DIRECTORY)
-        libc = ctypes.CDLL(None, use_errno=True)
-        for fd in spaces:
-            if libc.setns(fd, 0) != 0:
-                raise OSError(ctypes.get_errno(), "setns")
-        os.fchdir(root)
-        os.chroot(".")
-        os.chdir(entry["cwd"])
-        for fd in (*spaces, root):
-            os.close(fd)
+        try:
+            _enter(entry, pinned)
+        except OSError as err_:
+            os.write(report, f"error {err_}".encode())
+            os._exit(1)
         pid = os.fork()
         if pid:  # the forkserver's parent until it ends: it is then reaped, never orphaned
             os.write(report, f"{pid} ".encode())
@@ -284,6 +286,46 @@ class _Entry(RankProcess):
                 os.close(fd)
             os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) & 0xFF)
         _serve(entry, preload, listener, alive_r, report, out, err)
+
+
+def _enter(entry: dict, pinned: list[int]) -> None:
+    """Join the box's cgroups, then the namespaces and root of ``pinned`` (descriptors of
+    the stub's, opened while it was known to be the stub): what the forkserver forked next
+    is in."""
+    for procs in entry["procs"]:  # first: the box's cgroups are not in its view
+        Path(procs).write_text(str(os.getpid()))
+    *spaces, root = pinned
+    libc = ctypes.CDLL(None, use_errno=True)
+    for ns, fd in zip(NAMESPACES, spaces, strict=True):
+        if os.fstat(fd).st_ino == os.stat(f"/proc/self/ns/{ns}").st_ino:
+            raise OSError(f"the box's {ns} namespace is this process's own")
+        if libc.setns(fd, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {ns}")
+    os.fchdir(root)
+    os.chroot(".")
+    os.chdir(entry["cwd"])
+    _close(pinned)
+
+
+def _pin(stub: psutil.Process) -> list[int]:
+    """Descriptors of the stub's namespaces and root (NAMESPACES, then the root), opened
+    while it is still the stub (not a process that took its pid since)."""
+    paths = [*(f"/proc/{stub.pid}/ns/{ns}" for ns in NAMESPACES), f"/proc/{stub.pid}/root"]
+    fds: list[int] = []
+    try:
+        fds.extend(os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in paths)
+    except OSError:
+        _close(fds)
+        raise
+    if not stub.is_running():  # psutil: the same pid and start time
+        _close(fds)
+        raise RankStartError("the box's stub ended before it was entered")
+    return fds
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _serve(entry: dict, preload: list[str], listener: int, alive_r: int, report: int,

@@ -119,3 +119,16 @@ def test_a_box_whose_template_is_gone_starts_cold(monkeypatch: pytest.MonkeyPatc
     results, stub = _confined(monkeypatch, warm=True)
     assert stub is None
     assert results[0]["ids"][0] == sandbox.SANDBOX_UID
+
+
+def test_an_entry_never_joins_the_namespaces_it_is_in_already() -> None:
+    """Handed its own namespaces (a stub whose pid a host process took): does the entry
+    refuse, before it joins any, rather than run the forkserver unconfined?"""
+    mine = [os.open(f"/proc/self/ns/{ns}", os.O_RDONLY) for ns in template.NAMESPACES]
+    root = os.open("/", os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match="namespace is this process's own"):
+            template._enter({"procs": [], "cwd": "/"}, [*mine, root])  # noqa: SLF001 - the module's own step
+    finally:
+        for fd in (*mine, root):
+            os.close(fd)
