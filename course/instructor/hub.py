@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import secrets
 import shutil
 import socket
@@ -229,14 +230,29 @@ def set_up(cls: Class) -> dict[str, str]:
 
 
 def free_ports(n: int) -> tuple[int, ...]:
-    """``n`` ports free on 127.0.0.1 now: two classes' hubs on one machine do not collide."""
-    socks = [socket.socket() for _ in range(n)]
-    for sock in socks:
-        sock.bind(("127.0.0.1", 0))
-    ports = tuple(sock.getsockname()[1] for sock in socks)
-    for sock in socks:
-        sock.close()
-    return ports
+    """``n`` ports free on 127.0.0.1 now, below the kernel's ephemeral range: two classes'
+    hubs on one machine do not collide, and no process that asks for any port (a rank's
+    store, a client's own end of a connection) is handed one of them before it is bound."""
+    low = _ephemeral_low()
+    found: list[int] = []
+    for port in random.sample(range(max(low - 12000, 1024), low), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == n:
+            return tuple(found)
+    raise RuntimeError(f"no {n} free ports below {low} on 127.0.0.1")
+
+
+def _ephemeral_low() -> int:
+    """Where the kernel's ephemeral ports start (Linux: 32768 unless set otherwise)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _ports(text: str) -> tuple[int, int, int]:

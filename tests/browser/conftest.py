@@ -20,7 +20,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,8 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
+
+from course.instructor.hub import free_ports
 
 CHROMIUM = Path(os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -160,12 +161,6 @@ def write_notebook(root: Path, name: str, cells: list[str]) -> str:
     return name
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _quiet_settings(folder: Path) -> None:
     for name, values in QUIET_SETTINGS.items():
         path = folder / name
@@ -232,7 +227,7 @@ def running_lab(
     lab``'s, say): only the port, the token and no browser are added to it."""
     _need_chromium()
     _quiet_settings(home / "settings")
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_ports(1)[0], secrets.token_hex(16)
     jupyter = shutil.which("jupyter", path=str(Path(sys.executable).parent)) or "jupyter"
     cmd, base = command or (
         [jupyter, "lab", f"--ServerApp.root_dir={root}"]
