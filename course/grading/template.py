@@ -93,12 +93,14 @@ def template_env() -> dict[str, str]:
 
 
 def _clean_python() -> str:
-    """A wrapper that runs this Python with the sandbox's environment and nothing of ours:
-    a process's first environment stays readable in its memory (``/proc/self/environ``),
-    and every box's forkserver inherits the template's memory."""
+    """A wrapper that runs this Python in ``/`` with the sandbox's environment and nothing of
+    ours: a process's first environment stays readable in its memory (``/proc/self/environ``),
+    and every box's forkserver inherits the template's memory. Not in the grader's folder (a
+    course root, whose names Python would list and import from first)."""
     path = Path(util.get_temp_dir()) / "template-python"  # private, removed at exit
     env = " ".join(shlex.quote(f"{k}={v}") for k, v in sandbox_env(None).items())
-    path.write_text(f'#!/bin/sh\nexec env -i {env} {shlex.quote(sys.executable)} "$@"\n')
+    python = shlex.quote(sys.executable)
+    path.write_text(f'#!/bin/sh\ncd / || exit 70\nexec env -i {env} {python} "$@"\n')
     path.chmod(0o700)
     return str(path)
 
@@ -357,10 +359,20 @@ def _serve(entry: dict, preload: list[str], listener: int, alive_r: int, report:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) or libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0):
         raise OSError(ctypes.get_errno(), "prctl")
-    os.environ["PWD"] = os.getcwd()  # as bubblewrap's --chdir sets it
+    _forget_the_template()
     os.write(report, b"ready")
     os.close(report)
     forkserver.main(listener, alive_r, preload)
+
+
+def _forget_the_template() -> None:
+    """Note the box's folder where the interpreter noted the template's, as a cold
+    forkserver notes its own: bubblewrap's --chdir names it, multiprocessing started in it,
+    and Python listed it (the template's listing of its own goes)."""
+    from multiprocessing import process
+
+    sys.path_importer_cache.pop(process.ORIGINAL_DIR, None)
+    os.environ["PWD"] = process.ORIGINAL_DIR = os.getcwd()
 
 
 class _Fd:

@@ -44,6 +44,9 @@ def _confinement() -> dict:
     ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again, as a rank may make itself
     environ = Path("/proc/self/environ").read_bytes().split(b"\0")
     kinds = (resource.RLIMIT_AS, resource.RLIMIT_NPROC, resource.RLIMIT_NOFILE)
+    # What Python listed of the folders it looked in (the one it started in, for one).
+    caches = [getattr(finder, "_path_cache", ()) for finder in sys.path_importer_cache.values()]
+    listed = {name for cache in caches for name in cache}
     return {
         "ids": (os.getuid(), os.geteuid(), os.getgid(), os.getgroups()),
         "caps": me["CapEff"], "no_new_privs": me["NoNewPrivs"],
@@ -56,7 +59,9 @@ def _confinement() -> dict:
         "hostname": socket.gethostname(),
         "graders_modules": sorted(m for m in sys.modules if m.startswith(GRADERS)),
         "cwd": Path.cwd().name,
+        "started_in": Path(sys.modules["multiprocessing.process"].ORIGINAL_DIR).name,
         "session_leader": os.getsid(0) == os.getpid(),
+        "listed": sorted(listed),
     }  # fmt: skip
 
 
@@ -92,11 +97,14 @@ def test_a_warm_forkserver_is_confined_as_a_cold_one(monkeypatch: pytest.MonkeyP
 
 
 def test_the_template_starts_with_none_of_the_graders_environment(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
-    """A process's first environment stays in its memory: does a template started by a
-    grader with a secret in its environment hand its ranks none of it?"""
+    """A process's first environment stays in its memory, and Python lists the folder it
+    starts in: does a template started by a grader with a secret in its environment, in a
+    folder with a secret in a file's name, hand its ranks none of either?"""
     monkeypatch.setenv("COURSE_TEST_SECRET", "secret-of-the-grader")
+    monkeypatch.chdir(tmp_path)  # the grader's folder (a course root, say), out of the view
+    (tmp_path / "SECRET_NAME_OF_A_FILE").touch()
     monkeypatch.delenv(template.ENV, raising=False)
     monkeypatch.setattr(template, "_TEMPLATE", None)
     fresh = template.template()
@@ -110,6 +118,7 @@ def test_the_template_starts_with_none_of_the_graders_environment(
     assert "COURSE_TEST_SECRET" not in inherited
     for seen in results:
         assert "COURSE_TEST_SECRET" not in seen["first_environ"] + seen["environ"]
+        assert "SECRET_NAME_OF_A_FILE" not in seen["listed"]
 
 
 def test_a_box_whose_template_is_gone_starts_cold(monkeypatch: pytest.MonkeyPatch) -> None:
