@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from course.checks.compare import MODEL_SEED, fresh_seed
+from course.checks.compare import MODEL_SEED, fresh_seed, rank_generators
 from course.checks.memory import MIB, RUNTIME, from_the_start, growth
 from course.checks.teaching import need_function, teaches
 from course.lessons.fsdp.check import (
@@ -50,9 +50,11 @@ from course.lessons.fsdp.check import (
     worst_error,
 )
 from course.lessons.fsdp.model import (
+    AVERAGES,
     STEPS,
     Backwards,
     Unit,
+    make_batches,
     oracle,
     tiny_lm,
     unit_flats,
@@ -231,6 +233,23 @@ def _mixed_hints(batches: list, n: int, back: Backwards) -> Hints:
     }
 
 
+def settled_case(seed: int | None, n: int, start: list) -> int:
+    """``seed``, or a fresh case on ``n`` ranks whose answer does not hang on how the mean
+    gradient is rounded: every right way to average (:data:`AVERAGES`) ends within a tenth
+    of :data:`MP_RTOL` of the others (else the judge draws again; measured, 9 cases of 150 on
+    3 ranks, none on 2 or 4)."""
+    while seed is None:
+        case = fresh_seed(None)
+        batches = [make_batches(STEPS, g) for g in rank_generators(case, n)]
+        ends = [oracle(batches, "sgd", mixed=True, average=a)[-1] for a in AVERAGES.values()]
+        first, *others = ends
+        scale = max((e - s).abs().max().item() for e, s in zip(first, start, strict=True))
+        pairs = [pair for end in others for pair in zip(first, end, strict=True)]
+        if max((a - b).abs().max().item() for a, b in pairs) <= MP_RTOL / 10 * scale:
+            return case
+    return seed
+
+
 @teaches
 def check_fsdp_mixed_precision(
     fully_shard: Any, world_sizes: Sequence[int] = (2, 3), seed: int | None = None,
@@ -242,7 +261,7 @@ def check_fsdp_mixed_precision(
     layout, start = units(model), unit_flats(model)
     worst = 0.0
     for n in world_sizes:
-        case, chosen = fresh_seed(seed), backward_rescale(layout, steps=MP_SCALED)
+        case, chosen = settled_case(seed, n, start), backward_rescale(layout, steps=MP_SCALED)
         batches, replies, relayed = run_fully_shard(
             fully_shard, n, [MP], case, timeout, rescale=chosen
         )

@@ -8,15 +8,16 @@ import torch
 from student_code import as_student_code
 from wrong_fsdp import KEPT_FOR_BACKWARD, LOST_BY_KEEPING, WRONG, student_fn
 
-from course.checks.compare import rank_generators
+from course.checks.compare import MODEL_SEED, rank_generators
 from course.lessons.fsdp import (
     check_fsdp_memory,
     check_fsdp_mixed_precision,
     check_fsdp_traffic,
     check_fully_shard,
+    memory,
 )
 from course.lessons.fsdp.check import backward_rescale, backward_values, judge_use, value_problem
-from course.lessons.fsdp.model import make_batches, oracle, tiny_lm, units
+from course.lessons.fsdp.model import make_batches, oracle, tiny_lm, unit_flats, units
 from course.lessons.fsdp.replies import valid_reply
 from course.lessons.fsdp.traffic import expected_step, traffic_problem
 
@@ -178,3 +179,16 @@ def test_a_reply_the_check_cannot_read_fails_with_a_message() -> None:
     assert "after training" in value_problem({**run, "shards": short}, 0, 2, want, {})[1]
     moved = {**run, "frozen": None, "shards": [_shard(w, 0, 2) for w in want]}
     assert "gone from its module" in value_problem(moved, 0, 2, want, {})[1]
+
+
+def test_the_judge_draws_no_case_whose_answer_hangs_on_how_the_mean_is_rounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On 3 ranks, case 944897542 ends 2.5e-4 of the largest update apart (tolerance 1e-5)
+    whether the mean gradient is summed then divided or divided then summed, both right (a
+    master on a bf16 rounding boundary): does the judge draw another, and replay a seed given?"""
+    start = unit_flats(tiny_lm(MODEL_SEED))
+    drawn = iter([944897542, 1])
+    monkeypatch.setattr(memory, "fresh_seed", lambda _seed: next(drawn))
+    assert memory.settled_case(None, 3, start) == 1
+    assert memory.settled_case(944897542, 3, start) == 944897542
