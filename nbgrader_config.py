@@ -55,3 +55,6 @@ c.Autograde.autograde_preprocessors = autograde_preprocessors()
 # formgrader's view of a submission (course.grading.inert: no script, no event handler).
 c.HTMLExporter.sanitize_html = True
 c.HTMLExporter.filters = {"markdown2html": "course.grading.inert.markdown2html"}
+# The feedback page as nbgrader makes it, its templates compiled once per process, not once
+# a page (course.grading.feedback).
+c.GenerateFeedback.exporter_class = "course.grading.feedback.FeedbackExporter"

@@ -26,7 +26,8 @@ from course.ranks.forkserver import RankProcess, Server
 
 __all__ = ["PRELOAD", "GraderProcess", "run_warm", "warm_up"]
 
-# What an nbgrader autograde with the judge imports; the forkserver imports it once.
+# What an nbgrader autograde with the judge imports, and generate_feedback (one page made:
+# course.grading.warmpage); the forkserver imports it once.
 PRELOAD = (
     "nbgrader.apps.nbgraderapp",
     "nbgrader.apps.autogradeapp",
@@ -37,6 +38,8 @@ PRELOAD = (
     "course.grading.judge",
     "course.checks",
     "course.grading.rankbox",
+    "nbgrader.apps.generatefeedbackapp",
+    "course.grading.warmpage",
 )
 PR_SET_PDEATHSIG = 1
 
