@@ -50,7 +50,7 @@ from course.ranks.forkserver import (
     RankStartError,
     Server,
 )
-from course.ranks.processes import kill, ns_member, wait_within
+from course.ranks.processes import child_pids, kill, ns_member, sandbox_members, wait_within
 
 __all__ = ["ENV", "PRELOAD", "BoxServer", "template", "template_env"]
 
@@ -200,8 +200,8 @@ class BoxServer(Server):
             return super().host_pid(pid)
         try:
             namespace = os.readlink(f"/proc/{self._entered.pid}/ns/pid")
-            children = self._entered.children(recursive=True)
-        except (psutil.Error, OSError) as err:
+            children = child_pids(self._entered.pid, recursive=True)
+        except OSError as err:
             raise RankStartError("the forkserver's sandbox is gone") from err
         return ns_member(children, namespace, pid)
 
@@ -232,8 +232,9 @@ def _start_stub(wrapper: str) -> tuple[int, psutil.Process]:
     sleep = os.path.realpath(shutil.which("sleep") or "sleep")
     deadline = Deadline(START_WAIT, lambda: (outer,))
     while not deadline.past():
-        with contextlib.suppress(psutil.Error, ValueError):
-            for proc in _inside(outer):
+        with contextlib.suppress(psutil.Error, RankStartError):
+            for pid in sandbox_members(outer)[1]:
+                proc = psutil.Process(pid)
                 if proc.exe() == sleep:
                     return outer, proc
         if os.waitpid(outer, os.WNOHANG)[0]:
@@ -244,30 +245,24 @@ def _start_stub(wrapper: str) -> tuple[int, psutil.Process]:
     raise RankStartError(f"the box's stub did not start in {START_WAIT:.0f} s")
 
 
-def _inside(outer: int) -> list[psutil.Process]:
-    """The processes under bubblewrap ``outer``'s init."""
-    init = psutil.Process(outer).children()
-    return init[0].children(recursive=True) if init else []
-
-
 def _report(report: int, entry: int | None) -> psutil.Process:
-    """Read the forkserver's pid (from the entry) and its "ready" (from the forkserver),
-    within a deadline charged to the two (what they waited for a CPU is not charged)."""
+    """Read the forkserver's pid (from the entry) and its "ready" (from the forkserver), in
+    either order (the forkserver may run before its parent), within a deadline charged to
+    the two (what they waited for a CPU is not charged)."""
     got = b""
 
-    def working() -> tuple[int | None, ...]:
-        said = got.split()
-        return (entry, int(said[0])) if said and said[0].isdigit() else (entry,)
+    def pid() -> int | None:
+        return next((int(word) for word in got.split() if word.isdigit()), None)
 
-    deadline = Deadline(START_WAIT, working)
-    while not got.endswith(b"ready"):
+    deadline = Deadline(START_WAIT, lambda: (entry, pid()))
+    while pid() is None or b"ready" not in got.split():
         wait_within(report, deadline, "the box's forkserver did not start")
         more = os.read(report, 256)
         if not more or (got + more).startswith(b"error"):
             said = (got + more).decode(errors="replace")
             raise RankStartError(f"the box's forkserver stopped before it was ready: {said}")
         got += more
-    return psutil.Process(int(got.split()[0]))
+    return psutil.Process(pid())
 
 
 class _Entry(RankProcess):
@@ -283,7 +278,8 @@ class _Entry(RankProcess):
             os._exit(1)
         pid = os.fork()
         if pid:  # the forkserver's parent until it ends: it is then reaped, never orphaned
-            os.write(report, f"{pid} ".encode())
+            with contextlib.suppress(BrokenPipeError):  # the grader gave up: it starts cold
+                os.write(report, f" {pid} ".encode())
             for fd in (listener, alive_r, report, out, err):
                 os.close(fd)
             os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) & 0xFF)
@@ -360,7 +356,10 @@ def _serve(entry: dict, preload: list[str], listener: int, alive_r: int, report:
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) or libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0):
         raise OSError(ctypes.get_errno(), "prctl")
     _forget_the_template()
-    os.write(report, b"ready")
+    try:
+        os.write(report, b" ready ")
+    except BrokenPipeError:  # the grader gave up waiting (it starts a box cold): no one to serve
+        os._exit(1)
     os.close(report)
     forkserver.main(listener, alive_r, preload)
 

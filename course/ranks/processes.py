@@ -25,8 +25,9 @@ import psutil
 from course.ranks.clock import Deadline
 
 __all__ = [
-    "RUN_DIR_PREFIX", "NamespacePid", "RankStartError", "host_pid", "kill", "ns_member", "reap",
-    "sweep_stale_run_dirs", "wait_within", "write_within",
+    "RUN_DIR_PREFIX", "NamespacePid", "RankStartError", "child_pids", "host_pid", "kill",
+    "ns_member", "reap", "sandbox_members", "sweep_stale_run_dirs", "wait_within",
+    "write_within",
 ]  # fmt: skip
 
 RUN_DIR_PREFIX = "course-ranks-"  # + the caller's pid: whose run left it, if one did
@@ -36,27 +37,67 @@ class RankStartError(OSError):
     """A rank could not be started: its server stopped answering, or is gone."""
 
 
+def child_pids(pid: int, recursive: bool = False) -> list[int]:
+    """The pids of process ``pid``'s children (``recursive``: and theirs, and so on), as the
+    kernel lists each thread's (``/proc/PID/task/TID/children``): a few files, where psutil's
+    ``children()`` reads the status of every process on the machine, about 3 ms a call on a
+    busy one, twice for each rank a grader starts. Raises ProcessLookupError if ``pid`` is
+    gone; a child that ends meanwhile is left out."""
+    if not _LISTS_CHILDREN:  # a kernel that lists none
+        try:
+            return [p.pid for p in psutil.Process(pid).children(recursive=recursive)]
+        except psutil.NoSuchProcess as err:
+            raise ProcessLookupError(f"no process {pid}") from err
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError as err:
+            if parent == pid:
+                raise ProcessLookupError(f"no process {pid}") from err
+            continue  # a child that ended
+        for task in tasks:
+            with contextlib.suppress(OSError), open(f"/proc/{parent}/task/{task}/children") as f:
+                kids = [int(p) for p in f.read().split()]
+                found += kids
+                todo += kids if recursive else []
+    return found
+
+
+_LISTS_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")  # CONFIG_PROC_CHILDREN
+
+
+def sandbox_members(outer: int) -> tuple[int, list[int]]:
+    """Bubblewrap ``outer``'s init (its child, pid 1 of the sandbox's PID namespace) and
+    the pids of every process under it. Raises RankStartError when there is none."""
+    try:
+        init = child_pids(outer)[0]
+        return init, child_pids(init, recursive=True)
+    except (IndexError, OSError) as err:
+        raise RankStartError("the forkserver's sandbox is gone") from err
+
+
 def host_pid(outer: int, ns_pid: int) -> int:
     """The pid of process ``ns_pid`` of the PID namespace whose init is ``outer``'s child."""
+    init, inside = sandbox_members(outer)
     try:
-        init = psutil.Process(outer).children()[0]
-        namespace = os.readlink(f"/proc/{init.pid}/ns/pid")
-        inside = init.children(recursive=True)
-    except (psutil.Error, IndexError, OSError) as err:
+        namespace = os.readlink(f"/proc/{init}/ns/pid")
+    except OSError as err:
         raise RankStartError("the forkserver's sandbox is gone") from err
     return ns_member(inside, namespace, ns_pid)
 
 
-def ns_member(procs: list[psutil.Process], namespace: str, ns_pid: int) -> int:
-    """The pid of the one of ``procs`` that is process ``ns_pid`` of PID namespace
-    ``namespace`` (as ``readlink /proc/PID/ns/pid`` names it)."""
-    for proc in procs:
+def ns_member(pids: list[int], namespace: str, ns_pid: int) -> int:
+    """The one of ``pids`` that is process ``ns_pid`` of PID namespace ``namespace`` (as
+    ``readlink /proc/PID/ns/pid`` names it)."""
+    for pid in pids:
         with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{proc.pid}/ns/pid") == namespace:
-                with open(f"/proc/{proc.pid}/status") as f:
+            if os.readlink(f"/proc/{pid}/ns/pid") == namespace:
+                with open(f"/proc/{pid}/status") as f:
                     nspid = next(line for line in f if line.startswith("NSpid:")).split()
                 if int(nspid[-1]) == ns_pid:
-                    return proc.pid
+                    return pid
     raise RankStartError(f"no process {ns_pid} in the forkserver's sandbox")
 
 

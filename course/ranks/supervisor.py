@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 
-import psutil
-
 from course.ranks import confined, messages
 from course.ranks.clock import Deadline, RunClock
 from course.ranks.failures import RankFailure, RanksInterrupted, RunResult
@@ -27,6 +25,7 @@ from course.ranks.forkserver import RUN_DIR_PREFIX, SERVER, RankProcess, RankSta
 from course.ranks.holds import Hold
 from course.ranks.isolation import SANDBOX_SHARED, map_ids
 from course.ranks.objects import Stored
+from course.ranks.processes import child_pids
 from course.ranks.report import build_result
 from course.ranks.rescale import Rescale
 from course.ranks.router import Relay
@@ -83,10 +82,10 @@ def _said(conn: Connection, pid: int) -> bool:
 def _only_child(pid: int) -> int | None:
     """The one child of process ``pid``, as the kernel lists it (None: none, or several)."""
     try:
-        children = psutil.Process(pid).children()
-    except psutil.Error:
+        children = child_pids(pid)
+    except OSError:
         return None
-    return children[0].pid if len(children) == 1 else None
+    return children[0] if len(children) == 1 else None
 
 
 class Supervisor:

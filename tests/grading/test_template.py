@@ -141,3 +141,16 @@ def test_an_entry_never_joins_the_namespaces_it_is_in_already() -> None:
     finally:
         for fd in (*mine, root):
             os.close(fd)
+
+
+def test_a_forkserver_ready_before_its_parent_names_it_is_taken() -> None:
+    """Forked, the box's forkserver may run before its parent (the entry) writes its pid: is
+    its "ready", read first, still taken, not a failed start that sends the box cold?"""
+    read, write = os.pipe()
+    try:
+        os.write(write, b" ready ")
+        os.write(write, f" {os.getpid()} ".encode())
+        assert template._report(read, None).pid == os.getpid()  # noqa: SLF001 - the module's own step
+    finally:
+        os.close(read)
+        os.close(write)
