@@ -25,10 +25,13 @@ otherwise quiet: stock nbgrader 684.5 s (27.4 s a submission: it runs every meas
 ours 102.3 s (4.1 s: the judge runs only the checks, in a warm nbgrader, every assignment at
 once, each submission's forkserver started before nbgrader, importing once what its ranks
 would each, killed when done), ratio 6.69 (it was 4.28 before the last three, 2.59 before
-the warm nbgrader). `--students 4` (32 submissions, all eight assignments): stock 828.1 s,
-ours 106.5 s, ratio 7.77 (ours took 159.5 s, a ratio of about 5.2, before each submission's
-forkserver was forked from a template that imports torch once per grading process, not
-started in the sandbox importing it). About 15 minutes in all with the roots built. Stock
+the warm nbgrader). `--students 4` (32 submissions, all eight assignments): stock 815.4 s,
+ours 90.5 s, ratio 9.01 (`--only ours`: 82.0 to 85.9 s). Ours took 106.5 s (7.77) before
+feedback pages were made with their templates compiled once per grader
+(course.grading.feedback) and a grader stopped reading every process on the machine for
+each rank, and 159.5 s (about 5.2) before each submission's forkserver was forked from a
+template that imports torch once per grading process, not started in the sandbox importing
+it. About 15 minutes in all with the roots built. Stock
 graded the default class (50 submissions, with its deadlocks and a cell that loops for the
 whole 120 s cell timeout) in 26 minutes: count about 35 minutes for both sides, most of
 `make benchmarks`.
