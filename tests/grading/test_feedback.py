@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import importlib
+import sys
 from pathlib import Path
 
 import jinja2
@@ -82,3 +84,17 @@ def test_after_warm_a_page_compiles_no_template(monkeypatch: pytest.MonkeyPatch)
     compiled.clear()
     _exporter(FeedbackExporter).from_notebook_node(_notebook(image=True), SCORES)
     assert compiled == []
+
+
+def test_a_page_that_cannot_be_made_ahead_costs_only_the_head_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The warm grader's forkserver imports warmpage: does a page that fails there (a
+    template gone, say) leave the import, and so the forkserver, standing?"""
+
+    def broken() -> None:
+        raise jinja2.TemplateNotFound("feedback/index.html.j2")
+
+    monkeypatch.setattr(feedback, "warm", broken)
+    monkeypatch.delitem(sys.modules, "course.grading.warmpage", raising=False)
+    importlib.import_module("course.grading.warmpage")
