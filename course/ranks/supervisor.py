@@ -145,8 +145,10 @@ class Supervisor:
         try:
             relay.__enter__()
             try:
-                for rank in range(self.world_size):
-                    self.ranks.append(self._start(rank))
+                for rank in range(self.world_size):  # all forked, then each given its ids:
+                    self.ranks.append(self._start(rank))  # one isolates while the next forks
+                for r in self.ranks if self.box else ():
+                    r.pid = _give_ids(r.proc.pid, r.conn)
             except (RankStartError, EOFError, ConnectionError) as err:
                 if not self.box:
                     raise
@@ -203,8 +205,7 @@ class Supervisor:
             proc.start()
         finally:
             child.close()
-        pid = _give_ids(proc.pid, parent) if self.box else proc.pid
-        return _Rank(rank, proc, parent, pid)
+        return _Rank(rank, proc, parent, proc.pid)  # a graded one's job pid comes with its ids
 
     def _supervise(self, clock: RunClock) -> str:
         """Wait for every rank to report; return "done", "deadline" or "abort".
