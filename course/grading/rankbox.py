@@ -166,15 +166,7 @@ class RankBox:
         """The live processes of the box's uid: those of its cgroups, where it has any (every
         process the box starts is in them, and cannot leave), not every process on the
         machine looked at (3 ms after each launch, on a busy one)."""
-        if not self.cgroups.dirs:
-            return owned_by(self.uid)
-        owned = []
-        for pid in self.cgroups.pids():
-            with contextlib.suppress(psutil.Error):
-                proc = psutil.Process(pid)
-                if self.uid in proc.uids() and proc.status() != psutil.STATUS_ZOMBIE:
-                    owned.append(proc)
-        return owned
+        return owned_by(self.uid, self.cgroups.pids() if self.cgroups.dirs else None)
 
 
 _EARLY: list[RankBox] = []  # started ahead by start_early, not yet taken over

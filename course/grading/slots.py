@@ -120,15 +120,26 @@ def lease_uid(uids: Iterable[int] = UIDS) -> Iterator[Lease]:
             os.close(fd)  # the lease ends with the lock
 
 
-def owned_by(uid: int) -> list[psutil.Process]:
-    """Live processes whose real, effective or saved uid is ``uid`` (zombies are already dead)."""
+def owned_by(uid: int, pids: Iterable[int] | None = None) -> list[psutil.Process]:
+    """Live processes whose real, effective or saved uid is ``uid`` (zombies are already dead),
+    among ``pids`` if given (a box's cgroups), else among every process on the machine."""
+    procs = psutil.process_iter(["uids", "status"]) if pids is None else _looked_at(pids)
     return [
         p
-        for p in psutil.process_iter(["uids", "status"])
+        for p in procs
         if p.info["uids"] is not None
         and uid in p.info["uids"]
         and p.info["status"] != psutil.STATUS_ZOMBIE
     ]
+
+
+def _looked_at(pids: Iterable[int]) -> Iterator[psutil.Process]:
+    """The processes of ``pids`` still there, each with ``info`` as ``process_iter`` sets it."""
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            proc.info = proc.as_dict(["uids", "status"])
+            yield proc
 
 
 def kill_uid(uid: int, rounds: int = 50) -> int:

@@ -199,11 +199,10 @@ class BoxServer(Server):
         if self._entered is None:
             return super().host_pid(pid)
         try:
-            namespace = os.readlink(f"/proc/{self._entered.pid}/ns/pid")
             children = child_pids(self._entered.pid, recursive=True)
         except OSError as err:
             raise RankStartError("the forkserver's sandbox is gone") from err
-        return ns_member(children, namespace, pid)
+        return ns_member(children, self._entered.pid, pid)
 
     def _alive(self, server: PrivateForkServer) -> bool:  # type: ignore[override]
         return super()._alive(server) and (self._entered is None or _running(self._entered))

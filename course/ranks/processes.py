@@ -81,16 +81,16 @@ def sandbox_members(outer: int) -> tuple[int, list[int]]:
 def host_pid(outer: int, ns_pid: int) -> int:
     """The pid of process ``ns_pid`` of the PID namespace whose init is ``outer``'s child."""
     init, inside = sandbox_members(outer)
+    return ns_member(inside, init, ns_pid)
+
+
+def ns_member(pids: list[int], anchor: int, ns_pid: int) -> int:
+    """The one of ``pids`` that is process ``ns_pid`` of process ``anchor``'s PID namespace
+    (as ``readlink /proc/PID/ns/pid`` names it)."""
     try:
-        namespace = os.readlink(f"/proc/{init}/ns/pid")
+        namespace = os.readlink(f"/proc/{anchor}/ns/pid")
     except OSError as err:
         raise RankStartError("the forkserver's sandbox is gone") from err
-    return ns_member(inside, namespace, ns_pid)
-
-
-def ns_member(pids: list[int], namespace: str, ns_pid: int) -> int:
-    """The one of ``pids`` that is process ``ns_pid`` of PID namespace ``namespace`` (as
-    ``readlink /proc/PID/ns/pid`` names it)."""
     for pid in pids:
         with contextlib.suppress(OSError):
             if os.readlink(f"/proc/{pid}/ns/pid") == namespace:

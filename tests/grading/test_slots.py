@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
 import pytest
@@ -133,3 +134,22 @@ def test_the_environment_cannot_name_root_or_garbage(
     monkeypatch.setenv(sandbox.UID_ENV, value)
     with pytest.raises(sandbox.SandboxUnavailable, match=sandbox.UID_ENV):
         sandbox.sandbox_uid()
+
+
+def test_owned_among_given_pids_is_owned_by_the_uid_and_alive() -> None:
+    """Looking only among given pids (a box's cgroups), are the live processes of the uid
+    found, and a gone pid, a zombie and another uid's process left out?"""
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE:  # ended, not reaped
+            time.sleep(0.01)
+        gone = max(psutil.pids()) + 10_000
+        pids = [alive.pid, zombie.pid, gone]
+        me = os.geteuid()
+        assert [p.pid for p in slots.owned_by(me, pids)] == [alive.pid]
+        assert slots.owned_by(me + 1, pids) == []
+    finally:
+        alive.kill()
+        alive.wait()
+        zombie.wait()
