@@ -10,12 +10,15 @@ sampling the PSS of the server and everything below it every 0.2 s. After each n
 waits ``--settle`` seconds (by default the launcher's idle time, so a forkserver it started
 has gone), then opens the next. It prints each notebook's peak (its kernel and all it
 started, and the cell running then) with the total at that moment, then everything idle:
-the server, each kernel and what they keep for ranks. Targets: all idle within 1.5 GB, no
-notebook's peak over 1 GB. Measured with the eight lessons: every peak within 1 GB (the
-largest 775 MB, fault_tolerance's torchrun job), but 2,055 MB all idle and 2,510 MB at the
-worst moment: each kernel keeps about 250 MB once run, which is why the student view's lab
-shuts down a kernel idle for 20 minutes (``course.instructor.studentlab``; this benchmark's
-lab keeps them all, the worst case).
+the server, each kernel and what they keep for ranks, and the kernels' zygote. Targets: all
+idle within 1.5 GB, 1.8 GB at the worst moment, no notebook's peak over 1 GB. The lab forks
+its kernels from the zygote, as the students' lab does (``course.instructor.forkedkernels``);
+``--fresh`` starts each as a fresh interpreter instead. Measured with the eight lessons, on
+2 cores: 1,158 MB all idle (kernels 93 to 138 MB each, the zygote 97 MB) and 1,691 MB at the
+worst moment, every peak within 1 GB (the largest 705 MB, fault_tolerance's torchrun job);
+with ``--fresh``, 1,958 MB and 2,430 MB (kernels 204 to 288 MB each). The student view's lab
+also shuts down a kernel idle for 20 minutes (``course.instructor.studentlab``); this
+benchmark's lab keeps them all, the worst case.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import nbformat
 import psutil
 from jupyter_client import BlockingKernelClient
 
+from course.instructor.forkedkernels import PROVISIONER
 from course.instructor.workcopies import COURSE_ORDER, make_work_copies
 from course.ranks.forkserver import IDLE_SHUTDOWN
 
@@ -100,8 +104,9 @@ def tree(pid: int) -> list[psutil.Process]:
 
 
 @contextmanager
-def jupyter_lab(root: Path, home: Path) -> Iterator[Server]:
-    """JupyterLab on a free port serving ``root``, stopped with all it started."""
+def jupyter_lab(root: Path, home: Path, fresh: bool = False) -> Iterator[Server]:
+    """JupyterLab on a free port serving ``root``, stopped with all it started; its kernels
+    forked from the zygote as in the students' lab, or each a fresh interpreter (``fresh``)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -112,6 +117,7 @@ def jupyter_lab(root: Path, home: Path) -> Iterator[Server]:
     cmd += [f"--port={port}", "--ServerApp.ip=127.0.0.1", f"--ServerApp.token={token}"]
     cmd += [f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0"]
     cmd += ["--allow-root"] if os.geteuid() == 0 else []
+    cmd += [] if fresh else [f"--KernelProvisionerFactory.default_provisioner_name={PROVISIONER}"]
     with (home / "lab.log").open("w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
     server = Server(proc, f"http://127.0.0.1:{port}/", token, runtime)
@@ -145,18 +151,14 @@ def open_kernel(server: Server, path: str) -> tuple[int, BlockingKernelClient]:
     client.load_connection_file()
     client.start_channels()
     client.wait_for_ready(timeout=120)
-    reply = client.execute_interactive("1", output_hook=lambda _msg: None, timeout=60)
+    said: list[str] = []
+
+    def hook(msg: dict) -> None:
+        said.append(msg["content"].get("text", "") if msg["msg_type"] == "stream" else "")
+
+    reply = client.execute_interactive("print(__import__('os').getpid())", output_hook=hook)
     assert reply["content"]["status"] == "ok"
-    pid = _kernel_pid(server.proc.pid, connection)
-    return pid, client
-
-
-def _kernel_pid(server_pid: int, connection: Path) -> int:
-    """The server's child whose command line names ``connection``."""
-    for child in psutil.Process(server_pid).children():
-        if str(connection.name) in " ".join(child.cmdline()):
-            return child.pid
-    raise RuntimeError(f"no kernel process for {connection}")
+    return int("".join(said)), client
 
 
 def run_cells(client: BlockingKernelClient, nb: nbformat.NotebookNode, peak: Peak) -> None:
@@ -186,15 +188,22 @@ def sample(server_pid: int, kernel_pid: int, peak: Peak, stop: threading.Event) 
 
 
 def idle_report(server: Server, kernels: dict[str, int]) -> float:
-    """Print the PSS of the server, each kernel and what it keeps; return the total."""
+    """Print the PSS of the server, each kernel and what it keeps, and of the rest of what
+    the server started (the kernels' zygote); return the total."""
     total = pss(psutil.Process(server.proc.pid))
     print(f"  {'jupyter server':<22} {total:7.0f} MB")
+    counted = {server.proc.pid}
     for name, pid in kernels.items():
         family = tree(pid)
         own, kept = pss(family[0]) if family else 0.0, sum(pss(p) for p in family[1:])
         names = ", ".join(sorted({_label(p) for p in family[1:]})) or "nothing"
         print(f"  {name:<22} {own:7.0f} MB kernel + {kept:5.0f} MB kept ({names})")
         total += own + kept
+        counted |= {p.pid for p in family}
+    for proc in tree(server.proc.pid):
+        if proc.pid not in counted:
+            print(f"  {_label(proc):<22} {pss(proc):7.0f} MB")
+            total += pss(proc)
     return total
 
 
@@ -205,6 +214,8 @@ def _label(proc: psutil.Process) -> str:
         return "gone"
     if "forkserver" in line:
         return "forkserver"
+    if "course.instructor.zygote" in line:
+        return "kernels' zygote"
     return "resource tracker" if "resource_tracker" in line else "rank or other"
 
 
@@ -215,6 +226,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--settle", type=float, default=IDLE_SHUTDOWN + 5, help="seconds of idling after a run"
     )
+    parser.add_argument(
+        "--fresh", action="store_true",
+        help="start each kernel as a fresh interpreter, not forked from the zygote",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -248,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         root, home = Path(tmp) / "course", Path(tmp) / "home"
         home.mkdir()
         make_work_copies(root / "work", REPO / "release")
-        with jupyter_lab(root, home) as server:
+        with jupyter_lab(root, home, args.fresh) as server:
             opened = {name: open_kernel(server, f"work/{name}/{name}.ipynb") for name in args.only}
             kernels = {name: pid for name, (pid, _) in opened.items()}
             time.sleep(args.settle)

@@ -11,6 +11,7 @@ __all__ = [
     "bank",
     "commands",
     "cues",
+    "forkedkernels",
     "grades",
     "hub",
     "hubconfig",
@@ -23,4 +24,5 @@ __all__ = [
     "studentview",
     "submissions",
     "workcopies",
+    "zygote",
 ]

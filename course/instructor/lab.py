@@ -13,7 +13,8 @@ gradebook is made before the server starts, with its migration stamp; one an ear
 left without it is stamped. ``--port`` picks the port (``make lab PORT=8890``); a machine with
 no display (a server, a container) gets no browser opened, only the URL to open. JupyterLab's
 defaults in the venv (its ``overrides.json``) ask for no news and no update checks, so no
-toast covers the widgets.
+toast covers the widgets. Kernels are forked from one warm process, as in the students' lab
+(:mod:`course.instructor.forkedkernels`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from course.grading.gradebook import open_gradebook, venv_on_path
+from course.instructor.forkedkernels import PROVISIONER
 from course.instructor.hubconfig import QUIET_LAB
 from course.instructor.workcopies import course_order, make_work_copies
 
@@ -79,6 +81,7 @@ def lab_command(
         f"--ServerApp.root_dir={root.resolve()}",
         f"--LabApp.default_url=/lab/tree/{first.as_posix()}",
         f"--FileContentsManager.preferred_dir={first.parent.parent.as_posix()}",
+        f"--KernelProvisionerFactory.default_provisioner_name={PROVISIONER}",
     ]
     if port is not None:
         cmd.append(f"--ServerApp.port={port}")

@@ -10,10 +10,12 @@ same settings sit in a folder on the user servers' ``JUPYTER_CONFIG_PATH``
 (``course.instructor.hub``): the instructor grades in the course's service, which keeps them.
 The assignment list and the Validate button stay: students fetch and submit with them.
 
-It also shuts down a kernel idle for :data:`CULL_IDLE` seconds, its notebook's tab open or
-not (``MappingKernelManager.cull_*``): a lesson's kernel holds about 250 MB once its cells
-have run (``benchmarks/binder.py``), and eight of them open at once pass Binder's 2 GB. A
-culled notebook keeps its outputs; running it again brings its kernel back.
+It forks each kernel from one process that imported what the lessons' kernels import
+(:mod:`course.instructor.forkedkernels`): the eight lessons open and run hold 1,158 MB, not
+1,958 (``benchmarks/binder.py``), within Binder's 2 GB. And it shuts down a kernel idle for
+:data:`CULL_IDLE` seconds, its notebook's tab open or not (``MappingKernelManager.cull_*``):
+a lesson's kernel still keeps about 100 MB of its own once its cells have run. A culled
+notebook keeps its outputs; running it again brings its kernel back.
 
 These are the views, not a boundary: a student who turns formgrader back on in their own
 ``~/.jupyter`` gets one over their own files, with their own uid; what keeps the course's
@@ -26,6 +28,8 @@ import json
 import os
 import sys
 from pathlib import Path
+
+from course.instructor.forkedkernels import PROVISIONER
 
 __all__ = [
     "CULL_IDLE", "INSTRUCTOR_LAB_PLUGINS", "INSTRUCTOR_SERVER_EXTENSIONS", "student_config",
@@ -58,13 +62,15 @@ def student_lab(prefix: str = sys.prefix) -> Path:
 def student_config(config: Path) -> Path:
     """Write into the jupyter config folder ``config`` (a level of the environment, or a
     folder on a server's ``JUPYTER_CONFIG_PATH``: a hub's user servers) what turns the
-    instructor's views off and idle kernels culled, keeping what is there; return
+    instructor's views off, idle kernels culled and kernels forked from the zygote, keeping
+    what is there; return
     ``config``."""
     server = _merge(config / "jupyter_server_config.json")  # it overrides the .d/ files
     enabled = server.setdefault("ServerApp", {}).setdefault("jpserver_extensions", {})
     enabled |= dict.fromkeys(INSTRUCTOR_SERVER_EXTENSIONS, False)
     kernels = server.setdefault("MappingKernelManager", {})
     kernels |= {"cull_idle_timeout": CULL_IDLE, "cull_interval": 60, "cull_connected": True}
+    server.setdefault("KernelProvisionerFactory", {})["default_provisioner_name"] = PROVISIONER
     _write(config / "jupyter_server_config.json", server)
     page = _merge(config / "labconfig" / "page_config.json")
     page.setdefault("disabledExtensions", {}).update(dict.fromkeys(INSTRUCTOR_LAB_PLUGINS, True))
@@ -86,5 +92,6 @@ if __name__ == "__main__":
     where = student_lab()
     print(
         f"nbgrader's instructor views (formgrader, course list, Create Assignment) off, and "
-        f"kernels idle for {CULL_IDLE // 60} minutes shut down, in {where}"
+        f"kernels forked from one zygote and shut down when idle for {CULL_IDLE // 60} "
+        f"minutes, in {where}"
     )

@@ -199,6 +199,10 @@ license = "{license}"
 dependencies = [
 {deps}]
 
+# Kernels forked from a zygote that imported the course (course/instructor/forkedkernels.py)
+[project.entry-points."jupyter_client.kernel_provisioners"]
+course-forked = "course.instructor.forkedkernels:ForkedProvisioner"
+
 [tool.setuptools.packages.find]
 include = ["course*"]
 """
@@ -227,8 +231,8 @@ CPU), and you write the algorithms yourself:
 
 **On Binder**: press the badge; JupyterLab opens `work/{first}/{first}.ipynb`. The
 notebooks in `work/` are yours: save your answers there. Binder gives all you open 2 GB, and
-a notebook's kernel holds about 250 MB once its cells have run, so a kernel idle for
-{cull} minutes is shut down: its outputs stay, and running the notebook again goes on.
+the whole course open and run holds about 1.2 GB of it; a kernel idle for {cull} minutes is
+shut down all the same: its outputs stay, and running the notebook again goes on.
 
 **On your machine** (Python 3.11):
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -9,6 +10,7 @@ import time
 import urllib.error
 from pathlib import Path
 
+import psutil
 import pytest
 
 from course.instructor.studentlab import student_lab
@@ -49,7 +51,8 @@ def test_students_see_no_formgrader_course_list_or_create_assignment(
 def test_an_idle_kernel_is_shut_down_with_its_notebook_open(browser, tmp_path, helpers) -> None:
     """With the student view's settings and only the idle limit cut (to 6 s from
     studentlab.CULL_IDLE), is a kernel whose notebook stays open in the browser shut down
-    once idle, so that the eight lessons' kernels need not all sit in Binder's 2 GB?"""
+    once idle, so that the eight lessons' kernels need not all sit in Binder's 2 GB? And was
+    it forked from the lab's zygote (course.instructor.forkedkernels), and is it gone?"""
     config = student_lab(str(tmp_path / "env"))
     root = tmp_path / "root"
     shutil.copytree(REPO / "release" / "ring_allreduce", root / "ring_allreduce")
@@ -62,7 +65,7 @@ def test_an_idle_kernel_is_shut_down_with_its_notebook_open(browser, tmp_path, h
         context = browser.new_context(viewport={"width": 1280, "height": 1000})
         page = context.new_page()
         page.goto(lab.url("lab/tree/ring_allreduce/ring_allreduce.ipynb"))
-        seen, deadline = [], time.monotonic() + 90
+        seen, forked, deadline = [], [], time.monotonic() + 90
         while time.monotonic() < deadline:  # the tab's kernel comes, connected, then goes
             try:
                 kernels = lab.api("api/kernels")
@@ -74,9 +77,25 @@ def test_an_idle_kernel_is_shut_down_with_its_notebook_open(browser, tmp_path, h
                 time.sleep(0.25)
                 continue
             seen += [k["id"] for k in kernels if k["connections"] >= 1 and k["id"] not in seen]
+            forked = forked or [c.pid for z in _zygotes(root) for c in z.children()]
             if seen and not kernels:
                 break
             time.sleep(0.25)
         assert seen, "the notebook's kernel never started with the tab connected to it"
         assert lab.api("api/kernels") == [], "the idle kernel was not shut down"
+        assert forked, "the kernel was not forked from the lab's zygote"
+        assert not [p for p in forked if psutil.pid_exists(p)], "the culled kernel still runs"
         context.close()
+
+
+def _zygotes(root: Path) -> list[psutil.Process]:
+    """The kernels' zygotes of the JupyterLab serving ``root``."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            parent = proc.parent()
+            if "course.instructor.zygote" in " ".join(proc.info["cmdline"] or []) and (
+                parent and f"--ServerApp.root_dir={root}" in parent.cmdline()
+            ):
+                found.append(proc)
+    return found

@@ -15,6 +15,7 @@ import nbformat
 import pytest
 
 from course.grading.copies import course_solutions, near_copies, shared_rules
+from course.instructor.forkedkernels import PROVISIONER
 from course.instructor.selfstudy import quiz_items
 from course.instructor.studentview import LEFT_OUT, export
 from course.instructor.workcopies import COURSE_ORDER
@@ -151,7 +152,8 @@ def test_the_view_installs_in_a_fresh_venv_and_its_notebook_runs(
 ) -> None:
     """Installed from the view alone, does postBuild turn nbgrader's instructor views off in
     that environment only, build self-study work copies, and does the ring notebook run:
-    ranks, the widget, sealed feedback, the stub's note?"""
+    ranks, the widget, sealed feedback, the stub's note, in a kernel forked as the student's
+    lab forks it?"""
     view = selfstudy_view
     fresh = _fresh_venv(tmp_path)
     python = fresh / "bin" / "python"
@@ -170,6 +172,7 @@ def test_the_view_installs_in_a_fresh_venv_and_its_notebook_runs(
     assert (
         server["ServerApp"]["jpserver_extensions"]["nbgrader.server_extensions.formgrader"] is False
     )
+    assert server["KernelProvisionerFactory"]["default_provisioner_name"] == PROVISIONER
     page = json.loads((fresh / "etc" / "jupyter" / "labconfig" / "page_config.json").read_text())
     assert page["disabledExtensions"]["@jupyter/nbgrader:create-assignment"] is True
     ours = Path(sys.prefix) / "etc" / "jupyter" / "jupyter_server_config.json"
@@ -180,11 +183,16 @@ def test_the_view_installs_in_a_fresh_venv_and_its_notebook_runs(
     ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in release.cells]
     nb.cells = [c for c, gid in zip(nb.cells, ids, strict=True) if gid in TRIED]
     assert len(nb.cells) == len(TRIED)
+    nb.cells.append(
+        nbformat.v4.new_code_cell("import os; print(open(f'/proc/{os.getppid()}/cmdline').read())")
+    )
     trimmed = tmp_path / "trimmed.ipynb"
     nbformat.write(nb, trimmed)
     runner = (
         "import sys, nbformat\n"
+        "from jupyter_client.provisioning import KernelProvisionerFactory\n"
         "from nbclient import NotebookClient\n"
+        f"KernelProvisionerFactory.instance().default_provisioner_name = '{PROVISIONER}'\n"
         "nb = nbformat.read(sys.argv[1], as_version=4)\n"
         "NotebookClient(nb, timeout=120, kernel_name='python3', allow_errors=True).execute()\n"
         "nbformat.write(nb, sys.argv[1])\n"
@@ -197,3 +205,4 @@ def test_the_view_installs_in_a_fresh_venv_and_its_notebook_runs(
     assert "holds 10.0" in text  # four real ranks summed
     assert "No feedback yet" in text  # the sealed self-study check of ring_1
     assert "ring_allreduce is not implemented yet" in text  # the stub says so
+    assert "course.instructor.zygote" in text  # forked as the lab forks it: its entry point
