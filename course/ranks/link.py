@@ -8,9 +8,12 @@ Each request carries a number; the relay's reply names it, and :class:`Link` han
 to the call that waits on it (``on_reply`` turns its bytes into the call's result). A
 :class:`Work` is what torch's calls return: DDP's C++ waits on its future. A wait that blocks
 first tells the relay which request it waits on (a frame of kind ``waiting``), so that the
-relay finds a deadlock as soon as every rank is stuck, not at its deadline; a wait inside
-torch's C++ says nothing, and is ended by the deadline. A rank whose job returned says so last
-(``finished``), after everything it sent.
+relay finds a deadlock as soon as every rank is stuck, not at its deadline. DDP's reducer
+waits in C++, at the end of backward (``finalize_backward``), on every bucket it launched:
+the first bucket's future it asks for (itself, or through a comm hook) queues a callback
+that runs just before that wait and says so, for the last of them (the group answers them in
+order). Any other wait inside torch's C++ says nothing, and is ended by the deadline. A rank
+whose job returned says so last (``finished``), after everything it sent.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class Link:
         self._waiting: dict[int, tuple[Future, Any]] = {}
         self._reqs: dict[int, int] = {}  # id of an unanswered future -> its request's number
         self.native: set[int] = set()  # ids of futures handed to torch's C++
+        self._buckets: list[Future] = []  # futures DDP's reducer waits on when backward ends
         threading.Thread(target=self._read, name="relay-link", daemon=True).start()
 
     def _fail(self, fut: Future, error: RelayError) -> None:
@@ -68,6 +72,22 @@ class Link:
         if req is not None and not fut.done():
             self.tell({"kind": "waiting", "on": req})
         return fut.wait()
+
+    def bucket(self, fut: Future) -> None:
+        """``fut`` is a bucket's, which DDP's reducer waits on when this backward ends: the
+        first of a backward queues :meth:`_finalizing`, which runs before that wait (DDP
+        queues its own once the last bucket is launched, after this)."""
+        if not self._buckets:
+            torch.autograd.Variable._execution_engine.queue_callback(self._finalizing)  # noqa: SLF001 - how DDP queues its own
+        self._buckets.append(fut)
+
+    def _finalizing(self) -> None:
+        """Tell the relay this rank waits on its last unanswered bucket, as DDP does next."""
+        buckets, self._buckets = self._buckets, []
+        pending = [self._reqs.get(id(f)) for f in buckets if not f.done()]
+        pending = [req for req in pending if req is not None]
+        if pending:
+            self.tell({"kind": "waiting", "on": max(pending)})
 
     def tell(self, header: dict[str, Any]) -> None:
         """Send the relay a notice, after every request sent before it: nothing answers it."""
@@ -130,11 +150,32 @@ class Work(dist._Work):  # noqa: SLF001 - the Work base that C++ callers (DDP) w
         Python code outside backward raises on ``wait()``, as gloo's does."""
         if _native_caller():
             self._link.native.add(id(self._fut))
+            if _reducer_caller():
+                self._link.bucket(self._fut)
         return self._fut
 
     def _source_rank(self) -> int:
         """The sender of a receive (torch asks it of ``dist.recv`` with no ``src``)."""
         return self._sender[0] if self._sender else -1
+
+
+def _reducer_caller() -> bool:
+    """Is ``Work.get_future``'s caller DDP's reducer in backward: its C++ (the default hook:
+    no Python frame between it and the autograd engine's), or a comm hook it called (the
+    outermost Python function there was given a ``GradBucket``)?"""
+    try:
+        outermost, frame = None, sys._getframe(2)  # noqa: SLF001 - get_future's caller
+    except ValueError:  # no Python frame at all: not a backward this thread runs
+        return False
+    while frame is not None and frame.f_code.co_name != "_engine_run_backward":
+        outermost, frame = frame, frame.f_back
+    if frame is None:  # not backward on this thread: nothing known of who waits
+        return False
+    if outermost is None:
+        return True
+    code = outermost.f_code
+    given = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    return any(isinstance(outermost.f_locals.get(name), dist.GradBucket) for name in given)
 
 
 def _native_caller() -> bool:

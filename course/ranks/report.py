@@ -30,6 +30,10 @@ from course.ranks.wording import ranks_text
 _TIMED_OUT = re.compile(r"Timed out|timeout|deadlock", re.IGNORECASE)
 _FROM_GLOO = re.compile(r"\bgloo\b", re.IGNORECASE)
 _COURSE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+# A rank's end of the relay's wire: torch's calls go through it as through torch's own code, so
+# a rank stopped there (telling the relay it waits) is placed where the course or the student
+# called torch.
+_WIRE = os.path.join(_COURSE_DIR, "ranks", "link.py")
 _LIBRARY_DIRS = tuple(
     {os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "purelib", "platlib")}
 )
@@ -236,10 +240,13 @@ def source_line(filename: str, lineno: int) -> str:
 
 
 def owner(filename: str) -> str:
-    """Whose code a frame runs: "library" (Python, installed packages), "course" or "user"."""
+    """Whose code a frame runs: "library" (Python, installed packages, the relay's wire),
+    "course" or "user"."""
     if filename.startswith("<frozen"):
         return "library"
     path = os.path.realpath(filename)
+    if path == _WIRE:
+        return "library"
     if path.startswith(_COURSE_DIR):  # first: the course may be installed among the packages
         return "course"
     return "library" if path.startswith(_LIBRARY_DIRS) else "user"

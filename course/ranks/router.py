@@ -18,8 +18,9 @@ and read from (:mod:`course.ranks.objects`), and kills the rank a fault plan nam
 what needed it, and forms the quorum of the ranks left (:mod:`course.ranks.faults`).
 
 A deadlock is found from what each rank says on its link, in order with its calls: which
-request its job blocks on (:mod:`course.ranks.link`), and, last, that its job returned. A wait
-inside torch's C++ (DDP's buckets) says nothing: only the deadline ends it.
+request its job blocks on (:mod:`course.ranks.link`: DDP's reducer's wait on its buckets too,
+said just before it), and, last, that its job returned. Any other wait inside torch's C++
+says nothing: only the deadline ends it.
 
 It keeps gloo's semantics, so that a program that deadlocks or fails on gloo does so here: a
 send completes only once a receive takes it (a blocking ``dist.send`` to a rank that sends

@@ -5,7 +5,8 @@
         page = run_notebook("demo.ipynb", ["import course", "print(1)"])
         page.screenshot(path=artifact("demo.png"))
 
-``lab`` (one server per session, in a temp root, with a random token) yields a :class:`Lab`
+``lab`` (one server per session, in a temp root, with a random token, its kernels forked
+from the zygote as in the students' lab) yields a :class:`Lab`
 (unpacks as ``base_url, token, root_dir``); ``page`` is a fresh Chromium page per test;
 ``run_notebook`` writes, opens and runs a notebook; ``open_notebook``/``run_all`` do it step by
 step with a notebook of your own. Without Chromium the tests are skipped with the
@@ -33,6 +34,7 @@ import nbformat
 import psutil
 import pytest
 
+from course.instructor.forkedkernels import PROVISIONER
 from course.instructor.hub import free_ports
 
 CHROMIUM = Path(os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium"))
@@ -49,6 +51,8 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 STDERR = ".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']"
 START_TIMEOUT = 60.0
+# Kernels forked from the zygote, as in the students' lab and make lab.
+FORKED = f"KernelProvisionerFactory.default_provisioner_name={PROVISIONER}"
 # Quiet JupyterLab: no news or update toasts over the notebook in screenshots.
 QUIET_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
@@ -230,7 +234,7 @@ def running_lab(
     port, token = free_ports(1)[0], secrets.token_hex(16)
     jupyter = shutil.which("jupyter", path=str(Path(sys.executable).parent)) or "jupyter"
     cmd, base = command or (
-        [jupyter, "lab", f"--ServerApp.root_dir={root}"]
+        [jupyter, "lab", f"--ServerApp.root_dir={root}", f"--{FORKED}"]
         + (["--allow-root"] if os.geteuid() == 0 else []),
         dict(os.environ),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import struct
 import time
@@ -273,13 +274,46 @@ def uneven_ddp() -> int:
 
 
 def test_ddp_left_waiting_is_blocked_not_crashed() -> None:
-    """Does a DDP rank whose bucket all-reduce no peer joins fail as blocked, where it waits,
-    on the relay's deadline (its C++ waits on the call, so the error cannot raise there)?"""
-    result = launch(uneven_ddp, 2, backend="relay", timeout=30, pg_timeout=2)
+    """Does a DDP rank whose bucket all-reduce no peer joins fail as blocked, where it waits
+    (its C++ waits on the call, so the error cannot raise there), as soon as the relay sees
+    no rank can go on (its reducer said it waits), not at the group's deadline?"""
+    result = launch(uneven_ddp, 2, backend="relay", timeout=30, pg_timeout=120)
     assert result.results[0] == 0 and list(result.failures) == [1], result.failures
     failure = result.failures[1]
     assert failure.kind == "blocked" and failure.where.startswith("test_relay.py line")
-    assert "until the relay gave up waiting: rank 0 had already finished" in failure.message
+    assert "finding no rank could go on, gave up waiting: rank 0 had already" in failure.message
+
+
+def hooked_ddp(late: float) -> list[float]:
+    """DDP with a comm hook: rank 0's hook first waits for a message nobody sends (``late``
+    < 0), or rank 1's sleeps ``late`` seconds first (DDP's reducer on rank 0 waits meanwhile)."""
+
+    def hook(state, bucket):  # unannotated: DDP checks the annotations, strings in this file
+        if late < 0 and dist.get_rank() == 0:
+            dist.recv(torch.empty(1), src=1)
+        if late > 0 and dist.get_rank() == 1:
+            time.sleep(late)
+        work = dist.all_reduce(bucket.buffer().div_(dist.get_world_size()), async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    model.register_comm_hook(None, hook)
+    model(torch.randn(8, 4) * (dist.get_rank() + 1)).sum().backward()
+    return model.module.weight.grad.flatten().tolist()
+
+
+def test_a_comm_hook_left_waiting_fails_at_once_and_a_slow_one_does_not() -> None:
+    """Is a DDP step whose comm hook on rank 0 waits for a message nobody sends a deadlock as
+    soon as the other rank's reducer waits on its bucket; and does a hook that is only slow
+    (1.5 s asleep on rank 1, while rank 0's reducer waits) give gloo's gradients?"""
+    stuck = launch(hooked_ddp, 2, -1.0, backend="relay", timeout=30, pg_timeout=120)
+    assert sorted(stuck.failures) == [0, 1], stuck.failures
+    assert "finding no rank could go on" in stuck.failures[1].message
+    assert stuck.failures[1].where.startswith("test_relay.py line"), stuck.failures[1].where
+    slow = launch(hooked_ddp, 2, 1.5, backend="relay", timeout=60, pg_timeout=120)
+    assert slow.ok, slow.failures
+    assert slow.results == launch(hooked_ddp, 2, 0.0, timeout=60).results
 
 
 def first_come() -> list[int] | None:
@@ -324,3 +358,18 @@ def test_a_receive_from_any_source_that_never_comes_says_so() -> None:
     result = launch(waits_for_anyone, 2, backend="relay", timeout=30, pg_timeout=2)
     assert result.failures[0].kind == "blocked", result.failures  # rank 1 had returned
     assert "waited for a message from any rank that never came" in result.failures[0].traceback
+
+
+def test_a_rank_stopped_on_the_wire_is_placed_where_torch_was_called() -> None:
+    """A rank the relay fails while it is telling the relay it waits (in DDP's backward) is
+    stopped inside the course's wire: is it placed at the course's line that called torch,
+    never at the wire's own ``sendall``?"""
+    from course.ranks import link, report
+
+    check = os.path.join(os.path.dirname(report.__file__), "..", "lessons", "check.py")
+    frames = [
+        (check, 72, "check", "student(x).square().sum().backward()"),
+        (link.__file__, 95, "tell", 'self.sock.sendall(frame(header, b""))'),
+    ]
+    where, _ = report.locate(frames)
+    assert where.startswith("check.py line 72"), where
