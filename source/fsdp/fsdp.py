@@ -861,8 +861,8 @@ check_answer(
     reference is the mean of the same bf16 gradients, and reducing them in fp32 leaves less
     than 1e-9: the inputs lost nothing the reference keeps. b) dividing by a power of 2 is
     exact in bf16 (measured: no value changed). c) bf16 has fp32's range: the smallest non-zero
-    mean here was above 1e-10, far above bf16's 1.2e-38; the 127 elements that came out 0 on 4
-    ranks are gradients that cancel to within a rounding step. This is why FSDP's
+    mean here was above 1e-10, far above bf16's 1.2e-38; the hundred or so elements that came
+    out 0 on 4 ranks are gradients that cancel to within a rounding step. This is why FSDP's
     mixed-precision recipes reduce in fp32. NCCL's reductions also add partial sums in the
     tensor's dtype, so bf16 rounds there too.
     """,

@@ -558,10 +558,10 @@ check_answer(
     identical, measured (so b and d fail). With more ranks the ring adds the contributions
     to each chunk in an order that depends on the chunk, while gloo's all-reduce adds them
     in its own, and another order rounds differently. On 3 ranks the parameters differ by
-    about 2.3e-6 of the largest one against DDP, and still by about 6.3e-7 against a DDP
-    that divides after its sum, as your optimizer does: the order alone. On 4 ranks 1/4 is
-    exact, so dividing before or after the sum gives the same (about 2.5e-6 against either
-    DDP, measured), but the order stays (so a fails: a power of two makes the division
+    about 2e-6 of the largest one against DDP, and still by less than half that against a
+    DDP that divides after its sum, as your optimizer does: the order alone. On 4 ranks 1/4
+    is exact, so dividing before or after the sum gives exactly the same gap (a few
+    millionths against either DDP, measured), but the order stays (so a fails: a power of two makes the division
     exact, not the sums). d) has the two cases the wrong way round. The difference is
     rounding in the last bits, which 20 steps of training grow to a few millionths.
     """,

@@ -10,7 +10,8 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -49,6 +50,13 @@ async def _run(manager: AsyncKernelManager, code: str) -> str:
     finally:
         client.stop_channels()
     return "".join(said).strip()
+
+
+def _run_apart(scenario: Coroutine) -> None:
+    """Run ``scenario`` in an event loop of its own thread (a test before may have left this
+    thread's loop running, and asyncio.run refuses one there)."""
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, scenario).result()
 
 
 @pytest.fixture
@@ -105,7 +113,7 @@ def test_a_forked_kernel_is_the_kernel_its_kernelspec_asks_for(tmp_path, forked)
         await second.shutdown_kernel()
         assert not [p for p in pids if psutil.pid_exists(p)]
 
-    asyncio.run(scenario())
+    _run_apart(scenario())
 
 
 def test_a_kernel_that_would_differ_starts_fresh(tmp_path, forked) -> None:
@@ -121,7 +129,7 @@ def test_a_kernel_that_would_differ_starts_fresh(tmp_path, forked) -> None:
         finally:
             await manager.shutdown_kernel()
 
-    asyncio.run(scenario())
+    _run_apart(scenario())
 
 
 SERVER = textwrap.dedent("""

@@ -335,7 +335,8 @@ def test_fsdp_9_bf16_reduction_rounds_its_sums() -> None:
     assert supported(claims) == KEYS["fsdp_9"]
     assert _near(error[2], 1.8e-3, 0.05) and _near(error[4], 2.6e-3, 0.05)
     assert smallest > 1e-10
-    assert [r["zeroed"] for r in low[4]] == [127] * 4
+    zeroed = {r["zeroed"] for r in low[4]}  # 127 on one Xeon, 135 on an AVX-512 one
+    assert len(zeroed) == 1 and 80 <= zeroed.pop() <= 180  # "the hundred or so"
 
 
 def test_fsdp_10_bf16_flushes_nothing_fp16_a_fifth() -> None:

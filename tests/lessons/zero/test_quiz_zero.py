@@ -146,8 +146,10 @@ def test_zero_4_same_weights_as_ddp_on_2_and_4_ranks(run_ranks) -> None:
 
 def test_zero_4_the_order_of_the_sums_alone_sets_them_apart(run_ranks) -> None:
     """Against a DDP that divides after its sum (as the notebook's optimizer does), is the
-    3-rank gap cut from about 2.3e-6 to about 6.3e-7 but not closed, and the 4-rank gap (about
-    2.5e-6) the same against either DDP, as the explanation says?"""
+    3-rank gap (about 2e-6) cut to less than half but not closed, and the 4-rank gap (a few
+    millionths) exactly the same against either DDP, as the explanation says? The figures
+    depend on the CPU's order of sums (2.3e-6, 6.3e-7 and 2.5e-6 on one Xeon, 1.9e-6,
+    8.4e-7 and 3.5e-6 on an AVX-512 one): the bands hold both."""
     gaps = {
         (n, reference): run_ranks(
             zero.equivalence, n, halves_impls.ZeroOptimizer, 20, reference, timeout=60
@@ -155,10 +157,10 @@ def test_zero_4_the_order_of_the_sums_alone_sets_them_apart(run_ranks) -> None:
         for n in (3, 4)
         for reference in ("DDP", "DDP, divided after the sum")
     }
-    assert 2.0e-6 < gaps[3, "DDP"] < 2.6e-6
-    assert 5e-7 < gaps[3, "DDP, divided after the sum"] < 8e-7
+    assert 1.5e-6 < gaps[3, "DDP"] < 3e-6
+    assert 1e-7 < gaps[3, "DDP, divided after the sum"] < gaps[3, "DDP"] / 2
     assert gaps[4, "DDP"] == gaps[4, "DDP, divided after the sum"]
-    assert 2.2e-6 < gaps[4, "DDP"] < 2.8e-6
+    assert 1e-6 < gaps[4, "DDP"] < 1e-5
 
 
 def test_zero_5_torch_zero_busiest_rank(run_ranks) -> None:
