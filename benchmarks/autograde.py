@@ -25,8 +25,9 @@ otherwise quiet: stock nbgrader 684.5 s (27.4 s a submission: it runs every meas
 ours 102.3 s (4.1 s: the judge runs only the checks, in a warm nbgrader, every assignment at
 once, each submission's forkserver started before nbgrader, importing once what its ranks
 would each, killed when done), ratio 6.69 (it was 4.28 before the last three, 2.59 before
-the warm nbgrader). `--students 4` (32 submissions, all eight assignments): stock 815.4 s,
-ours 90.5 s, ratio 9.01 (`--only ours`: 82.0 to 85.9 s). Ours took 106.5 s (7.77) before
+the warm nbgrader). `--students 4` (32 submissions, all eight assignments): stock 764.2 s,
+ours 75.9 s, ratio 10.06 (10.12 a commit earlier; `--only ours`: 67.4 to 75.9 s). On a slower
+day it was 90.5 s against 815.4 s (9.01), and ours took 106.5 s (7.77) before
 feedback pages were made with their templates compiled once per grader
 (course.grading.feedback) and a grader stopped reading every process on the machine for
 each rank, and 159.5 s (about 5.2) before each submission's forkserver was forked from a
