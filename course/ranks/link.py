@@ -48,6 +48,7 @@ class Link:
         self._reqs: dict[int, int] = {}  # id of an unanswered future -> its request's number
         self.native: set[int] = set()  # ids of futures handed to torch's C++
         self._buckets: list[Future] = []  # futures DDP's reducer waits on when backward ends
+        self._backward = -1  # the backward (autograd graph task) they were launched in
         threading.Thread(target=self._read, name="relay-link", daemon=True).start()
 
     def _fail(self, fut: Future, error: RelayError) -> None:
@@ -76,14 +77,17 @@ class Link:
     def bucket(self, fut: Future) -> None:
         """``fut`` is a bucket's, which DDP's reducer waits on when this backward ends: the
         first of a backward queues :meth:`_finalizing`, which runs before that wait (DDP
-        queues its own once the last bucket is launched, after this)."""
-        if not self._buckets:
+        queues its own once the last bucket is launched, after this). A backward that raised
+        before its end left its buckets here: a new one starts afresh."""
+        backward = torch._C._current_graph_task_id()  # noqa: SLF001 - torch's own "which backward"
+        if backward != self._backward:
+            self._backward, self._buckets = backward, []
             torch.autograd.Variable._execution_engine.queue_callback(self._finalizing)  # noqa: SLF001 - how DDP queues its own
         self._buckets.append(fut)
 
     def _finalizing(self) -> None:
         """Tell the relay this rank waits on its last unanswered bucket, as DDP does next."""
-        buckets, self._buckets = self._buckets, []
+        buckets, self._buckets, self._backward = self._buckets, [], -1
         pending = [self._reqs.get(id(f)) for f in buckets if not f.done()]
         pending = [req for req in pending if req is not None]
         if pending:
