@@ -44,7 +44,7 @@ import nbformat
 import psutil
 from jupyter_client import BlockingKernelClient
 
-from course.instructor.forkedkernels import PROVISIONER
+from course.instructor.forkedkernels import LAB_OPTION
 from course.instructor.workcopies import COURSE_ORDER, make_work_copies
 from course.ranks.forkserver import IDLE_SHUTDOWN
 
@@ -117,7 +117,7 @@ def jupyter_lab(root: Path, home: Path, fresh: bool = False) -> Iterator[Server]
     cmd += [f"--port={port}", "--ServerApp.ip=127.0.0.1", f"--ServerApp.token={token}"]
     cmd += [f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0"]
     cmd += ["--allow-root"] if os.geteuid() == 0 else []
-    cmd += [] if fresh else [f"--KernelProvisionerFactory.default_provisioner_name={PROVISIONER}"]
+    cmd += [] if fresh else [LAB_OPTION]
     with (home / "lab.log").open("w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
     server = Server(proc, f"http://127.0.0.1:{port}/", token, runtime)

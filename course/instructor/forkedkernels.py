@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,9 +34,13 @@ from jupyter_client.provisioning import LocalProvisioner
 
 from course.instructor.zygote import kernel_args
 
-__all__ = ["IMPORT_TIME_ENV", "PROVISIONER", "ForkedKernel", "ForkedProvisioner", "Zygote"]
+__all__ = [
+    "IMPORT_TIME_ENV", "LAB_OPTION", "PROVISIONER", "ForkedKernel", "ForkedProvisioner", "Zygote",
+]  # fmt: skip
 
 PROVISIONER = "course-forked"  # its entry point's name (pyproject.toml)
+# What a `jupyter lab` command line adds for it (make lab, the browser tests, the benchmark).
+LAB_OPTION = f"--KernelProvisionerFactory.default_provisioner_name={PROVISIONER}"
 # Variables read while the zygote imported: a kernel asked for with other values than the
 # zygote had would not be what its kernelspec says, so it starts fresh.
 IMPORT_TIME_ENV = ("PYTHON", "LD_", "OMP_", "MKL_", "KMP_", "OPENBLAS", "TORCH", "PYTORCH")
@@ -152,10 +157,10 @@ class ForkedKernel:
             os.kill(self.pid, signum)
 
     def terminate(self) -> None:
-        self.send_signal(15)
+        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        self.send_signal(9)
+        self.send_signal(signal.SIGKILL)
 
 
 class ForkedProvisioner(LocalProvisioner):

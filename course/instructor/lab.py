@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from course.grading.gradebook import open_gradebook, venv_on_path
-from course.instructor.forkedkernels import PROVISIONER
+from course.instructor.forkedkernels import LAB_OPTION
 from course.instructor.hubconfig import QUIET_LAB
 from course.instructor.workcopies import course_order, make_work_copies
 
@@ -81,7 +81,7 @@ def lab_command(
         f"--ServerApp.root_dir={root.resolve()}",
         f"--LabApp.default_url=/lab/tree/{first.as_posix()}",
         f"--FileContentsManager.preferred_dir={first.parent.parent.as_posix()}",
-        f"--KernelProvisionerFactory.default_provisioner_name={PROVISIONER}",
+        LAB_OPTION,
     ]
     if port is not None:
         cmd.append(f"--ServerApp.port={port}")

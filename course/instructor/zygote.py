@@ -41,6 +41,8 @@ import sys
 import threading
 from collections.abc import Iterator
 
+from course.ranks.isolation import die_with_parent
+
 __all__ = ["IDLE_EXIT", "PRELOAD", "kernel_args", "main", "preload"]
 
 # What a lesson's kernel imports: the kernel itself, torch, the widgets and figures, and every
@@ -55,7 +57,7 @@ PRELOAD = (
 )
 COURSE_ROOMS = ("ranks", "ring", "models", "exports", "checks", "pictures", "lessons")
 IDLE_EXIT = 600.0  # seconds with no kernel alive before this process ends
-PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
+PR_SET_NAME = 15
 
 
 def kernel_args(argv: list[str]) -> list[str] | None:
@@ -105,11 +107,10 @@ def _become_kernel(request: dict, args: list[str], inherited: list[int], zygote:
         for fd in inherited:
             os.close(fd)
         os.setsid()
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        die_with_parent()
         if os.getppid() != zygote:  # it died before the line above: so does this kernel
             os._exit(1)
-        libc.prctl(PR_SET_NAME, b"ipykernel")  # what ps and top call it
+        ctypes.CDLL(None).prctl(PR_SET_NAME, b"ipykernel")  # what ps and top call it
         for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -34,7 +34,7 @@ import nbformat
 import psutil
 import pytest
 
-from course.instructor.forkedkernels import PROVISIONER
+from course.instructor.forkedkernels import LAB_OPTION  # kernels forked as in students' labs
 from course.instructor.hub import free_ports
 
 CHROMIUM = Path(os.environ.get("COURSE_CHROMIUM", "/usr/bin/chromium"))
@@ -51,8 +51,6 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 STDERR = ".jp-RenderedText[data-mime-type='application/vnd.jupyter.stderr']"
 START_TIMEOUT = 60.0
-# Kernels forked from the zygote, as in the students' lab and make lab.
-FORKED = f"KernelProvisionerFactory.default_provisioner_name={PROVISIONER}"
 # Quiet JupyterLab: no news or update toasts over the notebook in screenshots.
 QUIET_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
@@ -234,7 +232,7 @@ def running_lab(
     port, token = free_ports(1)[0], secrets.token_hex(16)
     jupyter = shutil.which("jupyter", path=str(Path(sys.executable).parent)) or "jupyter"
     cmd, base = command or (
-        [jupyter, "lab", f"--ServerApp.root_dir={root}", f"--{FORKED}"]
+        [jupyter, "lab", f"--ServerApp.root_dir={root}", LAB_OPTION]
         + (["--allow-root"] if os.geteuid() == 0 else []),
         dict(os.environ),
     )
