@@ -132,10 +132,7 @@ def run_warm(
     proc.start()
     proc.join(timeout)
     if proc.exitcode is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
+        proc.kill_group()  # never by a pid it may no longer hold
         proc.join()
         raise TimeoutError(f"autograde took longer than {timeout:.0f} s and was stopped")
     return proc.exitcode

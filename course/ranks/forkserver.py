@@ -27,11 +27,13 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from multiprocessing import forkserver, popen_forkserver, reduction, resource_tracker, spawn, util
+from multiprocessing.connection import wait
 from multiprocessing.context import set_spawning_popen
 from multiprocessing.process import BaseProcess
 from typing import ClassVar
@@ -39,19 +41,24 @@ from typing import ClassVar
 from course.ranks.clock import Deadline
 from course.ranks.processes import (
     RUN_DIR_PREFIX,
+    SERVER_GONE,
     NamespacePid,
     RankStartError,
     host_pid,
     kill,
+    pin,
     reap,
+    signal_pinned,
+    still_held,
     sweep_stale_run_dirs,
     wait_within,
     write_within,
 )
 
 __all__ = [
-    "IDLE_SHUTDOWN", "RUN_DIR_PREFIX", "SERVER", "START_WAIT", "PrivateForkServer",
-    "RankProcess", "RankStartError", "Server", "kill", "sweep_stale_run_dirs",
+    "IDLE_SHUTDOWN", "RUN_DIR_PREFIX", "SERVER", "SERVER_GONE", "START_WAIT",
+    "PrivateForkServer", "RankProcess", "RankStartError", "Server", "kill",
+    "sweep_stale_run_dirs",
 ]  # fmt: skip
 
 # Seconds a server may take to fork a rank (a cold one imports torch first), and a rank to
@@ -255,8 +262,13 @@ class _Popen(popen_forkserver.Popen):
     """Start a process through our forkserver, without re-importing the caller's __main__.
 
     multiprocessing would send the caller's __main__ module to be re-imported in every
-    child (a notebook kernel, a pytest run, a script...): slow, and pointless here.
+    child (a notebook kernel, a pytest run, a script...): slow, and pointless here. The
+    process is held by a pidfd (:func:`course.ranks.processes.pin`): every signal goes
+    through it, and once the forkserver is gone (it reports no exit code then, where
+    multiprocessing would make one up: 255) the pidfd says when the process ends.
     """
+
+    pidfd: int | None = None
 
     def _launch(self, process_obj: BaseProcess) -> None:
         buf = io.BytesIO()
@@ -269,14 +281,57 @@ class _Popen(popen_forkserver.Popen):
         server = getattr(process_obj, "server", None) or SERVER
         self.sentinel, w = server.get().connect_to_new_process(self._fds)
         _parent_w = os.dup(w)  # keeps the child's parent_sentinel open while we live
-        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+        held = [_parent_w, self.sentinel]  # closed when this object goes (the pidfd joins)
+        self.finalizer = util.Finalize(self, util.close_fds, held)
         try:  # the server sends the pid as soon as it forked: before the child reads its job
             forking = Deadline(START_WAIT, lambda: (server.pid(), server.server_pid()))
             wait_within(self.sentinel, forking, "the forkserver started no rank")
             self.pid = pid = server.host_pid(forkserver.read_signed(self.sentinel))
+            self.pidfd = pin(pid, server.server_pid())
+            held += [] if self.pidfd is None else [self.pidfd]
             write_within(w, buf.getbuffer(), Deadline(START_WAIT, lambda: (pid,)))
         finally:
             os.close(w)
+
+    def poll(self, flag: int = os.WNOHANG) -> int | None:
+        """The exit code the forkserver reported, or ``SERVER_GONE`` for a process that ended
+        after its forkserver (which took its exit status with it)."""
+        if self.returncode is None:
+            if not wait([self.sentinel], 0 if flag == os.WNOHANG else None):
+                return None
+            if self.sentinel == self.pidfd:  # the process itself ended
+                self.returncode = SERVER_GONE
+                return self.returncode
+            try:
+                self.returncode = forkserver.read_signed(self.sentinel)
+            except (OSError, EOFError):  # the forkserver is gone, with no word of this process
+                if self.pidfd is None:
+                    self.returncode = SERVER_GONE
+                    return self.returncode
+                self.sentinel = self.pidfd  # from now on, wait for the process itself
+                return self.poll(flag)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The exit code, waiting up to ``timeout`` seconds (None: for ever) on whatever says
+        the process ended: the forkserver's report, or the pidfd once the forkserver is gone."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            if not wait([self.sentinel], None if end is None else max(0, end - time.monotonic())):
+                return None
+            self.poll()
+        return self.returncode
+
+    def _send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            signal_pinned(self.pidfd, self.pid, sig)
+
+    def kill_group(self) -> None:
+        """SIGKILL the process and the process group it leads, only while they are still its:
+        not once it was reaped, when its pid, free, may be another process's."""
+        if self.returncode is None and still_held(self.pidfd):
+            kill(os.killpg, self.pid)
+            signal_pinned(self.pidfd, self.pid, signal.SIGKILL)
 
 
 class RankProcess(BaseProcess):
@@ -293,6 +348,17 @@ class RankProcess(BaseProcess):
     def __getstate__(self) -> dict:
         """What the forkserver's child receives: everything but the server."""
         return {k: v for k, v in vars(self).items() if k != "server"}
+
+    @property
+    def ends(self) -> int:
+        """What is readable once the process ended: its forkserver's report, or, once that is
+        gone, the process itself (its pidfd)."""
+        return self._popen.sentinel
+
+    def kill_group(self) -> None:
+        """SIGKILL the process and its process group, never a process that took its pid."""
+        if self._popen is not None:
+            self._popen.kill_group()
 
     def run(self) -> None:
         from course.ranks.worker import rank_main

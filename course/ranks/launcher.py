@@ -159,7 +159,10 @@ def launch(
     the result's ``stored`` is what it holds at the end); ``grace``: the seconds the other
     ranks get after one fails (an experiment on failures gives them gloo's timeout, to see how
     each ends on its own); ``fault``: on the relay, the rank it kills, and when
-    (:mod:`course.ranks.faults`), told to no rank."""
+    (:mod:`course.ranks.faults`), told to no rank. A confined launch whose forkserver was
+    stopped or killed while it forked the ranks runs once more, on a fresh forkserver: graded
+    ranks, each in a PID namespace of its own, cannot see their forkserver, so that was the
+    machine's doing."""
     _check_world_size(world_size)
     _check_backend(backend, world_size)
     timeout, pg_timeout = _check_timeouts(timeout, pg_timeout)
@@ -169,21 +172,12 @@ def launch(
         raise TypeError("variables= is for cell text; pass a function's inputs as arguments")
     payloads = [_payload(target, *_share(args, kwargs, rank)) for rank in range(world_size)]
     prelude = dumps(before) if before is not None else b""
-    supervisor = Supervisor(
-        world_size,
-        payloads,
-        timeout,
-        pg_timeout,
-        backend,
-        prelude,
-        measured,
-        tuple(holds),
-        rescale,
-        grace,
-        stored,
-        fault,
-    )
-    return supervisor.execute()
+    options = (timeout, pg_timeout, backend, prelude, measured, tuple(holds), rescale, grace)
+    supervisor = Supervisor(world_size, payloads, *options, stored, fault)
+    result = supervisor.execute()
+    if supervisor.unstarted:
+        result = Supervisor(world_size, payloads, *options, stored, fault).execute()
+    return result
 
 
 def max_world_size() -> int:

@@ -6,6 +6,14 @@ translated to the caller's (:func:`host_pid`); every write to and wait on a proc
 bounded (:func:`write_within`, on the reading process's clock; :func:`reap`); :func:`kill`
 ignores what is already gone; run folders that callers which died left behind are swept
 (:func:`sweep_stale_run_dirs`).
+
+A rank is not the launcher's child but its forkserver's, which reaps it: once it has, the
+rank's pid is free, and the kernel gives it to the next process to start when the pids
+come round again (``/proc/sys/kernel/pid_max``, 32768 on a 2-core machine: seconds apart on
+one busy with forks). A signal sent by that pid could then reach any process on the
+machine, and a grader runs as root. So a rank is held by a pidfd, opened as it starts
+(:func:`pin`: and checked to be its forkserver's child), and signalled through it
+(:func:`signal_pinned`): a process that took the pid since is never reached.
 """
 
 from __future__ import annotations
@@ -25,12 +33,15 @@ import psutil
 from course.ranks.clock import Deadline
 
 __all__ = [
-    "RUN_DIR_PREFIX", "NamespacePid", "RankStartError", "child_pids", "host_pid", "kill",
-    "ns_member", "reap", "sandbox_members", "sweep_stale_run_dirs", "wait_within",
-    "write_within",
+    "RUN_DIR_PREFIX", "SERVER_GONE", "NamespacePid", "RankStartError", "child_pids",
+    "host_pid", "kill", "ns_member", "pin", "reap", "sandbox_members", "signal_pinned",
+    "still_held", "sweep_stale_run_dirs", "wait_within", "write_within",
 ]  # fmt: skip
 
 RUN_DIR_PREFIX = "course-ranks-"  # + the caller's pid: whose run left it, if one did
+# The exit code of a process that ended after its forkserver: not a status (those are -64 to
+# 255), since the forkserver, which reaped it, took that with it.
+SERVER_GONE = 256
 
 
 class RankStartError(OSError):
@@ -155,6 +166,53 @@ def kill(kill: Callable[[int, int], None], pid: int | None) -> None:
     if pid:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             kill(pid, signal.SIGKILL)
+
+
+def pin(pid: int, parent: int | None) -> int | None:
+    """A pidfd of process ``pid``, a child of ``parent`` (None: not checked); None where the
+    kernel has no pidfds (then signals go by pid). Raises RankStartError when ``pid`` is no
+    longer ``parent``'s child: it ended as it started, and its pid may be another's already."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError as err:
+        raise RankStartError(f"process {pid} ended as soon as it started") from err
+    except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
+        return None
+    if parent is not None and _parent(pid) != parent:
+        os.close(fd)
+        raise RankStartError(f"process {pid} ended as soon as it started")
+    return fd
+
+
+def _parent(pid: int) -> int | None:
+    """The pid of process ``pid``'s parent (None if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def still_held(pidfd: int | None) -> bool:
+    """Is the process ``pidfd`` pins not yet reaped (running, or a zombie), so that its pid,
+    and the process group it leads, are still its own? True where there is no pidfd."""
+    if pidfd is None:
+        return True
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def signal_pinned(pidfd: int | None, pid: int, sig: int) -> None:
+    """Send ``sig`` to the process ``pidfd`` pins (by ``pid`` where there is no pidfd),
+    ignoring one already gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if pidfd is None:
+            os.kill(pid, sig)
+        else:
+            signal.pidfd_send_signal(pidfd, sig)
 
 
 def sweep_stale_run_dirs() -> None:

@@ -23,6 +23,7 @@ from course.ranks import plain as plain_data
 from course.ranks.failures import CAUSES, PEER_GONE, RankFailure, RunResult
 from course.ranks.frames import DEADLOCK
 from course.ranks.mistakes import native_crash, plain_gloo
+from course.ranks.processes import SERVER_GONE
 from course.ranks.wording import ranks_text
 
 # gloo's words for "my peer never answered" (the relay's too, and its word for a deadlock it
@@ -107,7 +108,14 @@ def _observe(r: Any, outcome: tuple, reason: str, timeout: float) -> dict[str, A
 
 
 def _ended(r: Any, code: int | None) -> dict[str, Any]:
-    """A rank whose process ended without reporting: os._exit, a signal, a crash."""
+    """A rank whose process ended without reporting: os._exit, a signal, a crash, or with
+    its forkserver (which took the exit status with it: ``SERVER_GONE``)."""
+    if code == SERVER_GONE:
+        message = (
+            "ended after the forkserver that started it was killed, by the machine or by code "
+            "this submission ran (its exit status went with the forkserver)"
+        )
+        return {"kind": "killed", "message": message, "where": None, "tb": "", "code": code}
     if code is not None and code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
         message = f"was killed by {name} (a crash in native code, or out of memory?)"

@@ -21,7 +21,7 @@ from course.ranks import confined, messages
 from course.ranks.clock import Deadline, RunClock
 from course.ranks.failures import RankFailure, RanksInterrupted, RunResult
 from course.ranks.faults import Fault
-from course.ranks.forkserver import RUN_DIR_PREFIX, SERVER, RankProcess, RankStartError, kill
+from course.ranks.forkserver import RUN_DIR_PREFIX, SERVER, RankProcess, RankStartError
 from course.ranks.holds import Hold
 from course.ranks.isolation import SANDBOX_SHARED, map_ids
 from course.ranks.objects import Stored
@@ -110,6 +110,7 @@ class Supervisor:
         self.measured, self.grace = measured, grace
         self.timeout, self.pg_timeout, self.backend = timeout, pg_timeout, backend
         self.ranks: list[_Rank] = []
+        self.unstarted = False  # confined, and its forkserver failed to start its ranks
         self.box = confined.current()
         if self.box and backend == "gloo":
             backend = "relay"  # graded ranks reach each other only through the caller
@@ -152,7 +153,8 @@ class Supervisor:
             except (RankStartError, EOFError, ConnectionError) as err:
                 if not self.box:
                     raise
-                self.box.server.kill()  # stopped or killed by code it ran: the next one is fresh
+                self.box.server.kill()  # stopped or killed: the next launch gets a fresh one
+                self.unstarted = True
                 return self._unstarted(err, time.monotonic() - start)
             if self.relay:
                 self.relay.close_ends()  # the ranks hold them now
@@ -180,10 +182,12 @@ class Supervisor:
         return result
 
     def _unstarted(self, err: BaseException, elapsed: float) -> RunResult:
-        """The result of a confined launch whose ranks could not all be started."""
+        """The result of a confined launch whose ranks could not all be started (the launcher
+        tries once more, on a fresh forkserver, and reports this only if that fails too)."""
         message = (
-            f"the ranks could not be started ({type(err).__name__}: {err}): the sandbox's "
-            "forkserver was stopped or killed, by code this submission ran before"
+            f"the ranks could not be started ({type(err).__name__}: {err}), on two forkservers "
+            "in turn: each was stopped or killed, by the machine or by code this submission "
+            "ran before"
         )
         n = self.world_size
         failures = {r: RankFailure(r, "raised", message) for r in range(n)}
@@ -231,7 +235,7 @@ class Supervisor:
     def _poll(self, live: list[_Rank], timeout: float) -> None:
         """Handle whatever the live ranks sent or how they ended, waiting up to timeout."""
         waitables = {r.conn: r for r in live if r.conn_open}
-        waitables |= {r.proc.sentinel: r for r in live}
+        waitables |= {r.proc.ends: r for r in live}
         for ready in wait(list(waitables), timeout):
             rank = waitables[ready]
             if ready is rank.conn:
@@ -239,8 +243,9 @@ class Supervisor:
             elif rank.outcome is None:
                 while rank.conn_open and rank.conn.poll():
                     self._receive(rank)  # its last words may still be in the pipe
-                if rank.outcome is None:
-                    rank.outcome = ("ended", rank.proc.exitcode)
+                code = rank.proc.exitcode  # None: its forkserver ended, and it runs on
+                if rank.outcome is None and code is not None:
+                    rank.outcome = ("ended", code)
 
     def _receive(self, rank: _Rank) -> None:
         try:
@@ -276,9 +281,9 @@ class Supervisor:
             self._poll(waiting, end - time.monotonic())
 
     def _stop(self, rank: int) -> None:
-        """SIGKILL rank ``rank``'s process group (at the run's end, or the relay's fault plan)."""
-        kill(os.killpg, self.ranks[rank].proc.pid)
-        kill(os.kill, self.ranks[rank].proc.pid)
+        """SIGKILL rank ``rank``'s process group (at the run's end, or the relay's fault plan);
+        once the rank was reaped, nothing (its pid may be another process's by then)."""
+        self.ranks[rank].proc.kill_group()
 
     def _kill(self) -> None:
         """SIGKILL every rank's process group, then reap the ranks and close our ends."""

@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ import psutil
 import pytest
 from marks import CONFINED
 
-from course.grading import sandbox
+from course.grading import sandbox, template
 from course.grading.judge import judge_cell
 from course.grading.rankbox import _EARLY, RankBox, discard_early, start_early
 from course.grading.student import StudentCode
@@ -300,3 +301,54 @@ def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def _sum_later() -> list[float]:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    time.sleep(2)  # the forkserver is killed meanwhile
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _kill_forkserver_once_ranks_run(box: RankBox) -> None:
+    """SIGKILL the box's forkserver as soon as it has forked both ranks (what code of the
+    submission's uid, or the machine's OOM killer, could do)."""
+    deadline = time.monotonic() + 60
+    while box.server.server_pid() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # a cold one's Python is not there yet
+    pid = box.server.server_pid()
+    assert pid is not None, "the box's forkserver did not start"
+    server = psutil.Process(pid)
+    while len(server.children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server.kill()
+
+
+@pytest.mark.parametrize("start", ["warm", "cold"])
+def test_a_forkserver_killed_while_its_ranks_run(start: str, monkeypatch) -> None:
+    """The ranks of a box forked from the template (its PID namespace outlives the
+    forkserver) run on and report; those of a cold box (the forkserver's end ends its
+    namespace) fail, saying their forkserver was killed: not "exited with code 255 without
+    reporting", which multiprocessing makes up when a forkserver is gone and which blamed
+    the student's code. The next launch gets a fresh forkserver."""
+    if start == "cold":
+        monkeypatch.setattr(template, "template", lambda: None)
+    with RankBox(ddp=False) as box:
+        killer = threading.Thread(target=_kill_forkserver_once_ranks_run, args=(box,))
+        killer.start()
+        result = launch(_sum_later, 2, backend="relay", timeout=60)
+        killer.join()
+        again = launch(_sum_later, 2, backend="relay", timeout=60)
+    if start == "warm":
+        assert result.ok and result.results == [[2.0, 2.0], [2.0, 2.0]], result.failures
+    else:
+        assert not result.ok
+        for failure in result.failures.values():
+            assert "after the forkserver that started it was killed" in str(failure), failure
+            assert "255" not in str(failure)
+    assert again.ok and again.results == [[2.0, 2.0], [2.0, 2.0]], again.failures
