@@ -8,8 +8,10 @@ plus its attack. The honest right one is graded at the same time as the fork bom
 
 Beside it, on the same machine, a second course (another checkout's, as a second instructor
 would run it) grades the course's sample class, every assignment, with ``make autograde``'s
-command: its honest grades must be those its specs expect, as on a quiet machine, and none
-FAILED, while the fork bomb starves the machine and the daemon hunts for forkservers to kill.
+command: its honest grades must be those its specs expect, as on a quiet machine, none
+FAILED, and each sample's failure must say what happened, while the fork bomb starves the
+machine and the daemon hunts for forkservers to kill. (The course's suite grades its sample
+class here only.)
 """
 
 from __future__ import annotations
@@ -285,3 +287,56 @@ def test_predicted_inputs_earn_no_sums(graded: dict) -> None:
 def test_deleting_the_setup_cell_changes_nothing(graded: dict) -> None:
     """The grader's imports come from the gradebook, not from the submitted notebook."""
     assert sum(graded["scores"]["no_setup"].values()) == 16
+
+
+# What the samples' failures say, graded beside the attacks (their grades are their specs':
+# test_a_class_graded_beside_the_attacks_gets_its_quiet_grades).
+
+
+def test_a_hanging_uneven_loop_costs_one_gloo_timeout(graded: dict) -> None:
+    """Does Cy's plain loop (it hangs on uneven data) lose only its own points, stopped by its
+    check's gloo timeout, with a message that names the fix?"""
+    errors = autograded_errors(graded["beside"][0], "cy", "accumulation")
+    assert list(errors) == ["train_uneven_finishes"], errors
+    assert "did not finish" in errors["train_uneven_finishes"]
+    assert "Agree each step" in errors["train_uneven_finishes"]
+
+
+def test_the_zero_samples_failures(graded: dict) -> None:
+    """Do Cy's unshifted ring and full Adam state say so?"""
+    errors = autograded_errors(graded["beside"][0], "cy", "zero")
+    assert "chunk_bounds" in errors["reduce_scatter_sums"]
+    assert "only this rank's shard" in errors["zero_optimizer_memory"]
+
+
+def test_the_synchrony_samples_failures(graded: dict) -> None:
+    """Are Cy's deadlocking tree and Eve's stopped clock named for what they are?"""
+    cy, eve = (autograded_errors(graded["beside"][0], s, "synchrony") for s in ("cy", "eve"))
+    assert "deadlock" in cy["tree_allreduce_sums"].lower()
+    assert "waited for the straggler" in eve["step_with_backups_check"]
+
+
+def test_the_fault_tolerance_samples_failures(graded: dict) -> None:
+    """Do Cy's deadlocking outer step, whole-reading load, uncaught failed all-reduce and heal
+    the ranks ahead skip, and Eve's heavy-ball step, rank-named shards, re-reduced partial
+    buffer and averaged heal, each say what happened?"""
+    root = graded["beside"][0]
+    cy, eve = (autograded_errors(root, s, "fault_tolerance") for s in ("cy", "eve"))
+    assert "failed on 2 ranks" in cy["diloco_outer_step_check"]
+    assert "plain momentum" in eve["diloco_outer_step_check"]
+    assert "Read only the objects that overlap" in cy["resharding_check"]
+    assert "a save on 3 ranks leaves 9 objects" in eve["resharding_check"]
+    assert "catch that error (a RuntimeError)" in cy["survive_check"]
+    assert "partly summed" in eve["survive_check"]
+    assert "blocked in dist.broadcast" in cy["heal_check"]
+    assert "the ranks ahead take part in the copy too" in cy["heal_check"]
+    assert "the mean of every rank's parameters" in eve["heal_check"]
+
+
+def test_the_fsdp_samples_failures(graded: dict) -> None:
+    """Do Ben's gather-once, Cy's deadlock and Eve's forged record each say what happened?"""
+    root = graded["beside"][0]
+    ben, cy, eve = (autograded_errors(root, s, "fsdp") for s in ("ben", "cy", "eve"))
+    assert "backward" in ben["fully_shard_traffic"]
+    assert "deadlock" in cy["fully_shard_matches"].lower()
+    assert "all_reduce" in eve["fully_shard_traffic"]

@@ -6,17 +6,13 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
 import pytest
-from autograded import autograded_errors
 
-from course.grading.executors import executor_for
 from course.grading.gradebook import open_gradebook
-from course.instructor import commands, grades, pipeline, submissions
+from course.instructor import commands, grades, pipeline
 from course.instructor.grades import GradeRow, check_expectations
 from course.instructor.selfstudy import grade_id
 from course.instructor.submissions import Submission, assemble, load_specs
@@ -162,52 +158,6 @@ def test_demo_on_the_toy_course(tmp_path, capsys):
     assert len(csv) == 1 + len(specs)
 
 
-# The samples graded here, by assignment: each test below says which it leaves to `make demo`.
-GRADED = {
-    "accumulation": ("cy",),
-    "zero": ("ada", "cy"),
-    "synchrony": ("cy", "eve"),
-    "fault_tolerance": ("cy", "eve"),
-    "fsdp": ("ben", "cy", "eve"),
-}
-
-
-@pytest.fixture(scope="module")
-def sample_class(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """GRADED's samples in one course, graded as `make autograde` grades one: released by one
-    nbgrader command, then every assignment at once on one pool of two workers."""
-    root = pipeline.prepare_course(tmp_path_factory.mktemp("samples") / "course")
-    commands.release(root)
-    submissions.submit(root, [s for s in load_specs() if s.student in GRADED.get(s.assignment, ())])
-    pool, start = executor_for(None, 2), time.monotonic()
-    with ThreadPoolExecutor(max_workers=len(GRADED)) as threads:
-        runs = [threads.submit(pipeline.autograde, root, a, executor=pool) for a in GRADED]
-        outcomes = [o for run in runs for o in run.result()]
-    print(f"the sample class: {len(outcomes)} graded in {time.monotonic() - start:.0f} s")
-    return root
-
-
-def _unexpected(root: Path, assignment: str) -> list[str]:
-    """Where a grade of ``assignment``'s samples in GRADED differs from its spec."""
-    students = GRADED[assignment]
-    specs = [s for s in load_specs() if s.assignment == assignment and s.student in students]
-    return check_expectations(grades.grade_rows(root), specs)
-
-
-@pytest.mark.nbgrader
-@pytest.mark.ranks
-@pytest.mark.slow
-def test_a_hanging_uneven_loop_costs_one_gloo_timeout(sample_class):
-    """Does Cy's plain loop (it hangs on uneven data) lose only its own points, stopped by its
-    check's gloo timeout, with a message that names the fix? (`make demo` grades the other
-    accumulation samples; tests/lessons/accumulation/test_accumulation_check.py their checks.)"""
-    assert _unexpected(sample_class, "accumulation") == []
-    errors = autograded_errors(sample_class, "cy", "accumulation")
-    assert list(errors) == ["train_uneven_finishes"], errors
-    assert "did not finish" in errors["train_uneven_finishes"]
-    assert "Agree each step" in errors["train_uneven_finishes"]
-
-
 def test_the_zero_samples_cover_the_failure_kinds():
     """Do the zero samples include right, wrong answers, a wrong reduce_scatter, full state?"""
     subs = {s.student: s for s in load_specs() if s.assignment == "zero"}
@@ -216,21 +166,6 @@ def test_the_zero_samples_cover_the_failure_kinds():
     texts = [" ".join(s.cells.values()) for s in subs.values() if isinstance(s.cells, dict)]
     assert any("chunks[(rank + 1) % n].clone()" in t for t in texts)  # the unshifted ring
     assert any("optimizer_class(self.params" in t for t in texts)  # Adam state for everything
-
-
-@pytest.mark.nbgrader
-@pytest.mark.ranks
-@pytest.mark.slow
-def test_zero_samples_grade_as_their_specs_expect(sample_class):
-    """Do the zero samples (right; wrong shards and full state) get their expected grades?
-
-    Ben's blank notebook (every cell 0) is left to `make demo`: it adds a minute and
-    tests nothing the others do not.
-    """
-    assert _unexpected(sample_class, "zero") == []
-    errors = autograded_errors(sample_class, "cy", "zero")
-    assert "chunk_bounds" in errors["reduce_scatter_sums"]
-    assert "only this rank's shard" in errors["zero_optimizer_memory"]
 
 
 def test_the_synchrony_samples_cover_the_failure_kinds():
@@ -243,20 +178,6 @@ def test_the_synchrony_samples_cover_the_failure_kinds():
     assert "torch.tensor_split(tensor.view(-1), n)" in texts["ben"]  # his ring, as the tree
     assert "waits for a partner that waits too" in texts["cy"]
     assert "_get_backend" in texts["eve"] and "time.monotonic = " in texts["eve"]
-
-
-@pytest.mark.nbgrader
-@pytest.mark.ranks
-@pytest.mark.slow
-def test_synchrony_samples_grade_as_their_specs_expect(sample_class):
-    """Do Cy's deadlocking tree and Eve's two attacks get their expected grades, each failure
-    saying what happened? (Ada's and Ben's are left to `make demo`; the checks' own tests
-    cover their code: tests/lessons/synchrony/test_tree_check.py, test_hierarchy_check.py,
-    test_backups_check.py.)"""
-    assert _unexpected(sample_class, "synchrony") == []
-    cy, eve = (autograded_errors(sample_class, s, "synchrony") for s in ("cy", "eve"))
-    assert "deadlock" in cy["tree_allreduce_sums"].lower()
-    assert "waited for the straggler" in eve["step_with_backups_check"]
 
 
 def test_the_fault_tolerance_samples_cover_the_failure_kinds():
@@ -273,29 +194,6 @@ def test_the_fault_tolerance_samples_cover_the_failure_kinds():
     assert 'storage.put(f"{name}/{dist.get_rank()}", shard)' in texts["eve"]
 
 
-@pytest.mark.nbgrader
-@pytest.mark.ranks
-@pytest.mark.slow
-def test_fault_tolerance_samples_grade_as_their_specs_expect(sample_class):
-    """Do Cy's deadlocking outer step, whole-reading load, uncaught failed all-reduce and heal
-    the ranks ahead skip, and Eve's heavy-ball step, rank-named shards, re-reduced partial
-    buffer and averaged heal, get their expected grades, each failure saying what happened?
-    (Ada's and Ben's are left to `make demo`; the checks' own tests cover their code:
-    tests/lessons/fault_tolerance/test_outer_check.py, test_resharding_check.py,
-    test_survive_check.py, test_heal_check.py.)"""
-    assert _unexpected(sample_class, "fault_tolerance") == []
-    cy, eve = (autograded_errors(sample_class, s, "fault_tolerance") for s in ("cy", "eve"))
-    assert "failed on 2 ranks" in cy["diloco_outer_step_check"]
-    assert "plain momentum" in eve["diloco_outer_step_check"]
-    assert "Read only the objects that overlap" in cy["resharding_check"]
-    assert "a save on 3 ranks leaves 9 objects" in eve["resharding_check"]
-    assert "catch that error (a RuntimeError)" in cy["survive_check"]
-    assert "partly summed" in eve["survive_check"]
-    assert "blocked in dist.broadcast" in cy["heal_check"]
-    assert "the ranks ahead take part in the copy too" in cy["heal_check"]
-    assert "the mean of every rank's parameters" in eve["heal_check"]
-
-
 def test_the_fsdp_samples_cover_the_failure_kinds():
     """Do the fsdp samples include right work, wrong answers with weights that train but
     gather once, a deadlock, and an all-reduce its own record calls a reduce-scatter?"""
@@ -306,20 +204,6 @@ def test_the_fsdp_samples_cover_the_failure_kinds():
     assert "register_full_backward_pre_hook" not in texts["ben"]
     assert "rank 0 never sends" in texts["cy"]
     assert "dist.all_reduce(grad)" in texts["eve"] and "recorder._active" in texts["eve"]
-
-
-@pytest.mark.nbgrader
-@pytest.mark.ranks
-@pytest.mark.slow
-def test_fsdp_samples_grade_as_their_specs_expect(sample_class):
-    """Do Ben's gather-once, Cy's deadlock and Eve's forged record get their expected
-    grades, each failure saying what happened? (Ada's is left to `make demo`; the checks'
-    own tests cover the model solution: tests/lessons/fsdp/test_fsdp_check.py.)"""
-    assert _unexpected(sample_class, "fsdp") == []
-    ben, cy, eve = (autograded_errors(sample_class, s, "fsdp") for s in ("ben", "cy", "eve"))
-    assert "backward" in ben["fully_shard_traffic"]
-    assert "deadlock" in cy["fully_shard_matches"].lower()
-    assert "all_reduce" in eve["fully_shard_traffic"]
 
 
 @pytest.mark.nbgrader

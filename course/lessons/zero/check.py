@@ -38,10 +38,14 @@ from course.ranks.wording import world_sizes_text
 __all__ = ["RTOL", "check_zero_matches_ddp", "check_zero_memory"]
 
 RTOL = 1e-4  # of the largest parameter
-# The memory check's own steps, on the model 16 times wider, of the largest parameter: the
-# model solution is 2.4e-4 off DDP + Adam after 2 steps (gradients nearer Adam's eps, where
-# summation order shows), one that drops Adam's moments between steps 0.25.
-MEMORY_RTOL = 1e-2
+# The memory check's own steps, on the model 16 times wider: after 2 steps a right
+# ZeroOptimizer is off DDP + Adam where a gradient is near Adam's eps, where the order of the
+# sums shows, by up to 3.3e-2 of the largest parameter (graded, 12 runs on an AVX-512 Xeon: a
+# bound on the largest difference failed 2 of them); but only in 0.001% to 0.002% of its
+# parameters by more than 1e-3 of the largest, against about half of them for one that drops
+# Adam's moments between steps. So what is bounded is the share of parameters that far off.
+MEMORY_ATOL = 1e-3  # of the largest parameter
+MEMORY_SHARE = 1e-3  # of a rank's parameters that may be further off than MEMORY_ATOL
 STEPS = 5
 MEMORY_STEPS = 2
 SLACK = 256  # bytes: Adam's step counters and the like
@@ -160,13 +164,16 @@ def _compare_slice(oracle: torch.Tensor, mine: Any, n: int, rank: int) -> None:
     want = oracle.tensor_split(n)[rank]
     if not isinstance(mine, torch.Tensor) or mine.shape != want.shape or mine.dtype != want.dtype:
         raise AssertionError(f"rank {rank} of {n} sent back no slice of its parameters")
-    err = (mine - want).abs().max().item() / oracle.abs().max().item()
-    if not err <= MEMORY_RTOL:
+    near = (mine - want).abs() <= MEMORY_ATOL * oracle.abs().max()  # NaN is not near
+    share = 1 - near.double().mean().item()
+    if not share <= MEMORY_SHARE:
         raise AssertionError(
-            f"in the memory check's {MEMORY_STEPS} steps, on a model 16 times wider, rank "
-            f"{rank} of {n}'s parameters differ from DDP + Adam's by {err:.2e} of the largest "
-            f"(tolerance {MEMORY_RTOL:g}): the steps whose memory is measured must train as "
-            "ZeroOptimizer does everywhere, keeping Adam's moments for its shard."
+            f"in the memory check's {MEMORY_STEPS} steps, on a model 16 times wider, "
+            f"{share:.1%} of rank {rank} of {n}'s parameters differ from DDP + Adam's by more "
+            f"than {MEMORY_ATOL:g} of the largest (at most {MEMORY_SHARE:.1%} may, where "
+            "gradients near Adam's eps make the order of the sums show): the steps whose "
+            "memory is measured must train as ZeroOptimizer does everywhere, keeping Adam's "
+            "moments for its shard."
         )
 
 

@@ -8,6 +8,7 @@ import sys
 
 import halves_impls
 import pytest
+import torch
 import torch.distributed as dist
 
 from course.lessons.zero import (
@@ -122,3 +123,23 @@ def test_an_uncompressed_hook_fails_on_its_bytes() -> None:
 
     with pytest.raises(AssertionError, match=r"4\.0 bytes a gradient element a step"):
         check_error_feedback_hook(fp32_hook)
+
+
+def test_the_measured_steps_are_judged_by_the_share_of_parameters_far_off() -> None:
+    """A right ZeroOptimizer's slice is far off DDP + Adam's in a few parameters only (where a
+    gradient is near Adam's eps): 0.05% of them off by half the largest passes; 1% off by
+    twice the tolerance fails, and so does a NaN, saying how many were off."""
+    from course.lessons.zero.check import MEMORY_ATOL, MEMORY_SHARE, _compare_slice
+
+    oracle = torch.linspace(-1, 1, 40_000)
+    mine = oracle.tensor_split(2)[1].clone()
+    mine[: int(mine.numel() * MEMORY_SHARE / 2)] += 0.5
+    _compare_slice(oracle, mine, 2, 1)
+    mine = oracle.tensor_split(2)[1].clone()
+    mine[: mine.numel() // 100] += 2 * MEMORY_ATOL
+    with pytest.raises(AssertionError, match=r"1\.0% of rank 1 of 2's parameters differ"):
+        _compare_slice(oracle, mine, 2, 1)
+    mine = oracle.tensor_split(2)[1].clone()
+    mine[: mine.numel() // 100] = float("nan")
+    with pytest.raises(AssertionError, match="differ from DDP"):
+        _compare_slice(oracle, mine, 2, 1)
