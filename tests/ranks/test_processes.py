@@ -116,7 +116,7 @@ def test_a_rank_once_reaped_is_never_signalled_by_its_old_pid(tmp_path) -> None:
     from course.ranks import launch
 
     noted = tmp_path / "rank0.pid"
-    victims: list[subprocess.Popen] = []
+    victims: list[tuple[subprocess.Popen, float]] = []  # and when it took the pid
 
     def plant() -> None:
         while not noted.exists():
@@ -125,18 +125,23 @@ def test_a_rank_once_reaped_is_never_signalled_by_its_old_pid(tmp_path) -> None:
         while os.path.exists(f"/proc/{pid}"):  # until reaped
             time.sleep(0.01)
         victim = _take_pid(pid)
-        victims.extend([victim] if victim else [])
+        victims.extend([(victim, time.monotonic())] if victim else [])
 
     planter = threading.Thread(target=plant, daemon=True)
     planter.start()
-    result = launch(_exits_first, 2, str(noted), timeout=60, grace=3)
+    result = launch(_exits_first, 2, str(noted), timeout=60, grace=5)
+    stopped = time.monotonic()
     planter.join(10)
     assert "os._exit(3)" in str(result.failures[0])
     if not victims:
         pytest.skip("another process took the pid first")
+    if victims[0][1] > stopped:
+        victims[0][0].kill()
+        pytest.skip("the pid was taken only after the run was stopped")
+    victim = victims[0][0]
     time.sleep(0.2)
     try:
-        assert victims[0].poll() is None, "the launcher killed a process that took a rank's pid"
+        assert victim.poll() is None, "the launcher killed a process that took a rank's pid"
     finally:
-        victims[0].kill()
-        victims[0].wait()
+        victim.kill()
+        victim.wait()
