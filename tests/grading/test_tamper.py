@@ -79,9 +79,9 @@ STRUCTURE = {"edit_locked": _unlock, "delete_grades": _delete, "rename_grades": 
 # First in the queue: the honest one is graded beside one of these and after the other, in
 # the same worker slot.
 DAEMON, FORK_BOMB, HONEST = "aa_daemon", "ab_fork_bomb", "ac_honest_right"
-# The samples graded beside the attacks, by assignment: the ring's, and those of the
-# assignments whose right work lost points beside another grading run (a backup step, FSDP's
-# and ZeRO's memory) with their failures of note; the two left out are graded by `make demo`.
+# The samples graded beside the attacks, by assignment: the ring's; those of the assignments
+# whose right work once lost points beside another grading run (a backup step, FSDP's and
+# ZeRO's memory); and the failures of note of two more. `make demo` grades every sample.
 BESIDE = {
     A: ("ada", "ben", "cy", "dee"),
     "accumulation": ("cy",),
